@@ -1,0 +1,20 @@
+# wf_add_test(NAME name LABELS l1 [l2] SOURCES s.c... [LIBS lib...] [TIMEOUT s] [SKIP_RC 77])
+# One Criterion executable per call, registered with CTest under the given labels. Tests find the
+# repository (for ../shared/reference) and the build tree through the environment.
+find_library(CRITERION_LIB criterion REQUIRED)
+function(wf_add_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "LABELS;SOURCES;LIBS" ${ARGN})
+  if(NOT WF_TESTS)
+    return()
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} ${CRITERION_LIB} Threads::Threads)
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME} --jobs 1)
+  set_tests_properties(${T_NAME} PROPERTIES
+    LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77
+    ENVIRONMENT "WF_SOURCE_DIR=${PROJECT_SOURCE_DIR};WF_BUILD_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

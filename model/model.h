@@ -1,0 +1,137 @@
+/* The model inventory: one view of a GGUF or safetensors model, single file or sharded.
+ *
+ * wf_model_open() reads only headers (never tensor data): the metadata, the tensor table, and each
+ * file's size and mtime. Everything it returns is validated: every tensor lies inside its file's
+ * data section, tensors of one file do not overlap, names are unique, types are known, sizes agree
+ * with shapes, and counts are capped (WF_MODEL_MAX_*) so that hostile headers cannot cause
+ * unbounded allocation.
+ *
+ * Ownership: the struct wf_model and everything it points to belong to the model and are freed by
+ * wf_model_close(). A model is immutable after open and may be read from many threads. */
+#ifndef WF_MODEL_MODEL_H
+#define WF_MODEL_MODEL_H
+
+#include "base/diag.h"
+#include "model/dtype.h"
+#include "model/kv.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WF_MODEL_MAX_DIMS 8             /* GGUF allows 4; safetensors shapes are capped at 8 */
+#define WF_MODEL_MAX_FILES 4096         /* shards */
+#define WF_MODEL_MAX_TENSORS (1u << 20) /* per model */
+#define WF_MODEL_MAX_NAME 1024          /* bytes in a tensor name or key */
+#define WF_MODEL_MAX_KV 65536           /* metadata entries per file */
+#define WF_MODEL_MAX_ARRAY (1ull << 24) /* elements in one metadata array (vocabularies) */
+#define WF_MODEL_MAX_HEADER (1ull << 30) /* bytes of header (GGUF metadata+infos, safetensors JSON) */
+
+enum wf_model_format {
+	WF_MODEL_FORMAT_GGUF = 1,
+	WF_MODEL_FORMAT_SAFETENSORS = 2,
+};
+
+enum wf_tensor_class {
+	WF_TENSOR_DENSE = 0,  /* attention, norms, embeddings, router, shared experts */
+	WF_TENSOR_EXPERT = 1, /* routed expert weights (ffn_*_exps, ...experts.N...) */
+};
+
+struct wf_model_file {
+	char *path;            /* as opened (absolute if the caller passed one) */
+	uint64_t size;         /* st_size at open */
+	int64_t mtime_ns;      /* st_mtim at open */
+	uint64_t data_offset;  /* start of the tensor-data section in this file */
+	uint64_t data_size;    /* bytes from data_offset to the end of the last tensor (padded) */
+	uint32_t gguf_version; /* 2 or 3; 0 for safetensors */
+	uint32_t alignment;    /* GGUF general.alignment (default 32); 1 for safetensors */
+	uint32_t n_tensors;    /* tensors stored in this file */
+};
+
+struct wf_tensor {
+	char *name;
+	enum wf_dtype dtype;
+	uint32_t n_dims;
+	int64_t ne[WF_MODEL_MAX_DIMS]; /* ggml order: ne[0] is the contiguous dimension. For safetensors
+	                                  the shape is reversed into this order; unused dims are 1. */
+	uint64_t nbytes;
+	uint32_t file;   /* index into model->files */
+	uint64_t offset; /* absolute byte offset in that file */
+	enum wf_tensor_class tclass;
+};
+
+/* Hyper-parameters read from metadata ("<arch>.block_count", ...) for GGUF, or config.json for
+ * safetensors when present. Zero where the model does not say. */
+struct wf_hparams {
+	char arch[64];
+	uint32_t n_layer;
+	uint32_t n_embd;
+	uint32_t n_head;
+	uint32_t n_head_kv;
+	uint32_t head_dim;    /* attention.key_length, or n_embd / n_head */
+	uint32_t n_ff;        /* feed_forward_length */
+	uint32_t n_ff_exp;    /* expert_feed_forward_length (falls back to n_ff) */
+	uint32_t n_expert;
+	uint32_t n_expert_used;
+	uint32_t n_ctx_train;
+	uint32_t n_vocab;     /* tokenizer.ggml.tokens length, or <arch>.vocab_size */
+	uint32_t rope_dim;
+	float rope_freq_base;
+	float rms_eps;
+};
+
+struct wf_model {
+	enum wf_model_format format;
+	uint32_t n_files;
+	struct wf_model_file *files;
+	uint32_t n_tensors;
+	struct wf_tensor *tensors; /* in file order: file 0's tensors by offset, then file 1's, ... */
+	struct wf_kv_set kv;       /* GGUF: the first shard's metadata; safetensors: __metadata__ */
+	struct wf_hparams hp;
+	uint64_t total_bytes;  /* sum of tensor nbytes */
+	uint64_t dense_bytes;
+	uint64_t expert_bytes;
+	uint64_t bytes_by_dtype[WF_DTYPE_MAX_];
+	uint32_t count_by_dtype[WF_DTYPE_MAX_];
+};
+
+/* Opens a model by path, detecting the format:
+ *  - "*.gguf": a GGUF file; if it carries split.count > 1 (or its name is "-0000N-of-0000M.gguf")
+ *    the sibling shards are found beside it and opened as one model (any shard may be named);
+ *  - "*.safetensors": one safetensors file;
+ *  - "*.safetensors.index.json", or a directory holding model.safetensors.index.json or a single
+ *    model.safetensors: a sharded or single safetensors model (config.json beside it fills hp).
+ * Returns 0 and *ret_model, or a negative code with diag saying what is wrong and where. */
+int wf_model_open(const char *path, struct wf_model **ret_model, struct wf_diag *diag);
+
+/* Frees the model; accepts NULL. */
+void wf_model_close(struct wf_model *model);
+
+/* Tensor by name, or NULL. O(log n): the model keeps a sorted index. */
+const struct wf_tensor *wf_model_find_tensor(const struct wf_model *model, const char *name);
+
+/* Content-addressed identity of the model (xxh3-128), the name of its floor:
+ * covers the digest format version, each file's size, mtime and data offset, and each tensor's
+ * name, dtype, shape, nbytes, file index and offset, in tensor order. Paths are not covered: the
+ * same files moved elsewhere keep their digest; a touched or rewritten file gets a new one. */
+struct wf_digest {
+	uint64_t hi, lo;
+};
+#define WF_DIGEST_VERSION 1
+void wf_model_digest(const struct wf_model *model, struct wf_digest *ret_digest);
+
+/* 32 lowercase hex characters plus NUL, hi then lo. */
+#define WF_DIGEST_HEX_LEN 33
+void wf_digest_hex(const struct wf_digest *digest, char out[WF_DIGEST_HEX_LEN]);
+int wf_digest_parse(const char *hex, struct wf_digest *ret_digest);
+
+/* "gguf" / "safetensors". */
+const char *wf_model_format_name(enum wf_model_format format);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
