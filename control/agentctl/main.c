@@ -1,0 +1,104 @@
+/* agentctl: the operators' client of wf-agent and wf-worker.
+ *
+ *   agentctl [GLOBAL OPTIONS] COMMAND [ARGS]
+ *
+ * Global options come before the command; each command parses its own. */
+#include "cli.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_SOCKET "ipc:///run/weightfloor/agent.sock"
+#define DEFAULT_EVENTS "ipc:///run/weightfloor/events.sock"
+
+struct command {
+	const char *name;
+	int (*run)(struct cli *cli, int argc, char **argv);
+	const char *summary;
+};
+
+static const struct command commands[] = {
+	{"inspect", cmd_inspect, "print the inventory of model files (no agent needed)"},
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: agentctl [--socket URL] [--events URL] [--json] [--timeout MS] [-q] "
+		     "COMMAND [ARGS]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+	fprintf(out, "\n'agentctl COMMAND --help' describes a command.\n"
+		     "The agent's URLs default to $WF_AGENT_SOCKET / $WF_AGENT_EVENTS, else\n"
+		     "  %s\n  %s\n",
+		DEFAULT_SOCKET, DEFAULT_EVENTS);
+}
+
+int main(int argc, char **argv)
+{
+	struct cli cli = {
+		.socket = getenv("WF_AGENT_SOCKET"),
+		.events = getenv("WF_AGENT_EVENTS"),
+		.timeout_ms = 10000,
+	};
+	if (!cli.socket || !*cli.socket)
+		cli.socket = DEFAULT_SOCKET;
+	if (!cli.events || !*cli.events)
+		cli.events = DEFAULT_EVENTS;
+
+	static const struct option opts[] = {
+		{"socket", required_argument, NULL, 's'},
+		{"events", required_argument, NULL, 'e'},
+		{"json", no_argument, NULL, 'j'},
+		{"timeout", required_argument, NULL, 't'},
+		{"quiet", no_argument, NULL, 'q'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	int c;
+	/* '+': stop at the first non-option, which is the command. */
+	while ((c = getopt_long(argc, argv, "+s:e:jt:qh", opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			cli.socket = optarg;
+			break;
+		case 'e':
+			cli.events = optarg;
+			break;
+		case 'j':
+			cli.json = true;
+			break;
+		case 't': {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*end || v <= 0 || v > 24L * 3600 * 1000) {
+				cli_err("--timeout: '%s' is not a number of milliseconds", optarg);
+				return CLI_EXIT_USAGE;
+			}
+			cli.timeout_ms = (int)v;
+			break;
+		}
+		case 'q':
+			cli.quiet = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return CLI_EXIT_OK;
+		default:
+			usage(stderr);
+			return CLI_EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return CLI_EXIT_USAGE;
+	}
+	const char *name = argv[optind];
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (strcmp(commands[i].name, name) == 0)
+			return commands[i].run(&cli, argc - optind, argv + optind);
+	}
+	cli_err("unknown command '%s' (see agentctl --help)", name);
+	return CLI_EXIT_USAGE;
+}
