@@ -41,7 +41,7 @@ extern "C" {
 	X(TRANSPORT, "transport error")                                              \
 	X(DEVICE, "device error")                                                    \
 	X(UNSUPPORTED, "not supported")                                              \
-	X(INVALID, "invalid argument")                                               \
+	X(INVAL, "invalid argument")                                               \
 	X(INTERNAL, "internal error")
 
 enum wf_error {
