@@ -1,0 +1,80 @@
+/* wf-agent configuration: a JSON file, then command-line overrides.
+ *
+ *   {
+ *     "floor_dir": "/dev/shm/weightfloor",   tmpfs or hugetlbfs directory for regions
+ *     "group": "weightfloor",                 group (name or number) given read access to floors
+ *     "host_budget": "64G",                   bytes of floors the agent may hold at once
+ *     "model_roots": ["/models"],             every model path must resolve under one of these
+ *     "socket": "ipc:///run/weightfloor/agent.sock",
+ *     "events": "ipc:///run/weightfloor/events.sock",
+ *     "allowed_uids": [1000], "allowed_gids": [1000],   ipc peers besides root and the agent's uid
+ *     "max_message": "4M",
+ *     "io": {"backend": "auto|uring|pread", "queue_depth": 64, "chunk": "1M", "parallel_files": 4},
+ *     "models": [ {"name": "qwen", "path": "/models/q.gguf", "pin_host": true, "preload": true} ]
+ *   }
+ *
+ * Every key is optional; unknown keys are errors (a typo must not silently fall back to a
+ * default). The struct owns all its strings; wf_agent_config_fini() frees them. */
+#ifndef WF_AGENT_CONFIG_H
+#define WF_AGENT_CONFIG_H
+
+#include "base/diag.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define WF_AGENT_DEFAULT_FLOOR_DIR "/dev/shm/weightfloor"
+#define WF_AGENT_DEFAULT_SOCKET "ipc:///run/weightfloor/agent.sock"
+#define WF_AGENT_DEFAULT_EVENTS "ipc:///run/weightfloor/events.sock"
+#define WF_AGENT_MAX_MODELS 4096
+
+struct wf_agent_model_cfg {
+	char *name;
+	char *path; /* a GGUF file or shard, a safetensors file, index.json or directory */
+	bool pin_host;
+	bool preload; /* materialize at start */
+};
+
+struct wf_agent_config {
+	char *floor_dir;
+	char *group;   /* NULL: the agent's own group */
+	gid_t gid;     /* resolved from group; (gid_t)-1 when unset */
+	uint64_t host_budget; /* 0: half of MemTotal, resolved at start */
+	char **model_roots;
+	size_t n_model_roots;
+	char *socket_url;
+	char *events_url;
+	uid_t *allowed_uids;
+	size_t n_allowed_uids;
+	gid_t *allowed_gids;
+	size_t n_allowed_gids;
+	uint64_t max_message;
+	char *io_backend; /* "auto", "uring", "pread" */
+	uint32_t io_queue_depth;
+	uint64_t io_chunk;
+	uint32_t io_parallel_files;
+	struct wf_agent_model_cfg *models;
+	size_t n_models;
+};
+
+/* Fills defaults (no file). */
+int wf_agent_config_init(struct wf_agent_config *cfg);
+/* Reads a JSON config file over the defaults already in cfg. On failure cfg keeps what it had
+ * and diag names the key and the problem. */
+int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct wf_diag *diag);
+/* Same, from a string (tests). */
+int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t len,
+			  struct wf_diag *diag);
+/* Resolves the group name to cfg->gid. */
+int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag);
+void wf_agent_config_fini(struct wf_agent_config *cfg);
+
+/* Resolves path (realpath) and checks that it lies under one of the model roots. With no roots
+ * configured every path is allowed. Returns 0 and a malloc'ed resolved path, WF_EPERMISSION if
+ * outside the roots, or -errno if the path cannot be resolved. */
+int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
+			       char **ret_resolved, struct wf_diag *diag);
+
+#endif

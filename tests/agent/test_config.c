@@ -1,0 +1,147 @@
+#include "agent/budget.h"
+#include "agent/config.h"
+#include "base/error.h"
+#include "common/wftest.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int parse(struct wf_agent_config *cfg, const char *json, struct wf_diag *d)
+{
+	return wf_agent_config_parse(cfg, json, strlen(json), d);
+}
+
+Test(config, defaults_and_full_file)
+{
+	struct wf_agent_config cfg;
+	cr_assert_eq(wf_agent_config_init(&cfg), 0);
+	cr_assert_str_eq(cfg.floor_dir, "/dev/shm/weightfloor");
+	cr_assert_eq(cfg.io_queue_depth, 64);
+	struct wf_diag d = {{0}};
+	const char *j = "{\"floor_dir\":\"/tmp/f\",\"group\":\"0\",\"host_budget\":\"2G\","
+			"\"model_roots\":[\"/models\",\"/data\"],\"socket\":\"ipc:///tmp/a.sock\","
+			"\"allowed_uids\":[1000,1001],\"max_message\":\"1M\","
+			"\"io\":{\"backend\":\"pread\",\"queue_depth\":32,\"chunk\":\"2M\"},"
+			"\"models\":[{\"name\":\"q\",\"path\":\"/models/q.gguf\",\"pin_host\":true},"
+			"{\"name\":\"m\",\"path\":\"/models/m.gguf\",\"preload\":true}]}";
+	cr_assert_eq(parse(&cfg, j, &d), 0, "%s", d.msg);
+	cr_assert_str_eq(cfg.floor_dir, "/tmp/f");
+	cr_assert_eq(cfg.host_budget, 2ull << 30);
+	cr_assert_eq(cfg.n_model_roots, 2);
+	cr_assert_str_eq(cfg.model_roots[1], "/data");
+	cr_assert_eq(cfg.n_allowed_uids, 2);
+	cr_assert_eq(cfg.allowed_uids[1], 1001);
+	cr_assert_eq(cfg.max_message, 1u << 20);
+	cr_assert_str_eq(cfg.io_backend, "pread");
+	cr_assert_eq(cfg.io_chunk, 2u << 20);
+	cr_assert_eq(cfg.n_models, 2);
+	cr_assert(cfg.models[0].pin_host && !cfg.models[0].preload);
+	cr_assert(cfg.models[1].preload);
+	cr_assert_eq(wf_agent_config_resolve(&cfg, &d), 0);
+	cr_assert_eq(cfg.gid, 0);
+	wf_agent_config_fini(&cfg);
+}
+
+Test(config, bad_input_is_named_and_leaves_config_unchanged)
+{
+	struct {
+		const char *json, *needle;
+	} cases[] = {
+		{"{\"florr_dir\":\"/x\"}", "unknown key 'florr_dir'"},
+		{"{\"io\":{\"depth\":3}}", "unknown key 'io.depth'"},
+		{"{\"host_budget\":\"lots\"}", "host_budget"},
+		{"{\"host_budget\":-5}", "host_budget"},
+		{"{\"floor_dir\":\"relative\"}", "not absolute"},
+		{"{\"io\":{\"chunk\":\"1000\"}}", "io.chunk"},
+		{"{\"io\":{\"backend\":\"spdk\"}}", "io.backend"},
+		{"{\"models\":[{\"name\":\"a\"}]}", "needs 'name' and 'path'"},
+		{"{\"models\":[{\"name\":\"a b\",\"path\":\"/x\"}]}", "model name"},
+		{"{\"models\":[{\"name\":\"a\",\"path\":\"/x\"},{\"name\":\"a\",\"path\":\"/y\"}]}",
+		 "listed twice"},
+		{"{\"model_roots\":[\"rel\"]}", "not absolute"},
+		{"[1,2]", "top level"},
+		{"{\"floor_dir\":", "invalid JSON"},
+		{"{} x", "trailing"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct wf_agent_config cfg;
+		struct wf_diag d = {{0}};
+		wf_agent_config_init(&cfg);
+		int rc = parse(&cfg, cases[i].json, &d);
+		cr_assert(rc < 0, "accepted %s", cases[i].json);
+		cr_assert(strstr(d.msg, cases[i].needle), "'%s': diag '%s' lacks '%s'", cases[i].json,
+			  d.msg, cases[i].needle);
+		cr_assert_str_eq(cfg.floor_dir, "/dev/shm/weightfloor", "config changed on failure");
+		cr_assert_eq(cfg.n_models, 0);
+		wf_agent_config_fini(&cfg);
+	}
+}
+
+Test(config, model_roots_confine_paths)
+{
+	char *dir = wft_tmpdir("roots");
+	char root[512], inside[600], outside[700], evil[600];
+	snprintf(root, sizeof root, "%s/models", dir);
+	snprintf(inside, sizeof inside, "%s/a.gguf", root);
+	snprintf(evil, sizeof evil, "%s/models-evil", dir);
+	mkdir(root, 0755);
+	mkdir(evil, 0755);
+	snprintf(outside, sizeof outside, "%s/b.gguf", evil);
+	fclose(fopen(inside, "w"));
+	fclose(fopen(outside, "w"));
+	struct wf_agent_config cfg;
+	wf_agent_config_init(&cfg);
+	char json[1024];
+	snprintf(json, sizeof json, "{\"model_roots\":[\"%s\"]}", root);
+	struct wf_diag d = {{0}};
+	cr_assert_eq(parse(&cfg, json, &d), 0, "%s", d.msg);
+	char *res = NULL;
+	cr_assert_eq(wf_agent_config_check_path(&cfg, inside, &res, &d), 0, "%s", d.msg);
+	free(res);
+	char sneaky[800];
+	snprintf(sneaky, sizeof sneaky, "%s/../models-evil/b.gguf", root);
+	cr_assert_eq(wf_agent_config_check_path(&cfg, sneaky, &res, &d), WF_EPERMISSION);
+	cr_assert(strstr(d.msg, "outside the model roots"));
+	wf_diag_clear(&d);
+	cr_assert_eq(wf_agent_config_check_path(&cfg, outside, &res, &d), WF_EPERMISSION);
+	cr_assert_eq(wf_agent_config_check_path(&cfg, "/nonexistent/x.gguf", &res, &d), -ENOENT);
+	wf_agent_config_fini(&cfg);
+	wft_rmtree(dir);
+}
+
+Test(budget, evicts_lru_unpinned_idle_only)
+{
+	struct wf_budget_floor f[] = {
+		{.bytes = 40, .last_used = 5},                 /* 0 */
+		{.bytes = 30, .last_used = 1, .pinned = true}, /* 1: oldest but pinned */
+		{.bytes = 20, .last_used = 2},                 /* 2: oldest evictable */
+		{.bytes = 10, .last_used = 3, .busy = true},   /* 3: held by a worker */
+	};
+	size_t v[4], nv = 99;
+	/* budget 100, used 100: room for 15 needs 20 (floor 2) alone. */
+	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 15, v, &nv), 0);
+	cr_assert_eq(nv, 1);
+	cr_assert_eq(v[0], 2);
+	/* room for 50: floor 2 then floor 0. */
+	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 50, v, &nv), 0);
+	cr_assert_eq(nv, 2);
+	cr_assert_eq(v[0], 2);
+	cr_assert_eq(v[1], 0);
+	/* room for 61 would need pinned or busy floors: refused, nothing planned. */
+	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 61, v, &nv), WF_ENO_SPACE);
+	cr_assert_eq(nv, 0);
+	/* fits without eviction. */
+	cr_assert_eq(wf_budget_plan(f, 4, 200, 100, 100, v, &nv), 0);
+	cr_assert_eq(nv, 0);
+	/* larger than the whole budget. */
+	cr_assert_eq(wf_budget_plan(f, 4, 100, 0, 101, v, &nv), WF_ENO_SPACE);
+	/* ties by index. */
+	struct wf_budget_floor g[] = {{.bytes = 10, .last_used = 7}, {.bytes = 10, .last_used = 7}};
+	cr_assert_eq(wf_budget_plan(g, 2, 20, 20, 10, v, &nv), 0);
+	cr_assert_eq(nv, 1);
+	cr_assert_eq(v[0], 0);
+}
