@@ -1,0 +1,549 @@
+/* The CUDA device backend: struct wf_device_ops over the CUDA runtime.
+ *
+ * Threads: the runtime keeps the current device per host thread, so every entry point selects
+ * this handle's device first (cudaSetDevice is a cheap thread-local check once set). All
+ * functions may run concurrently; the only state of our own is the checksum scratch word,
+ * which a mutex serialises.
+ *
+ * Errors: translated here, at the edge: cudaErrorMemoryAllocation is -ENOMEM, no device or a
+ * too-old driver -ENODEV, a registration overlap WF_EOVERLAP, a pending event -EAGAIN, and
+ * everything else WF_EDEVICE; the diag carries cudaGetErrorName and cudaGetErrorString. Nothing
+ * aborts: a sticky error (an illegal address in a kernel) keeps failing every later call with
+ * WF_EDEVICE, and the worker decides what to do with a broken device.
+ *
+ * Pinned memory: cudaHostAllocPortable, so the buffer is pinned for every context in the
+ * process. Write-combined only on request (WF_DEVICE_PINNED_WRITE_COMBINED): it speeds up H2D
+ * over PCIe and keeps staging out of the CPU caches, but CPU reads from it are uncached and
+ * slow, so a buffer the CPU ever reads (verification, D2H) must not be write-combined.
+ *
+ * Registration: the floor is mapped PROT_READ, and pinning a read-only mapping needs
+ * cudaHostRegisterReadOnly (devices report cudaDevAttrHostRegisterReadOnlySupported). Where it
+ * is missing, or the driver refuses the flag as unsupported, the range is registered with
+ * default flags instead (which needs a writable mapping) and *ret_flags says READONLY was not
+ * applied. */
+#include "cuda/device_cuda.h"
+
+#include "base/error.h"
+#include "cuda/checksum.cuh"
+#include "device/checksum.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct cuda_dev {
+	int ordinal;
+	int sm_count;
+	int readonly_register; /* cudaDevAttrHostRegisterReadOnlySupported */
+	pthread_mutex_t sum_lock;
+	unsigned long long *d_sum; /* checksum accumulator (device) */
+};
+
+static int translate(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorMemoryAllocation:
+		return -ENOMEM;
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorInvalidDevice:
+		return -ENODEV;
+	case cudaErrorHostMemoryAlreadyRegistered:
+		return WF_EOVERLAP;
+	case cudaErrorNotReady:
+		return -EAGAIN;
+	default:
+		return WF_EDEVICE;
+	}
+}
+
+/* Translates a failed call, clears the runtime's last-error slot (so a later unrelated launch
+ * check does not report it again; sticky errors stay sticky regardless) and explains. */
+static int fail(cudaError_t e, struct wf_diag *diag, const char *what)
+{
+	(void)cudaGetLastError();
+	return wf_diag_set(diag, translate(e), "%s: %s (%s)", what, cudaGetErrorName(e),
+	                   cudaGetErrorString(e));
+}
+
+static int use(struct cuda_dev *d, struct wf_diag *diag)
+{
+	cudaError_t e = cudaSetDevice(d->ordinal);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaSetDevice");
+}
+
+int wf_cuda_device_count(void)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return n > 0 ? n : 0;
+}
+
+static int cuda_probe(void)
+{
+	return wf_cuda_device_count();
+}
+
+static int parse_ordinal(const char *args, int *ret)
+{
+	char *end;
+	long v;
+
+	if (!args[0]) {
+		*ret = 0;
+		return 0;
+	}
+	if (args[0] < '0' || args[0] > '9')
+		return WF_EINVAL;
+	errno = 0;
+	v = strtol(args, &end, 10);
+	if (errno || *end || v > INT_MAX)
+		return WF_EINVAL;
+	*ret = (int)v;
+	return 0;
+}
+
+static int cuda_open(const char *args, void **ret_impl, char *name, size_t name_len,
+                     struct wf_diag *diag)
+{
+	struct cudaDeviceProp prop;
+	struct cuda_dev *d;
+	cudaError_t e;
+	int ordinal, count = 0, ret;
+
+	if (parse_ordinal(args, &ordinal) < 0)
+		return wf_diag_set(diag, WF_EINVAL, "cuda device spec: bad ordinal '%s'", args);
+	e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaGetDeviceCount");
+	if (ordinal >= count)
+		return wf_diag_set(diag, -ENODEV, "cuda:%d: only %d CUDA device(s)", ordinal,
+		                   count);
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->ordinal = ordinal;
+	ret = use(d, diag);
+	if (ret < 0)
+		goto err_free;
+	/* Create the primary context now, so the first copy does not pay for it. */
+	e = cudaInitDevice(ordinal, 0, 0);
+	if (e != cudaSuccess) {
+		ret = fail(e, diag, "cudaInitDevice");
+		goto err_free;
+	}
+	e = cudaGetDeviceProperties(&prop, ordinal);
+	if (e != cudaSuccess) {
+		ret = fail(e, diag, "cudaGetDeviceProperties");
+		goto err_free;
+	}
+	d->sm_count = prop.multiProcessorCount;
+	if (cudaDeviceGetAttribute(&d->readonly_register, cudaDevAttrHostRegisterReadOnlySupported,
+	                           ordinal) != cudaSuccess) {
+		(void)cudaGetLastError();
+		d->readonly_register = 0;
+	}
+	e = cudaMalloc((void **)&d->d_sum, sizeof(*d->d_sum));
+	if (e != cudaSuccess) {
+		ret = fail(e, diag, "cudaMalloc (checksum scratch)");
+		goto err_free;
+	}
+	pthread_mutex_init(&d->sum_lock, NULL);
+	snprintf(name, name_len, "cuda:%d (%s, cc %d.%d)", ordinal, prop.name, prop.major,
+	         prop.minor);
+	*ret_impl = d;
+	return 0;
+err_free:
+	free(d);
+	return ret;
+}
+
+static void cuda_cancel(void *impl)
+{
+	/* Queued CUDA work cannot be withdrawn; close waits for it instead. */
+	(void)impl;
+}
+
+static void cuda_close(void *impl)
+{
+	struct cuda_dev *d = impl;
+
+	if (!d)
+		return;
+	if (use(d, NULL) == 0)
+		cudaFree(d->d_sum);
+	pthread_mutex_destroy(&d->sum_lock);
+	free(d);
+	/* No cudaDeviceReset: the primary context is shared by every handle on this device in
+	 * the process. */
+}
+
+static int cuda_mem_info(void *impl, size_t *ret_free, size_t *ret_total, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaMemGetInfo(ret_free, ret_total);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemGetInfo");
+}
+
+static int cuda_synchronize(void *impl, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaDeviceSynchronize();
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaDeviceSynchronize");
+}
+
+static int cuda_mem_alloc(void *impl, size_t size, void **ret_ptr, struct wf_diag *diag)
+{
+	cudaError_t e;
+	void *p;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaMalloc(&p, size);
+	if (e != cudaSuccess) {
+		size_t f = 0, t = 0;
+		(void)cudaGetLastError();
+		if (cudaMemGetInfo(&f, &t) != cudaSuccess)
+			(void)cudaGetLastError();
+		return wf_diag_set(diag, translate(e),
+		                   "cudaMalloc of %zu bytes: %s (%s); %zu of %zu bytes free", size,
+		                   cudaGetErrorName(e), cudaGetErrorString(e), f, t);
+	}
+	*ret_ptr = p;
+	return 0;
+}
+
+static int cuda_mem_free(void *impl, void *ptr, size_t size, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+	(void)size;
+
+	if (ret < 0)
+		return ret;
+	e = cudaFree(ptr);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaFree");
+}
+
+static int cuda_pinned_alloc(void *impl, size_t size, unsigned flags, void **ret_ptr,
+                             struct wf_diag *diag)
+{
+	unsigned cf = cudaHostAllocPortable;
+	cudaError_t e;
+	void *p;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	if (flags & WF_DEVICE_PINNED_WRITE_COMBINED)
+		cf |= cudaHostAllocWriteCombined;
+	e = cudaHostAlloc(&p, size, cf);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaHostAlloc");
+	*ret_ptr = p;
+	return 0;
+}
+
+static int cuda_pinned_free(void *impl, void *ptr, size_t size, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+	(void)size;
+
+	if (ret < 0)
+		return ret;
+	e = cudaFreeHost(ptr);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaFreeHost");
+}
+
+static int cuda_host_register(void *impl, const void *ptr, size_t size, unsigned flags,
+                              unsigned *ret_flags, struct wf_diag *diag)
+{
+	struct cuda_dev *d = impl;
+	int readonly = (flags & WF_DEVICE_REGISTER_READONLY) && d->readonly_register;
+	cudaError_t e;
+	int ret = use(d, diag);
+
+	if (ret < 0)
+		return ret;
+	/* The runtime takes void *; with cudaHostRegisterReadOnly it never writes. */
+	e = cudaHostRegister((void *)ptr, size,
+	                     cudaHostRegisterPortable | (readonly ? cudaHostRegisterReadOnly : 0));
+	if (e == cudaErrorNotSupported && readonly) {
+		(void)cudaGetLastError();
+		readonly = 0;
+		e = cudaHostRegister((void *)ptr, size, cudaHostRegisterPortable);
+	}
+	if (e != cudaSuccess) {
+		if ((flags & WF_DEVICE_REGISTER_READONLY) && !readonly)
+			return fail(e, diag,
+			            "cudaHostRegister (read-only registration unsupported on this "
+			            "device; the default needs a writable mapping)");
+		return fail(e, diag, "cudaHostRegister");
+	}
+	*ret_flags = readonly ? WF_DEVICE_REGISTER_READONLY : 0;
+	return 0;
+}
+
+static int cuda_host_unregister(void *impl, const void *ptr, size_t size, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+	(void)size;
+
+	if (ret < 0)
+		return ret;
+	e = cudaHostUnregister((void *)ptr);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaHostUnregister");
+}
+
+static int cuda_stream_create(void *impl, void **ret_stream, struct wf_diag *diag)
+{
+	cudaStream_t s;
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	/* Non-blocking: no implicit ordering against the legacy default stream, which other
+	 * code in the process (an engine) may use. */
+	e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaStreamCreateWithFlags");
+	*ret_stream = s;
+	return 0;
+}
+
+static void cuda_stream_destroy(void *impl, void *stream)
+{
+	if (use(impl, NULL) == 0 && cudaStreamDestroy(stream) != cudaSuccess)
+		(void)cudaGetLastError();
+}
+
+static int cuda_stream_synchronize(void *impl, void *stream, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaStreamSynchronize(stream);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaStreamSynchronize");
+}
+
+static int cuda_memcpy_async(void *impl, void *stream, void *dst, const void *src, size_t size,
+                             enum wf_device_copy kind, struct wf_diag *diag)
+{
+	static const enum cudaMemcpyKind kinds[WF_DEVICE_COPY_MAX] = {
+	    [WF_DEVICE_COPY_H2D] = cudaMemcpyHostToDevice,
+	    [WF_DEVICE_COPY_D2H] = cudaMemcpyDeviceToHost,
+	    [WF_DEVICE_COPY_D2D] = cudaMemcpyDeviceToDevice,
+	};
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaMemcpyAsync(dst, src, size, kinds[kind], stream);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemcpyAsync");
+}
+
+static int cuda_memset_async(void *impl, void *stream, void *dst, int value, size_t size,
+                             struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaMemsetAsync(dst, value, size, stream);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemsetAsync");
+}
+
+static int cuda_event_create(void *impl, unsigned flags, void **ret_event, struct wf_diag *diag)
+{
+	unsigned cf = cudaEventDefault;
+	cudaEvent_t ev;
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	/* Timing makes record and query costlier; only measurements ask for it. */
+	if (!(flags & WF_DEVICE_EVENT_TIMING))
+		cf |= cudaEventDisableTiming;
+	if (flags & WF_DEVICE_EVENT_BLOCKING_SYNC)
+		cf |= cudaEventBlockingSync;
+	e = cudaEventCreateWithFlags(&ev, cf);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaEventCreateWithFlags");
+	*ret_event = ev;
+	return 0;
+}
+
+static void cuda_event_destroy(void *impl, void *event)
+{
+	if (use(impl, NULL) == 0 && cudaEventDestroy(event) != cudaSuccess)
+		(void)cudaGetLastError();
+}
+
+static int cuda_event_record(void *impl, void *event, void *stream, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaEventRecord(event, stream);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaEventRecord");
+}
+
+static int cuda_event_query(void *impl, void *event, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaEventQuery(event);
+	if (e == cudaSuccess)
+		return 0;
+	if (e == cudaErrorNotReady) {
+		(void)cudaGetLastError();
+		return -EAGAIN;
+	}
+	return fail(e, diag, "cudaEventQuery");
+}
+
+static int cuda_event_synchronize(void *impl, void *event, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaEventSynchronize(event);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaEventSynchronize");
+}
+
+static int cuda_event_elapsed_ms(void *impl, void *start, void *end, double *ret_ms,
+                                 struct wf_diag *diag)
+{
+	cudaError_t e;
+	float ms;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaEventElapsedTime(&ms, start, end);
+	if (e == cudaSuccess) {
+		*ret_ms = ms;
+		return 0;
+	}
+	if (e == cudaErrorNotReady) {
+		(void)cudaGetLastError();
+		return -EAGAIN;
+	}
+	if (e == cudaErrorInvalidResourceHandle) {
+		(void)fail(e, diag, "cudaEventElapsedTime (event never recorded?)");
+		return WF_ESTATE;
+	}
+	return fail(e, diag, "cudaEventElapsedTime");
+}
+
+static int cuda_stream_wait_event(void *impl, void *stream, void *event, struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaStreamWaitEvent(stream, event, 0);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaStreamWaitEvent");
+}
+
+static int cuda_checksum(void *impl, void *stream, const void *ptr, size_t size, uint64_t *ret_sum,
+                         struct wf_diag *diag)
+{
+	struct cuda_dev *d = impl;
+	unsigned long long acc = 0;
+	const char *what;
+	cudaError_t e;
+	int ret = use(d, diag);
+
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&d->sum_lock);
+	what = "cudaMemsetAsync (checksum)";
+	e = cudaMemsetAsync(d->d_sum, 0, sizeof(*d->d_sum), stream);
+	if (e != cudaSuccess)
+		goto out;
+	what = "checksum kernel launch";
+	e = wf__cuda_checksum_launch(ptr, size, d->d_sum, d->sm_count, stream);
+	if (e != cudaSuccess)
+		goto out;
+	what = "cudaMemcpyAsync (checksum)";
+	e = cudaMemcpyAsync(&acc, d->d_sum, sizeof(acc), cudaMemcpyDeviceToHost, stream);
+	if (e != cudaSuccess)
+		goto out;
+	what = "cudaStreamSynchronize (checksum)";
+	e = cudaStreamSynchronize(stream);
+out:
+	pthread_mutex_unlock(&d->sum_lock);
+	if (e != cudaSuccess)
+		return fail(e, diag, what);
+	*ret_sum = wf_device_checksum_final(acc, size);
+	return 0;
+}
+
+static const struct wf_device_ops cuda_ops = {
+    .name = "cuda",
+    .kind = WF_DEVICE_KIND_CUDA,
+    .probe = cuda_probe,
+    .open = cuda_open,
+    .cancel = cuda_cancel,
+    .close = cuda_close,
+    .mem_info = cuda_mem_info,
+    .synchronize = cuda_synchronize,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .pinned_alloc = cuda_pinned_alloc,
+    .pinned_free = cuda_pinned_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .memcpy_async = cuda_memcpy_async,
+    .memset_async = cuda_memset_async,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .event_elapsed_ms = cuda_event_elapsed_ms,
+    .stream_wait_event = cuda_stream_wait_event,
+    .checksum = cuda_checksum,
+};
+
+const struct wf_device_ops *wf_cuda_device_ops(void)
+{
+	return &cuda_ops;
+}

@@ -1,0 +1,31 @@
+/* The CUDA device backend (libwfcuda), built only where the CUDA toolkit exists.
+ *
+ * It implements struct wf_device_ops (device/device.h) with the CUDA runtime. libwfdevice does
+ * not know about it; an executable built with CUDA makes it available once, in main():
+ *     #ifdef WF_HAVE_CUDA
+ *     wf_device_backend_register(wf_cuda_device_ops());
+ *     #endif
+ * after which "cuda:N" and "auto" specs can open it. Only cuda/ includes CUDA headers: this
+ * header does not, so any module may include it. */
+#ifndef WF_CUDA_DEVICE_CUDA_H
+#define WF_CUDA_DEVICE_CUDA_H
+
+#include "device/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ops table ("cuda"). Static; thread-safe to call. */
+const struct wf_device_ops *wf_cuda_device_ops(void);
+
+/* Number of CUDA devices the runtime sees; 0 (not an error) when there is no driver, no device
+ * or the driver is too old for this runtime. Initialises the CUDA driver in the calling
+ * process: a process that forks afterwards (Criterion, posix_spawn is fine) must probe in a
+ * child instead. Thread-safe. */
+int wf_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
