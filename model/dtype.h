@@ -1,6 +1,12 @@
 /* Tensor element types: every ggml type a llama.cpp GGUF can hold, plus the safetensors dtypes
  * that ggml has no number for.
  *
+ * The ggml part mirrors ggml/include/ggml.h (enum ggml_type) and the type_traits table of
+ * ggml/src/ggml.c at llama.cpp tag b10573 (commit d775b896), which is also what the reference
+ * models under shared/reference/ were made with. Block sizes and bytes per block were checked by
+ * compiling ggml-common.h's block structs at that tag. That tag has three types past MXFP4:
+ * NVFP4 (40), Q1_0 (41) and Q2_0 (42), so GGML_TYPE_COUNT is 43.
+ *
  * The enum values of ggml types are ggml's own numbers (the u32 stored in a GGUF tensor info), so
  * a GGUF type id maps to enum wf_dtype by a range check and a table lookup. Numbers that ggml has
  * retired (4, 5, 31..33, 36..38) are holes: wf_dtype_info() returns NULL for them. The
@@ -52,7 +58,10 @@ enum wf_dtype {
 	WF_DTYPE_TQ1_0 = 34,
 	WF_DTYPE_TQ2_0 = 35,
 	WF_DTYPE_MXFP4 = 39,
-	WF_DTYPE_GGML_COUNT_ = 40, /* first number past ggml's table (check against ggml.h) */
+	WF_DTYPE_NVFP4 = 40, /* 64 elements: four UE4M3 sub-block scales + 32 bytes of E2M1 */
+	WF_DTYPE_Q1_0 = 41,
+	WF_DTYPE_Q2_0 = 42,
+	WF_DTYPE_GGML_COUNT_ = 43, /* GGML_TYPE_COUNT at b10573: first number past ggml's table */
 
 	/* safetensors dtypes with no ggml number */
 	WF_DTYPE_U8 = 64,
@@ -76,14 +85,17 @@ struct wf_dtype_info {
 /* Table entry for a type, or NULL for a hole or an out-of-range value. Static storage. */
 const struct wf_dtype_info *wf_dtype_info(uint32_t dtype);
 
-/* Type by name (case-sensitive ggml/safetensors spelling), or -WF_EUNKNOWN_TYPE-style failure:
- * returns 0 and writes *ret_dtype on success, WF_EUNKNOWN_TYPE otherwise. Accepts the safetensors
+/* Type by name (case-sensitive ggml/safetensors spelling): returns 0 and writes *ret_dtype on
+ * success, WF_EUNKNOWN_TYPE otherwise (also for NULL). Accepts the safetensors
  * spellings too ("F8_E4M3", "BOOL", "I64"). */
 int wf_dtype_from_name(const char *name, enum wf_dtype *ret_dtype);
 
-/* Bytes for a tensor of this type and shape. Fails with WF_EUNKNOWN_TYPE, WF_EALIGN (ne[0] not a
- * multiple of the block size) or WF_EOVERFLOW (product does not fit in 63 bits). Negative ne is
- * WF_EFORMAT. */
+#define WF_DTYPE_MAX_DIMS 8 /* the most dims wf_dtype_nbytes() takes (= WF_MODEL_MAX_DIMS) */
+
+/* Bytes for a tensor of this type and shape (n_dims == 0 is a scalar: one element). Fails with
+ * WF_EUNKNOWN_TYPE, WF_EALIGN (ne[0] not a multiple of the block size), WF_EOVERFLOW (the element
+ * count or the byte count does not fit in 63 bits) or WF_EINVAL (n_dims > WF_DTYPE_MAX_DIMS).
+ * Negative ne is WF_EFORMAT. *ret_nbytes is written only on success. */
 int wf_dtype_nbytes(uint32_t dtype, uint32_t n_dims, const int64_t *ne, uint64_t *ret_nbytes);
 
 #ifdef __cplusplus

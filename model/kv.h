@@ -2,8 +2,9 @@
  *
  * Values keep their GGUF type so that a writer can reproduce them exactly. Arrays of scalars are
  * stored packed (little-endian host order, elem_size bytes each), arrays of strings as string
- * vectors, and arrays of arrays recursively. Strings are NUL-terminated copies and also carry
- * their length (GGUF strings may contain NULs; such a string compares by its length). */
+ * vectors, and arrays of arrays recursively (the GGUF reader allows WF_MODEL_MAX_KV_DEPTH levels).
+ * Strings are NUL-terminated copies and also carry their length (GGUF strings may contain NULs;
+ * such a string compares by its length). BOOL values are 0 or 1: the reader rejects other bytes. */
 #ifndef WF_MODEL_KV_H
 #define WF_MODEL_KV_H
 
@@ -62,7 +63,7 @@ struct wf_kv_value {
 };
 
 struct wf_kv {
-	char *key;
+	char *key; /* non-empty, no NUL bytes (the GGUF reader rejects such keys) */
 	struct wf_kv_value v;
 };
 
@@ -91,8 +92,11 @@ int wf_kv_get_array(const struct wf_kv_set *set, const char *key, const struct w
 
 /* Frees everything the set owns and zeroes it; accepts an empty set. */
 void wf_kv_set_fini(struct wf_kv_set *set);
-/* Frees a value's owned memory (strings, arrays), recursively. */
+/* Frees a value's owned memory (strings, arrays), recursively, and zeroes it; accepts NULL. */
 void wf_kv_value_fini(struct wf_kv_value *v);
+/* Frees an array's elements (recursively for arrays of arrays) and zeroes it; accepts NULL. Only
+ * the first n elements are looked at, so a reader that fails midway sets n to what it filled. */
+void wf_kv_array_fini(struct wf_kv_array *a);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,7 @@ extern "C" {
 #define WF_MODEL_MAX_KV 65536           /* metadata entries per file */
 #define WF_MODEL_MAX_ARRAY (1ull << 24) /* elements in one metadata array (vocabularies) */
 #define WF_MODEL_MAX_HEADER (1ull << 30) /* bytes of header (GGUF metadata+infos, safetensors JSON) */
+#define WF_MODEL_MAX_KV_DEPTH 8         /* nesting of GGUF arrays of arrays */
 
 enum wf_model_format {
 	WF_MODEL_FORMAT_GGUF = 1,
@@ -45,9 +46,11 @@ struct wf_model_file {
 	uint64_t size;         /* st_size at open */
 	int64_t mtime_ns;      /* st_mtim at open */
 	uint64_t data_offset;  /* start of the tensor-data section in this file */
-	uint64_t data_size;    /* bytes from data_offset to the end of the last tensor (padded) */
+	uint64_t data_size;    /* bytes from data_offset to the end of the last tensor, padded up to
+	                          the alignment but never past EOF; 0 for a file without tensors */
 	uint32_t gguf_version; /* 2 or 3; 0 for safetensors */
-	uint32_t alignment;    /* GGUF general.alignment (default 32); 1 for safetensors */
+	uint32_t alignment;    /* GGUF general.alignment (default 32); 1 for safetensors.
+	                          data_offset and every GGUF tensor offset are multiples of it. */
 	uint32_t n_tensors;    /* tensors stored in this file */
 };
 
@@ -89,34 +92,57 @@ struct wf_model {
 	struct wf_model_file *files;
 	uint32_t n_tensors;
 	struct wf_tensor *tensors; /* in file order: file 0's tensors by offset, then file 1's, ... */
-	struct wf_kv_set kv;       /* GGUF: the first shard's metadata; safetensors: __metadata__ */
+	struct wf_kv_set kv;       /* GGUF: the metadata of shard 0 (split.no == 0), whichever
+	                              shard was named; the others' keys are read, checked and
+	                              dropped. safetensors: __metadata__ */
 	struct wf_hparams hp;
 	uint64_t total_bytes;  /* sum of tensor nbytes */
 	uint64_t dense_bytes;
 	uint64_t expert_bytes;
 	uint64_t bytes_by_dtype[WF_DTYPE_MAX_];
 	uint32_t count_by_dtype[WF_DTYPE_MAX_];
+
+	/* Private to model.c: tensor indices sorted by name (strcmp), for wf_model_find_tensor. */
+	uint32_t *name_index;
 };
 
 /* Opens a model by path, detecting the format:
- *  - "*.gguf": a GGUF file; if it carries split.count > 1 (or its name is "-0000N-of-0000M.gguf")
- *    the sibling shards are found beside it and opened as one model (any shard may be named);
+ *  - "*.gguf": a GGUF file (v2 or v3, little-endian). If its metadata says split.count > 1 it is
+ *    one shard of a set: its name must end in "-%05d-of-%05d.gguf" (split.no + 1, split.count), the
+ *    llama.cpp convention, and the siblings are found beside it by that name and opened as one
+ *    model (any shard may be named). The metadata decides, not the name: a file named like a shard
+ *    but without split.count is a single-file model. Each shard's split.no/split.count must agree
+ *    and the tensor total must equal split.tensors.count, else WF_ESHARD (naming a missing file);
  *  - "*.safetensors": one safetensors file;
  *  - "*.safetensors.index.json", or a directory holding model.safetensors.index.json or a single
- *    model.safetensors: a sharded or single safetensors model (config.json beside it fills hp).
- * Returns 0 and *ret_model, or a negative code with diag saying what is wrong and where. */
+ *    model.safetensors: a sharded or single safetensors model (config.json beside it fills hp);
+ *  - any other name: by magic ("GGUF", or a safetensors header length followed by '{'), so
+ *    "/proc/self/fd/N" works. WF_EUNSUPPORTED if this build has no safetensors reader.
+ * GGUF hparams come from "<general.architecture>.*" keys; where a model stores a per-layer array
+ * (head_count, head_count_kv, feed_forward_length in some archs) hp holds its largest element.
+ * Clears diag first. Returns 0 and *ret_model, or a negative code with diag saying what is wrong
+ * and where. Thread-safe (no shared state). */
 int wf_model_open(const char *path, struct wf_model **ret_model, struct wf_diag *diag);
 
 /* Frees the model; accepts NULL. */
 void wf_model_close(struct wf_model *model);
 
-/* Tensor by name, or NULL. O(log n): the model keeps a sorted index. */
+/* Tensor by name, or NULL (also for a NULL model or name). O(log n): the model keeps a sorted
+ * index. */
 const struct wf_tensor *wf_model_find_tensor(const struct wf_model *model, const char *name);
 
 /* Content-addressed identity of the model (xxh3-128), the name of its floor:
  * covers the digest format version, each file's size, mtime and data offset, and each tensor's
  * name, dtype, shape, nbytes, file index and offset, in tensor order. Paths are not covered: the
- * same files moved elsewhere keep their digest; a touched or rewritten file gets a new one. */
+ * same files moved elsewhere keep their digest; a touched or rewritten file gets a new one.
+ *
+ * Exactly, XXH3_128bits (seed 0) over this byte stream, every integer little-endian:
+ *   u32 WF_DIGEST_VERSION, u32 n_files, u32 n_tensors,
+ *   per file:   u64 size, i64 mtime_ns, u64 data_offset,
+ *   per tensor: u32 name length, the name's bytes (no NUL), u32 dtype, u32 n_dims,
+ *               i64 ne[0..n_dims), u64 nbytes, u32 file, u64 offset
+ * and hi/lo are the hash's high64/low64 halves. The counts and lengths make the encoding
+ * unambiguous. Pure function of the struct; thread-safe. */
 struct wf_digest {
 	uint64_t hi, lo;
 };
@@ -126,9 +152,10 @@ void wf_model_digest(const struct wf_model *model, struct wf_digest *ret_digest)
 /* 32 lowercase hex characters plus NUL, hi then lo. */
 #define WF_DIGEST_HEX_LEN 33
 void wf_digest_hex(const struct wf_digest *digest, char out[WF_DIGEST_HEX_LEN]);
+/* Inverse of wf_digest_hex: exactly 32 hex digits (either case) then NUL; WF_EINVAL otherwise. */
 int wf_digest_parse(const char *hex, struct wf_digest *ret_digest);
 
-/* "gguf" / "safetensors". */
+/* "gguf" / "safetensors"; "unknown" for anything else. Static string. */
 const char *wf_model_format_name(enum wf_model_format format);
 
 #ifdef __cplusplus

@@ -17,12 +17,30 @@ int wf__gguf_load(struct wf_model *m, const char *path, struct wf_diag *diag);
 /* safetensors (model/safetensors.c): a .safetensors file, an index.json, or a directory. */
 int wf__safetensors_load(struct wf_model *m, const char *path, struct wf_diag *diag);
 
-/* Validation and derived fields common to every format (model/model.c). */
+/* wf_model_open() without the detection: runs the given format's loader on path, then
+ * wf__model_finish(). The name of path plays no part in choosing the parser, which is what the
+ * fuzz targets need (they open "/proc/self/fd/N"). */
+int wf__model_open_format(const char *path, enum wf_model_format format,
+			  struct wf_model **ret_model, struct wf_diag *diag);
+
+/* Validation and derived fields common to every format (model/model.c). The loader sets each
+ * tensor's nbytes to the size the file gives it (safetensors: end - begin; GGUF: from the shape)
+ * and finish checks it against dtype and shape. Finish also sets unused ne[] to 1, recomputes
+ * files[].n_tensors and data_size, treats alignment 0 as 1, and fills tclass, the totals and
+ * the name index. On failure the model is still safe to pass to wf_model_close(). */
 int wf__model_finish(struct wf_model *m, struct wf_diag *diag);
 
-/* Classification by tensor name: ffn_{gate,up,down,gate_up}_exps (GGUF) and "...experts.N..."
- * or "...experts.{gate,up,down}..." (HF safetensors) are experts; shared experts (shexp,
- * shared_expert) and routers (ffn_gate_inp, .gate.weight) are dense. */
+/* hp from GGUF-style metadata ("general.architecture", then "<arch>.block_count", ...). Zero
+ * fields where a key is absent; WF_EFORMAT (naming the key and path) where one has the wrong type
+ * or does not fit; per-layer integer arrays give their largest element. (model/model.c) */
+int wf__hparams_from_gguf(struct wf_hparams *hp, const struct wf_kv_set *kv, const char *path,
+			  struct wf_diag *diag);
+
+/* Classification by tensor name: ffn_{gate,up,down,gate_up}_exps (GGUF; any suffix: .weight,
+ * .bias, .scale), the pre-2024 per-expert GGUF names ffn_{gate,up,down}.N, and "...experts.N..."
+ * or "...experts.{gate,up,down,w1,w2,w3}..." (HF safetensors, "experts" a whole name segment) are
+ * experts; shared experts (shexp, shared_expert) and routers (ffn_gate_inp, .gate.weight,
+ * router.weight) are dense. NULL is dense. */
 enum wf_tensor_class wf__tensor_classify(const char *name);
 
 #endif
