@@ -1,0 +1,706 @@
+/* Attach, materialize, detach, verify and the accessors of a floor region. The protocol is written
+ * at the top of shm/region.h, the byte layout at the top of shm/layout.h. */
+#include "base/error.h"
+#include "shm/shm_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/magic.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+
+/* A reader spinning on an odd generation this long is looking at a publisher that died: give up
+ * rather than hang (the next attacher rebuilds the region). */
+#define SEQLOCK_MAX_SPINS (1u << 22)
+
+#define ATTACH_FLAGS (WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD | WF_SHM_ATTACH_NOWAIT)
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static const char *short_name(const struct wf_shm_region *r)
+{
+	const char *s = strrchr(r->path, '/');
+	return s ? s + 1 : r->path;
+}
+
+/* mkdir -p; directories we create get the configured mode (not the umask's) and group. */
+static int make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf_diag *diag)
+{
+	char *p = strdup(dir);
+	int rc = 0;
+
+	if (!p)
+		return -ENOMEM;
+	for (char *s = p + 1;; s++) {
+		if (*s != '/' && *s != '\0')
+			continue;
+		char c = *s;
+		*s = '\0';
+		if (mkdir(p, wf__shm_dir_mode(cfg)) == 0) {
+			int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+			if (fd < 0 || fchmod(fd, wf__shm_dir_mode(cfg)) != 0 ||
+			    wf__shm_apply_group(fd, cfg) < 0) {
+				rc = wf_diag_set(diag, -errno, "floor directory %s: %s", p,
+						 strerror(errno));
+				if (fd >= 0)
+					close(fd);
+				break;
+			}
+			close(fd);
+		} else if (errno != EEXIST) {
+			rc = wf_diag_set(diag, -errno, "create floor directory %s: %s", p,
+					 strerror(errno));
+			break;
+		}
+		*s = c;
+		if (c == '\0')
+			break;
+	}
+	free(p);
+	return rc;
+}
+
+/* The page size regions in dir must be multiples of: hugetlbfs maps and sizes whole huge pages. */
+static int dir_page(const char *dir, uint64_t *ret_page, bool *ret_huge, struct wf_diag *diag)
+{
+	struct statfs sfs;
+	if (statfs(dir, &sfs) != 0)
+		return wf_diag_set(diag, -errno, "floor directory %s: %s", dir, strerror(errno));
+	if ((uint32_t)sfs.f_type == (uint32_t)HUGETLBFS_MAGIC) {
+		uint64_t b = (uint64_t)sfs.f_bsize;
+		if (b < WF_SHM_PAGE || (b & (b - 1)) != 0)
+			return wf_diag_set(diag, WF_EFORMAT, "hugetlbfs %s: page size %" PRIu64,
+					   dir, b);
+		*ret_page = b;
+		*ret_huge = true;
+	} else {
+		*ret_page = WF_SHM_PAGE;
+		*ret_huge = false;
+	}
+	return 0;
+}
+
+/* The validated name index, in the mapping (shm/layout.h). */
+static void set_index(struct wf_shm_region *r)
+{
+	r->name_index = (const uint32_t *)((const uint8_t *)r->base + r->hdr.name_index_offset);
+}
+
+static void unmap(struct wf_shm_region *r)
+{
+	if (r->base)
+		munmap(r->base, r->size);
+	r->base = NULL;
+	r->size = 0;
+	r->name_index = NULL;
+}
+
+/* Frees the handle without the release protocol: for failed attaches (the caller still holds the
+ * guard) and after detach did its part. */
+static void region_free(struct wf_shm_region *r)
+{
+	if (!r)
+		return;
+	unmap(r);
+	if (r->fd >= 0)
+		close(r->fd);
+	if (r->holders_fd >= 0)
+		close(r->holders_fd);
+	free(r->rebuild_reason);
+	free(r->dir);
+	free(r->path);
+	free(r->guard_path);
+	free(r->holders_path);
+	free(r);
+}
+
+/* Maps an existing region file (r->fd) read-only and validates it. */
+static int map_existing(struct wf_shm_region *r, const struct wf_model *model,
+			const struct wf_shm_layout *layout, struct wf_diag *diag)
+{
+	struct stat st;
+	struct wf_shm_header h;
+	void *base;
+	int rc;
+
+	if (fstat(r->fd, &st) != 0)
+		return wf_diag_set(diag, -errno, "stat %s: %s", r->path, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return wf_diag_set(diag, WF_EFORMAT, "%s is not a regular file", r->path);
+	if ((uint64_t)st.st_size < WF_SHM_HEADER_SIZE) /* nothing to map: validate says why */
+		return wf__shm_validate(NULL, (uint64_t)st.st_size, &r->digest, &h, diag);
+	base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, r->fd, 0);
+	if (base == MAP_FAILED)
+		return wf_diag_set(diag, -errno, "map %s: %s", r->path, strerror(errno));
+	r->base = base;
+	r->size = (uint64_t)st.st_size;
+	rc = wf__shm_validate(base, r->size, &r->digest, &h, diag);
+	if (rc == 0 && model)
+		rc = wf__shm_match_model(base, &h, model, layout, diag);
+	if (rc == 0) {
+		r->hdr = h;
+		set_index(r);
+	}
+	if (rc < 0)
+		unmap(r);
+	return rc;
+}
+
+static int reserve(int fd, uint64_t size)
+{
+	if (fallocate(fd, 0, 0, (off_t)size) == 0)
+		return 0;
+	if (errno != EOPNOTSUPP)
+		return -errno;
+	/* A filesystem without fallocate (not tmpfs, not hugetlbfs): glibc writes the blocks. */
+	int e = posix_fallocate(fd, 0, (off_t)size);
+	return e ? -e : 0;
+}
+
+/* Creates the region file from scratch (the caller holds the guard and has unlinked any old one),
+ * fills it and makes it READY. On failure the file is gone. */
+static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
+		       const struct wf_model *model, const struct wf_shm_layout *lay, uint64_t page,
+		       bool huge, wf_shm_fill_fn fill, void *fill_ctx, struct wf_diag *diag)
+{
+	struct wf_shm_fill_file *files = NULL;
+	struct wf_shm_header *h;
+	uint64_t size;
+	int fd, rc;
+
+	size = (lay->total_size + page - 1) & ~(page - 1);
+	if (size < lay->total_size || size > (uint64_t)INT64_MAX)
+		return wf_diag_set(diag, WF_EOVERFLOW, "region %s: size %" PRIu64 " overflows",
+				   short_name(r), lay->total_size);
+	fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+		  wf__shm_region_mode(cfg));
+	if (fd < 0)
+		return wf_diag_set(diag, -errno, "create %s: %s", r->path, strerror(errno));
+	r->fd = fd;
+	if (fchmod(fd, wf__shm_region_mode(cfg)) != 0 || wf__shm_apply_group(fd, cfg) < 0) {
+		rc = wf_diag_set(diag, -errno, "set mode/group of %s: %s", r->path,
+				 strerror(errno));
+		goto fail;
+	}
+	/* Reserve every page now: a full tmpfs fails here with ENOSPC instead of killing us, or a
+	 * worker, with SIGBUS on first touch. */
+	rc = reserve(fd, size);
+	if (rc < 0) {
+		struct statvfs vfs;
+		uint64_t avail = 0;
+		if (statvfs(r->dir, &vfs) == 0)
+			avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+		rc = wf_diag_set(diag, rc,
+				 "floor directory %s cannot hold region %s: it needs %" PRIu64
+				 " bytes (%" PRIu64 " of tensor data, %" PRIu64
+				 " of tables, %" PRIu64 " spare), %" PRIu64 " are free: %s",
+				 r->dir, short_name(r), size, lay->data_size, lay->data_offset,
+				 lay->spare_size, avail, strerror(-rc));
+		goto fail;
+	}
+	/* Everything is written through a mapping: hugetlbfs has no write(). */
+	void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		rc = wf_diag_set(diag, -errno, "map %s: %s", r->path, strerror(errno));
+		goto fail;
+	}
+	r->base = base;
+	r->size = size;
+	rc = wf_shm_layout_write(model, lay, base, size, diag);
+	if (rc < 0)
+		goto fail;
+
+	/* The header is written whole with magic 0, then the magic last with release: a process
+	 * killed before that leaves a zero magic, which every reader takes for EMPTY (not READY)
+	 * rather than for a damaged region. */
+	struct wf_shm_header hl;
+	memset(&hl, 0, sizeof(hl));
+	hl.version = WF_SHM_VERSION;
+	hl.header_size = WF_SHM_HEADER_SIZE;
+	hl.digest_hi = r->digest.hi;
+	hl.digest_lo = r->digest.lo;
+	hl.state = WF_SHM_STATE_MATERIALIZING;
+	hl.flags = huge ? WF_SHM_HDR_HUGETLB : 0;
+	hl.generation = 0;
+	hl.n_files = lay->n_files;
+	hl.n_tensors = lay->n_tensors;
+	hl.file_entry_size = sizeof(struct wf_shm_file_entry);
+	hl.tensor_entry_size = sizeof(struct wf_shm_tensor_entry);
+	hl.file_table_offset = lay->file_table_offset;
+	hl.file_table_size = lay->file_table_size;
+	hl.tensor_table_offset = lay->tensor_table_offset;
+	hl.tensor_table_size = lay->tensor_table_size;
+	hl.strings_offset = lay->strings_offset;
+	hl.strings_size = lay->strings_size;
+	hl.name_index_offset = lay->name_index_offset;
+	hl.name_index_size = lay->name_index_size;
+	hl.data_offset = lay->data_offset;
+	hl.data_size = lay->data_size;
+	/* Rounding to a huge page leaves slack at the end: it is spare area for free. */
+	hl.spare_offset = lay->spare_offset;
+	hl.spare_size = size - lay->spare_offset;
+	hl.spare_used = 0;
+	hl.total_size = size;
+	hl.page_size = page;
+	hl.created_ns = now_ns();
+	hl.materializer_pid = (int32_t)getpid();
+	h = base;
+	memcpy(h, &hl, sizeof(hl));
+	__atomic_store_n(&h->magic, WF_SHM_MAGIC, __ATOMIC_RELEASE);
+	r->hdr = *h;
+	set_index(r);
+
+	files = calloc(lay->n_files, sizeof(*files));
+	if (!files) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	const struct wf_shm_file_entry *fe =
+		(const void *)((uint8_t *)base + lay->file_table_offset);
+	for (uint32_t i = 0; i < lay->n_files; i++) {
+		files[i].path = model->files[i].path;
+		files[i].file_size = fe[i].size;
+		files[i].mtime_ns = fe[i].mtime_ns;
+		files[i].src_offset = fe[i].window_offset;
+		files[i].copy_length = fe[i].copy_length;
+		files[i].floor_offset = fe[i].floor_offset;
+		files[i].section_length = fe[i].window_length;
+		files[i].dst = (uint8_t *)base + fe[i].floor_offset;
+	}
+	struct wf_shm_fill job = {
+		.region = r,
+		.model = model,
+		.region_fd = fd,
+		.base = base,
+		.region_size = size,
+		.page_size = page,
+		.hugetlbfs = huge,
+		.n_files = lay->n_files,
+		.files = files,
+	};
+	r->materialized = true;
+	rc = fill(fill_ctx, &job, diag);
+	if (rc != 0) {
+		if (rc > 0)
+			rc = WF_EINTERNAL;
+		__atomic_store_n(&h->state, WF_SHM_STATE_FAILED, __ATOMIC_RELEASE);
+		wf_diag_set(diag, rc, "filling region %s failed: %s", short_name(r),
+			    wf_strerror(rc));
+		goto fail;
+	}
+
+	/* tmpfs and hugetlbfs have no backing store: the page cache is the floor, and the fd and
+	 * every mapping see the same pages, so there is nothing for msync to write. */
+	struct wf_shm_tensor_entry *te = (void *)((uint8_t *)base + lay->tensor_table_offset);
+	for (uint32_t i = 0; i < lay->n_tensors; i++)
+		te[i].checksum = wf_shm_checksum((uint8_t *)base + te[i].floor_offset,
+						 (size_t)te[i].nbytes);
+	h->tables_checksum = wf_shm_checksum((uint8_t *)base + lay->file_table_offset,
+					     lay->data_offset - lay->file_table_offset);
+	h->ready_ns = now_ns();
+	h->header_checksum = wf_shm_header_checksum(h);
+	/* READY last, with release: whoever sees it sees every byte above. */
+	__atomic_store_n(&h->state, WF_SHM_STATE_READY, __ATOMIC_RELEASE);
+	r->hdr = *h;
+	/* The agent keeps a read-only view like everyone else: a stray write faults here instead of
+	 * corrupting every worker's weights. A later publish can mprotect a range back. */
+	if (mprotect(base, (size_t)size, PROT_READ) != 0) {
+		rc = wf_diag_set(diag, -errno, "mprotect %s: %s", r->path, strerror(errno));
+		goto fail;
+	}
+	free(files);
+	return 0;
+
+fail:
+	free(files);
+	unmap(r);
+	close(r->fd);
+	r->fd = -1;
+	unlink(r->path);
+	return rc;
+}
+
+/* After a failed attach, under the guard: lock files without a region and without holders would
+ * be orphans; remove them. */
+static void drop_orphans(struct wf_shm_region *r)
+{
+	struct stat st;
+	int hfd = r->holders_fd;
+	bool own = false;
+
+	if (stat(r->path, &st) == 0 || errno != ENOENT)
+		return;
+	if (hfd < 0) {
+		if (wf__shm_lockfile_open(r->holders_path, false, NULL, &hfd) < 0)
+			hfd = -1;
+		own = hfd >= 0;
+	}
+	if (hfd >= 0 && wf__shm_flock(hfd, LOCK_EX | LOCK_NB) < 0)
+		goto out;
+	unlink(r->holders_path);
+	unlink(r->guard_path);
+out:
+	if (own)
+		close(hfd);
+}
+
+int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+			 const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
+			 void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag)
+{
+	const bool may_create = flags & WF_SHM_ATTACH_CREATE;
+	const bool may_rebuild = flags & WF_SHM_ATTACH_REBUILD;
+	const bool writer = may_create || may_rebuild;
+	struct wf_shm_layout layout;
+	struct wf_shm_region *r = NULL;
+	struct wf_diag why;
+	uint64_t page = WF_SHM_PAGE;
+	bool huge = false, build = false;
+	int gfd = -1, rc;
+
+	if (!digest || !ret_region || (flags & ~ATTACH_FLAGS))
+		return wf_diag_set(diag, WF_EINVAL, "attach: bad arguments");
+	if (writer && (!model || !fill))
+		return wf_diag_set(diag, WF_EINVAL,
+				   "attach: creating or rebuilding a region needs a model and a "
+				   "fill callback");
+	if (model) {
+		rc = wf_shm_layout_compute(model, cfg ? cfg->spare_bytes : 0, &layout, diag);
+		if (rc < 0)
+			return rc;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->fd = r->holders_fd = -1;
+	r->digest = *digest;
+	r->dir = strdup(wf__shm_dir(cfg));
+	if (!r->dir || wf__shm_paths(cfg, digest, &r->path, &r->guard_path, &r->holders_path) < 0) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (may_create) {
+		rc = make_dir(cfg, r->dir, diag);
+		if (rc < 0)
+			goto fail;
+	}
+	rc = dir_page(r->dir, &page, &huge, diag);
+	if (rc < 0)
+		goto fail;
+
+	rc = wf__shm_lock_path(r->guard_path,
+			       LOCK_EX | (flags & WF_SHM_ATTACH_NOWAIT ? LOCK_NB : 0), may_create,
+			       cfg, &gfd);
+	if (rc == -ENOENT) {
+		rc = wf_diag_set(diag, rc, "no floor region %s in %s", short_name(r), r->dir);
+		goto fail;
+	} else if (rc == -EAGAIN) {
+		rc = wf_diag_set(diag, rc, "region %s is busy (being attached or materialized)",
+				 short_name(r));
+		goto fail;
+	} else if (rc < 0) {
+		rc = wf_diag_set(diag, rc, "lock %s: %s", r->guard_path, strerror(-rc));
+		goto fail;
+	}
+
+	/* Under the guard: nobody else creates, fills, rebuilds or unlinks this region now. */
+	r->fd = open(r->path, (writer ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+	if (r->fd < 0) {
+		if (errno != ENOENT) {
+			rc = wf_diag_set(diag, -errno, "open %s: %s", r->path, strerror(errno));
+			goto fail;
+		}
+		if (!may_create) {
+			rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", short_name(r),
+					 r->dir);
+			goto fail;
+		}
+		build = true;
+	} else {
+		wf_diag_clear(&why);
+		rc = map_existing(r, model, model ? &layout : NULL, &why);
+		if (rc < 0 && !may_rebuild) {
+			rc = wf_diag_set(diag, rc, "region %s in %s: %s", short_name(r), r->dir,
+					 wf_diag_str(&why, rc));
+			goto fail;
+		}
+		if (rc < 0) {
+			/* Replace, never truncate: a process still mapping the old inode keeps
+			 * valid pages instead of taking SIGBUS. */
+			r->rebuild_reason = strdup(wf_diag_str(&why, rc));
+			close(r->fd);
+			r->fd = -1;
+			if (unlink(r->path) != 0 && errno != ENOENT) {
+				rc = wf_diag_set(diag, -errno, "remove broken %s: %s", r->path,
+						 strerror(errno));
+				goto fail;
+			}
+			build = true;
+		}
+	}
+
+	/* Files are created in the order guard, holders, region, so that a region never exists
+	 * without its holders file. */
+	rc = wf__shm_lockfile_open(r->holders_path, writer, cfg, &r->holders_fd);
+	if (rc < 0) {
+		if (rc == -ENOENT)
+			rc = wf_diag_set(diag, WF_ENOT_READY, "region %s has no holders lock file",
+					 short_name(r));
+		else
+			rc = wf_diag_set(diag, rc, "open %s: %s", r->holders_path, strerror(-rc));
+		goto fail;
+	}
+	if (build) {
+		rc = materialize(r, cfg, model, &layout, page, huge, fill, fill_ctx, diag);
+		if (rc < 0)
+			goto fail;
+	}
+	rc = wf__shm_flock(r->holders_fd, LOCK_SH);
+	if (rc == 0 && wf__shm_same_file(r->holders_fd, r->holders_path) != 1)
+		rc = -ESTALE; /* only a process outside the protocol replaces it under the guard */
+	if (rc < 0) {
+		rc = wf_diag_set(diag, rc, "lock %s: %s", r->holders_path, strerror(-rc));
+		goto fail;
+	}
+	close(gfd);
+	*ret_region = r;
+	return 0;
+
+fail:
+	if (gfd >= 0) {
+		unmap(r);
+		if (writer)
+			drop_orphans(r);
+		close(gfd);
+	}
+	region_free(r);
+	return rc;
+}
+
+void wf_shm_region_detach(struct wf_shm_region *r)
+{
+	int gfd;
+
+	if (!r)
+		return;
+	unmap(r);
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+	if (r->holders_fd >= 0 &&
+	    wf__shm_lock_path(r->guard_path, LOCK_EX, false, NULL, &gfd) == 0) {
+		wf__shm_flock(r->holders_fd, LOCK_UN);
+		/* Nobody can take SH while we hold the guard: success means no holder is left. */
+		if (wf__shm_flock(r->holders_fd, LOCK_EX | LOCK_NB) == 0) {
+			/* A holder without write access to the directory fails here and leaves the
+			 * files for the agent, which sees a READY region nobody holds. */
+			unlink(r->path);
+			unlink(r->holders_path);
+			unlink(r->guard_path);
+		}
+		close(r->holders_fd);
+		r->holders_fd = -1;
+		close(gfd);
+	}
+	/* Without a guard file (removed by someone outside the protocol) closing the holders fd is
+	 * all we can do: region_free() does it. */
+	region_free(r);
+}
+
+void wf_shm_region_abandon(struct wf_shm_region *r)
+{
+	if (!r)
+		return;
+	/* Closing the holders fd drops our SH lock as process exit would; without the guard and the
+	 * last-holder check nothing is unlinked, so a READY region stays for the next attacher. */
+	unmap(r);
+	region_free(r);
+}
+
+int wf_shm_region_tensor(const struct wf_shm_region *r, uint32_t index,
+			 struct wf_shm_tensor_info *ret_info)
+{
+	const struct wf_shm_header *live;
+	const struct wf_shm_tensor_entry *e;
+	struct wf_shm_tensor_info ti = {0};
+	uint64_t g1, g2;
+
+	if (!r || !r->base || !ret_info)
+		return WF_EINVAL;
+	if (index >= r->hdr.n_tensors)
+		return WF_ENOT_FOUND;
+	live = r->base;
+	e = (const void *)((const uint8_t *)r->base + r->hdr.tensor_table_offset +
+			   (uint64_t)index * sizeof(*e));
+	/* Seqlock read (shm/layout.h): the fields a publish changes are read between two equal,
+	 * even generations. */
+	for (uint32_t spins = 0;; spins++) {
+		g1 = __atomic_load_n(&live->generation, __ATOMIC_ACQUIRE);
+		if (!(g1 & 1)) {
+			ti.floor_offset = __atomic_load_n(&e->floor_offset, __ATOMIC_RELAXED);
+			ti.checksum = __atomic_load_n(&e->checksum, __ATOMIC_RELAXED);
+			ti.generation = __atomic_load_n(&e->generation, __ATOMIC_RELAXED);
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			g2 = __atomic_load_n(&live->generation, __ATOMIC_RELAXED);
+			if (g1 == g2)
+				break;
+		}
+		if (spins >= SEQLOCK_MAX_SPINS)
+			return WF_ESTATE;
+		if (spins >= 64)
+			sched_yield();
+	}
+	/* The rest never changes after READY, but it is shared memory: re-check what we index. */
+	ti.index = index;
+	ti.name_len = e->name_len;
+	ti.nbytes = e->nbytes;
+	if (e->name_offset >= r->hdr.strings_size ||
+	    r->hdr.strings_size - e->name_offset <= ti.name_len ||
+	    wf__shm_tensor_bounds(&r->hdr, ti.floor_offset, ti.nbytes) < 0)
+		return WF_EFORMAT;
+	ti.name = (const char *)r->base + r->hdr.strings_offset + e->name_offset;
+	ti.dtype = e->dtype;
+	ti.n_dims = e->n_dims;
+	ti.tclass = e->tclass;
+	for (int d = 0; d < WF_MODEL_MAX_DIMS; d++)
+		ti.ne[d] = e->ne[d];
+	ti.file = e->file;
+	ti.source_offset = e->source_offset;
+	ti.data = (const uint8_t *)r->base + ti.floor_offset;
+	*ret_info = ti;
+	return 0;
+}
+
+int wf_shm_region_find(const struct wf_shm_region *r, const char *name,
+		       struct wf_shm_tensor_info *ret_info)
+{
+	if (!r || !r->base || !name || !ret_info || !r->name_index)
+		return WF_EINVAL;
+	const struct wf_shm_tensor_entry *t = (const void *)((const uint8_t *)r->base +
+							     r->hdr.tensor_table_offset);
+	const char *pool = (const char *)r->base + r->hdr.strings_offset;
+	size_t len = strlen(name);
+	uint32_t lo = 0, hi = r->hdr.n_tensors;
+
+	/* The index and the entries were validated at attach, but they are shared memory: every
+	 * value is loaded once and bounds-checked before it is used. */
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		uint32_t ti = __atomic_load_n(&r->name_index[mid], __ATOMIC_RELAXED);
+		if (ti >= r->hdr.n_tensors)
+			return WF_EFORMAT;
+		uint64_t off = __atomic_load_n(&t[ti].name_offset, __ATOMIC_RELAXED);
+		uint32_t nl = __atomic_load_n(&t[ti].name_len, __ATOMIC_RELAXED);
+		if (off >= r->hdr.strings_size || r->hdr.strings_size - off < nl)
+			return WF_EFORMAT;
+		size_t n = nl < len ? nl : len;
+		int c = memcmp(pool + off, name, n);
+		if (c == 0)
+			c = (nl > len) - (nl < len);
+		if (c == 0)
+			return wf_shm_region_tensor(r, ti, ret_info);
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return WF_ENOT_FOUND;
+}
+
+int wf_shm_region_verify(const struct wf_shm_region *r, struct wf_diag *diag)
+{
+	if (!r || !r->base)
+		return wf_diag_set(diag, WF_EINVAL, "verify: no region");
+	for (uint32_t i = 0; i < r->hdr.n_tensors; i++) {
+		struct wf_shm_tensor_info ti;
+		int rc = wf_shm_region_tensor(r, i, &ti);
+		if (rc < 0)
+			return wf_diag_set(diag, rc, "region %s: tensor %" PRIu32 ": %s",
+					   short_name(r), i, wf_strerror(rc));
+		uint64_t sum = wf_shm_checksum(ti.data, (size_t)ti.nbytes);
+		if (sum != ti.checksum)
+			return wf_diag_set(diag, WF_ECHECKSUM,
+					   "region %s: tensor '%s' (index %" PRIu32 ", %" PRIu64
+					   " bytes at floor offset %" PRIu64
+					   "): checksum 0x%016" PRIx64
+					   ", the table says 0x%016" PRIx64,
+					   short_name(r), ti.name, i, ti.nbytes, ti.floor_offset,
+					   sum, ti.checksum);
+	}
+	return 0;
+}
+
+uint32_t wf_shm_region_n_tensors(const struct wf_shm_region *r)
+{
+	return r->hdr.n_tensors;
+}
+
+void wf_shm_region_header(const struct wf_shm_region *r, struct wf_shm_header *ret_header)
+{
+	*ret_header = r->hdr;
+}
+
+uint32_t wf_shm_region_state(const struct wf_shm_region *r)
+{
+	return __atomic_load_n(&((const struct wf_shm_header *)r->base)->state, __ATOMIC_ACQUIRE);
+}
+
+uint64_t wf_shm_region_generation(const struct wf_shm_region *r)
+{
+	return __atomic_load_n(&((const struct wf_shm_header *)r->base)->generation,
+			       __ATOMIC_ACQUIRE);
+}
+
+const void *wf_shm_region_data(const struct wf_shm_region *r)
+{
+	return r->base;
+}
+
+uint64_t wf_shm_region_size(const struct wf_shm_region *r)
+{
+	return r->size;
+}
+
+int wf_shm_region_fd(const struct wf_shm_region *r)
+{
+	return r->fd;
+}
+
+const char *wf_shm_region_path(const struct wf_shm_region *r)
+{
+	return r->path;
+}
+
+void wf_shm_region_digest(const struct wf_shm_region *r, struct wf_digest *ret_digest)
+{
+	*ret_digest = r->digest;
+}
+
+bool wf_shm_region_materialized(const struct wf_shm_region *r)
+{
+	return r->materialized;
+}
+
+const char *wf_shm_region_rebuild_reason(const struct wf_shm_region *r)
+{
+	return r->rebuild_reason;
+}

@@ -1,0 +1,301 @@
+/* The floor directory as a whole: listing regions for the agent's restart and removing the ones
+ * nobody holds. Both follow the lock protocol of shm/region.h but never wait on a guard. */
+#include "base/error.h"
+#include "shm/shm_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { KIND_REGION = 0, KIND_GUARD = 1, KIND_HOLDERS = 2 };
+
+struct found {
+	struct wf_digest digest;
+	int kind;
+};
+
+static int found_cmp(const void *a, const void *b)
+{
+	const struct found *x = a, *y = b;
+	if (x->digest.hi != y->digest.hi)
+		return x->digest.hi < y->digest.hi ? -1 : 1;
+	if (x->digest.lo != y->digest.lo)
+		return x->digest.lo < y->digest.lo ? -1 : 1;
+	return x->kind - y->kind;
+}
+
+/* "wf-<32 hex>", "wf-<32 hex>.guard", "wf-<32 hex>.holders"; anything else is not ours. */
+static bool parse_name(const char *name, struct found *ret)
+{
+	if (strncmp(name, "wf-", 3) != 0 || strlen(name) < WF_SHM_NAME_LEN)
+		return false;
+	if (wf__shm_parse_hex(name + 3, &ret->digest) < 0)
+		return false;
+	const char *sfx = name + WF_SHM_NAME_LEN;
+	if (strcmp(sfx, "") == 0)
+		ret->kind = KIND_REGION;
+	else if (strcmp(sfx, ".guard") == 0)
+		ret->kind = KIND_GUARD;
+	else if (strcmp(sfx, ".holders") == 0)
+		ret->kind = KIND_HOLDERS;
+	else
+		return false;
+	return true;
+}
+
+static bool exists(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0;
+}
+
+/* Maps and validates a region file read-only. 0 (READY, valid), or the validation error. Writes
+ * the raw header (as found, valid or not) to *raw when the file holds one. */
+static int check_region(const char *path, const struct wf_digest *digest, struct wf_shm_header *raw,
+			uint64_t *ret_size, struct wf_diag *diag)
+{
+	struct wf_shm_header h;
+	struct stat st;
+	int fd, rc;
+
+	memset(raw, 0, sizeof(*raw));
+	*ret_size = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return wf_diag_set(diag, -errno, "open %s: %s", path, strerror(errno));
+	if (fstat(fd, &st) != 0) {
+		rc = wf_diag_set(diag, -errno, "stat %s: %s", path, strerror(errno));
+		goto out;
+	}
+	*ret_size = (uint64_t)st.st_size;
+	if (!S_ISREG(st.st_mode)) {
+		rc = wf_diag_set(diag, WF_EFORMAT, "not a regular file");
+		goto out;
+	}
+	if ((uint64_t)st.st_size < WF_SHM_HEADER_SIZE) { /* nothing to map: validate says why */
+		rc = wf__shm_validate(NULL, (uint64_t)st.st_size, digest, &h, diag);
+		goto out;
+	}
+	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		rc = wf_diag_set(diag, -errno, "map: %s", strerror(errno));
+		goto out;
+	}
+	memcpy(raw, base, sizeof(*raw));
+	rc = wf__shm_validate(base, (uint64_t)st.st_size, digest, &h, diag);
+	munmap(base, (size_t)st.st_size);
+out:
+	close(fd);
+	return rc;
+}
+
+/* Is anyone attached? Only meaningful under the guard (nobody takes or drops SH meanwhile). */
+static bool held(const char *holders)
+{
+	int fd;
+	if (wf__shm_lockfile_open(holders, false, NULL, &fd) < 0)
+		return false;
+	bool busy = wf__shm_flock(fd, LOCK_EX | LOCK_NB) == -EAGAIN;
+	close(fd);
+	return busy;
+}
+
+/* Classifies one digest; false if every file of it vanished meanwhile. */
+static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *e)
+{
+	char *region = NULL, *guard = NULL, *holders = NULL;
+	struct wf_shm_header raw;
+	struct wf_diag why;
+	int gfd = -1, rc;
+	bool keep = true;
+
+	if (wf__shm_paths(cfg, &e->digest, &region, &guard, &holders) < 0) {
+		e->cls = WF_SHM_SCAN_BROKEN;
+		e->error = -ENOMEM;
+		snprintf(e->why, sizeof(e->why), "out of memory");
+		return true;
+	}
+	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, false, NULL, &gfd);
+	if (rc == -EAGAIN) {
+		e->cls = WF_SHM_SCAN_BUSY;
+		goto out;
+	}
+	/* Without a guard file nobody following the protocol is inside; look without the lock. */
+	e->has_guard = rc == 0;
+	e->has_region = exists(region);
+	e->has_holders = exists(holders);
+	if (!e->has_region) {
+		keep = e->has_guard || e->has_holders;
+		e->cls = WF_SHM_SCAN_ORPHAN;
+		goto out;
+	}
+	wf_diag_clear(&why);
+	rc = check_region(region, &e->digest, &raw, &e->size, &why);
+	if (raw.magic == WF_SHM_MAGIC) {
+		e->state = raw.state;
+		e->generation = raw.generation;
+		e->n_tensors = raw.n_tensors;
+		e->ready_ns = raw.ready_ns;
+		e->materializer_pid = raw.materializer_pid;
+	}
+	e->cls = rc == 0 ? WF_SHM_SCAN_READY : WF_SHM_SCAN_BROKEN;
+	if (rc < 0) {
+		e->error = rc;
+		snprintf(e->why, sizeof(e->why), "%s", wf_diag_str(&why, rc));
+	}
+	e->held = e->has_holders && held(holders);
+out:
+	if (gfd >= 0)
+		close(gfd);
+	free(region);
+	free(guard);
+	free(holders);
+	return keep;
+}
+
+int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **ret_entries,
+		    size_t *ret_n, struct wf_diag *diag)
+{
+	const char *dir = wf__shm_dir(cfg);
+	struct found *found = NULL;
+	struct wf_shm_scan_entry *out = NULL;
+	size_t n_found = 0, cap = 0, n = 0;
+	struct dirent *de;
+	DIR *d;
+	int rc = 0;
+
+	if (!ret_entries || !ret_n)
+		return WF_EINVAL;
+	d = opendir(dir); /* glibc opens it O_CLOEXEC */
+	if (!d) {
+		if (errno == ENOENT) {
+			*ret_entries = NULL;
+			*ret_n = 0;
+			return 0;
+		}
+		return wf_diag_set(diag, -errno, "open floor directory %s: %s", dir,
+				   strerror(errno));
+	}
+	while ((errno = 0, de = readdir(d)) != NULL) {
+		struct found f;
+		if (!parse_name(de->d_name, &f))
+			continue;
+		if (n_found == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			struct found *nf = realloc(found, nc * sizeof(*nf));
+			if (!nf) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			found = nf;
+			cap = nc;
+		}
+		found[n_found++] = f;
+	}
+	if (errno != 0) {
+		rc = wf_diag_set(diag, -errno, "read floor directory %s: %s", dir, strerror(errno));
+		goto out;
+	}
+	if (n_found) {
+		qsort(found, n_found, sizeof(*found), found_cmp);
+		out = calloc(n_found, sizeof(*out));
+		if (!out) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < n_found;) {
+		struct wf_shm_scan_entry *e = &out[n];
+		memset(e, 0, sizeof(*e));
+		e->digest = found[i].digest;
+		for (; i < n_found && found[i].digest.hi == e->digest.hi &&
+		       found[i].digest.lo == e->digest.lo;
+		     i++) {
+			e->has_region |= found[i].kind == KIND_REGION;
+			e->has_guard |= found[i].kind == KIND_GUARD;
+			e->has_holders |= found[i].kind == KIND_HOLDERS;
+		}
+		if (classify(cfg, e))
+			n++;
+	}
+	if (n == 0) {
+		free(out);
+		out = NULL;
+	}
+	*ret_entries = out;
+	*ret_n = n;
+	out = NULL;
+out:
+	closedir(d);
+	free(found);
+	free(out);
+	return rc;
+}
+
+int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+			 unsigned flags, struct wf_diag *diag)
+{
+	char *region = NULL, *guard = NULL, *holders = NULL, name[WF_SHM_NAME_LEN + 1];
+	int gfd = -1, hfd = -1, rc;
+
+	if (!digest || (flags & ~WF_SHM_REMOVE_BROKEN_ONLY))
+		return wf_diag_set(diag, WF_EINVAL, "remove: bad arguments");
+	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
+	if (rc < 0)
+		return rc;
+	wf__shm_name(digest, name);
+	if (!exists(region) && !exists(guard) && !exists(holders)) {
+		rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", name, wf__shm_dir(cfg));
+		goto out;
+	}
+	/* Creating the guard is fine: a region whose guard went missing still needs one to be
+	 * removed safely, and it is unlinked below with the rest. */
+	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, true, cfg, &gfd);
+	if (rc < 0) {
+		rc = wf_diag_set(diag, rc == -EAGAIN ? -EBUSY : rc,
+				 "region %s is being attached or materialized", name);
+		goto out;
+	}
+	rc = wf__shm_lockfile_open(holders, false, NULL, &hfd);
+	if (rc == 0 && wf__shm_flock(hfd, LOCK_EX | LOCK_NB) < 0) {
+		rc = wf_diag_set(diag, -EBUSY, "region %s is attached by some process", name);
+		goto out;
+	}
+	if (rc < 0 && rc != -ENOENT) {
+		rc = wf_diag_set(diag, rc, "open %s: %s", holders, strerror(-rc));
+		goto out;
+	}
+	if ((flags & WF_SHM_REMOVE_BROKEN_ONLY) && exists(region)) {
+		struct wf_shm_header raw;
+		uint64_t size;
+		struct wf_diag why;
+		wf_diag_clear(&why);
+		if (check_region(region, digest, &raw, &size, &why) == 0) {
+			rc = wf_diag_set(diag, WF_ESTATE, "region %s is READY and valid", name);
+			goto out;
+		}
+	}
+	rc = 0;
+	if (unlink(region) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", region, strerror(errno));
+	if (rc == 0 && unlink(holders) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", holders, strerror(errno));
+	if (rc == 0 && unlink(guard) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", guard, strerror(errno));
+out:
+	if (hfd >= 0)
+		close(hfd);
+	if (gfd >= 0)
+		close(gfd);
+	free(region);
+	free(guard);
+	free(holders);
+	return rc;
+}
