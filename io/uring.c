@@ -90,8 +90,8 @@ static int uring_init(struct wf_io_reader *r)
 	ret = io_uring_ring_dontfork(&u->ring);
 	if (ret < 0)
 		goto err;
-	/* Saves an fd lookup per io_uring_enter; harmless where unsupported (< 5.18). */
-	(void)io_uring_register_ring_fd(&u->ring);
+	/* No io_uring_register_ring_fd(): a registered ring fd belongs to the registering thread,
+	 * and a reader may be handed between threads (one at a time). */
 	if (!(r->opts.flags & WF_IO_OPT_NO_REGISTER)) {
 		if (io_uring_register_files_sparse(&u->ring, FILE_SLOTS) == 0) {
 			u->file_used = calloc(FILE_SLOTS, 1);

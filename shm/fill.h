@@ -1,7 +1,12 @@
 /* The standard materializer: a wf_shm_fill_fn that copies every file's window into the region
- * with libwfio (io_uring with O_DIRECT where the file system allows it, all files sharing one
- * deep queue; the pread pool where io_uring is unavailable). The agent uses it, and so does a
- * worker that materializes a floor itself on a node without an agent. */
+ * with libwfio (io_uring with O_DIRECT where the file system allows it, and buffered reads of what
+ * is cached; the pread pool where io_uring is unavailable). The agent uses it, and so does a
+ * worker that materializes a floor itself on a node without an agent.
+ *
+ * On tmpfs it reads into a ring of bounce buffers and writes each chunk with wf_shm_fill_write(),
+ * hashing the tensors as their bytes pass (so the library skips its own pass), which qualifies it
+ * for WF_SHM_ATTACH_STREAM: attach with that flag to overlap the region's space reservation with
+ * the reads. On hugetlbfs it reads straight into the mapping. */
 #ifndef WF_SHM_FILL_H
 #define WF_SHM_FILL_H
 
@@ -21,6 +26,9 @@ struct wf_shm_fill_io {
 	 * (fault injection in tests; progress setup). */
 	void (*before_copy)(void *ctx, uint64_t total_bytes);
 	void *before_copy_ctx;
+	/* Bytes of bounce buffers (tmpfs): 0 means 16 MiB, split into reads of io.chunk_size, at
+	 * most io.queue_depth of them in flight. */
+	size_t ring_bytes;
 };
 
 /* wf_shm_fill_fn; ctx is a struct wf_shm_fill_io *. Fails with WF_ECHANGED (diag names the file)

@@ -499,8 +499,8 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 						   name);
 			if (c > 0)
 				return wf_diag_set(diag, WF_EFORMAT,
-						   "region name index is not in name order at entry "
-						   "%" PRIu32 " ('%.*s' after '%.*s')",
+						   "region name index is out of name order at "
+						   "entry %" PRIu32 " ('%.*s' after '%.*s')",
 						   k, (int)len, name, (int)prev_len, prev);
 		}
 		prev = name;

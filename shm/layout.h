@@ -10,7 +10,7 @@
  *   0                   4096                 header (struct wf_shm_header)
  *   file_table_offset   n_files * 80         file table (struct wf_shm_file_entry), = 4096
  *   tensor_table_offset n_tensors * 128      tensor table (struct wf_shm_tensor_entry), 64-aligned
- *   name_index_offset   n_tensors * 4        name index: u32 tensor indices sorted by name, 64-aligned
+ *   name_index_offset   n_tensors * 4        name index: u32 tensor indices by name, 64-aligned
  *                                            (= tensor_table_offset + tensor_table_size)
  *   strings_offset      strings_size         string pool: tensor names and file paths, each
  *                                            followed by a NUL that its length does not count

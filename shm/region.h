@@ -18,9 +18,11 @@
  *       absent (and CREATE), or anything else (and REBUILD: EMPTY, MATERIALIZING, FAILED, an odd
  *       generation, a bad header, a size mismatch, tables that do not match the model): unlink it,
  *       create a fresh file, reserve its full size with fallocate (a full tmpfs fails here with
- *       ENOSPC, not with SIGBUS later), write header and tables with state MATERIALIZING, call the
- *       fill callback, hash every tensor, write tables_checksum, header_checksum, then state READY
- *       with a release store; map PROT_READ;
+ *       ENOSPC, not with SIGBUS later; with WF_SHM_ATTACH_STREAM: check the free space, reserve
+ *       the tables, and the data area as the fill writes it, see below), write header, tables and
+ *       name index with state MATERIALIZING, call the fill callback, hash every tensor (unless the
+ *       fill did while copying), write tables_checksum, header_checksum, then state READY with a
+ *       release store; map PROT_READ;
  *       otherwise: fail (WF_ENOT_READY, or the validation error, or -ENOENT), touching nothing;
  *     → lock(holders) SH → guard UN.
  *   detach: munmap → lock(guard) EX → holders UN → holders EX|NB: if it succeeds this was the
@@ -71,7 +73,7 @@ struct wf_shm_config {
 #define WF_SHM_ATTACH_REBUILD 0x2u /* rebuild an existing region that is not READY and valid */
 #define WF_SHM_ATTACH_NOWAIT 0x4u  /* -EAGAIN instead of waiting for the guard lock */
 /* The fill writes the region only with wf_shm_fill_write() (never through base or dst), so on
- * tmpfs the library reserves the data area on a helper thread while the fill starts reading
+ * tmpfs the data area is reserved as it is written instead of all before the fill starts reading
  * (below). wf_shm_fill_from_files() qualifies. Ignored on hugetlbfs. */
 #define WF_SHM_ATTACH_STREAM 0x8u
 #define WF_SHM_ATTACH_READER 0x0u
@@ -134,20 +136,23 @@ struct wf_shm_fill {
  * Space. Without WF_SHM_ATTACH_STREAM (and always on hugetlbfs) the whole region is reserved with
  * fallocate before the fill is called, so no write can meet a full file system. With it, on tmpfs,
  * the library first checks the free space (statvfs: a floor directory that cannot hold the region
- * still fails with -ENOSPC before anything is read) and reserves the tables; then a helper thread
- * reserves the data area front to back while the fill runs, so that reading the files overlaps
- * the page allocation (about a quarter of a second per GB). wf_shm_fill_write() waits until its
- * range is reserved, so every byte still lands in reserved space; should the reservation fail
- * (something else filled the directory meanwhile) it returns -ENOSPC, and the attach fails with
- * -ENOSPC. The region is completely reserved before it becomes READY either way. */
+ * still fails with -ENOSPC before anything is read) and reserves the tables; then
+ * wf_shm_fill_write() reserves the data area in 16 MiB steps ahead of the writes, so that the page
+ * allocation (about a quarter of a second per GB, and serialized with the writes by the inode
+ * lock) overlaps the fill's reading instead of preceding it. Every byte still lands in reserved
+ * space and nothing is written through a mapping, so no SIGBUS is possible; should a step fail
+ * (something else filled the directory meanwhile) wf_shm_fill_write() returns -ENOSPC and the
+ * attach fails with -ENOSPC and the same diag. After the fill the library reserves what it did not
+ * write (padding, the spare area): the region is completely reserved before it becomes READY. */
 typedef int (*wf_shm_fill_fn)(void *ctx, const struct wf_shm_fill *job, struct wf_diag *diag);
 
-/* Writes len bytes of buf at offset (from the start of the region, inside a file's section) from
- * a fill callback: pwrite on region_fd on tmpfs, which needs no page tables in this process (a
+/* Writes len bytes of buf at offset (from the start of the region, inside the data area) from a
+ * fill callback: pwrite on region_fd on tmpfs, which needs no page tables in this process (a
  * writable mapping needs one entry per 4 KiB page, which costs more than the copy), or a copy
- * through the mapping on hugetlbfs. Waits first until [offset, offset + len) is reserved (see
- * WF_SHM_ATTACH_STREAM). Thread-safe for disjoint ranges. Returns 0, -ENOSPC when reservation
- * failed, WF_EINVAL for a range outside the data area, or -errno of pwrite. */
+ * through the mapping on hugetlbfs. With WF_SHM_ATTACH_STREAM it first reserves what is not yet
+ * reserved up to offset + len (and a step beyond). Thread-safe for disjoint ranges. Returns 0,
+ * -ENOSPC (or the -errno of fallocate) when reserving failed, WF_EINVAL for a range outside the
+ * data area, or -errno of pwrite. */
 int wf_shm_fill_write(const struct wf_shm_fill *job, uint64_t offset, const void *buf,
 		      size_t len);
 

@@ -19,6 +19,7 @@ struct wf_shm_region {
 	const uint32_t *name_index; /* in the mapping: tensor indices sorted by name */
 	bool materialized;
 	char *rebuild_reason;
+	struct wf__shm_reserve *reserve; /* reservation frontier while a STREAM fill runs */
 };
 
 /* layout.c */
@@ -38,6 +39,12 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 
 /* Bounds of a tensor entry's bytes against a validated header: 0 or WF_EFORMAT. */
 int wf__shm_tensor_bounds(const struct wf_shm_header *h, uint64_t floor_offset, uint64_t nbytes);
+
+/* region.c */
+
+/* Test hook: reserving a STREAM region's data area fails with err (a negative errno) from offset
+ * from on; UINT64_MAX turns it off. Not thread-safe: set it before attaching. */
+void wf__shm_set_reserve_fault(uint64_t from, int err);
 
 /* lock.c */
 

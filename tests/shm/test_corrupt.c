@@ -207,6 +207,64 @@ static void c_file_tensor_count(uint8_t *b, size_t s)
 	F(b, 0)->n_tensors += 1;
 	shmt_fix_checksums(b, s);
 }
+static uint32_t *IDX(uint8_t *b)
+{
+	return (uint32_t *)(b + H(b)->name_index_offset);
+}
+static void c_index_flip(uint8_t *b, size_t s)
+{
+	(void)s;
+	IDX(b)[4] ^= 1; /* checksum not repaired */
+}
+static void c_index_out_of_range(uint8_t *b, size_t s)
+{
+	IDX(b)[7] = H(b)->n_tensors;
+	shmt_fix_checksums(b, s);
+}
+static void c_index_huge(uint8_t *b, size_t s)
+{
+	IDX(b)[0] = 0xffffffffu;
+	shmt_fix_checksums(b, s);
+}
+static void c_index_unsorted(uint8_t *b, size_t s)
+{
+	uint32_t t = IDX(b)[2];
+	IDX(b)[2] = IDX(b)[9];
+	IDX(b)[9] = t;
+	shmt_fix_checksums(b, s);
+}
+static void c_index_repeats(uint8_t *b, size_t s)
+{
+	IDX(b)[5] = IDX(b)[6]; /* one tensor twice, another missing */
+	shmt_fix_checksums(b, s);
+}
+static void c_index_offset(uint8_t *b, size_t s)
+{
+	H(b)->name_index_offset += 2; /* misaligned */
+	shmt_fix_checksums(b, s);
+}
+static void c_index_offset_out(uint8_t *b, size_t s)
+{
+	H(b)->name_index_offset = H(b)->total_size - 4;
+	shmt_fix_checksums(b, s);
+}
+static void c_index_size(uint8_t *b, size_t s)
+{
+	H(b)->name_index_size -= 4;
+	shmt_fix_checksums(b, s);
+}
+static void c_index_overlaps_tensors(uint8_t *b, size_t s)
+{
+	H(b)->name_index_offset = H(b)->tensor_table_offset + 128;
+	shmt_fix_checksums(b, s);
+}
+static void c_version_1(uint8_t *b, size_t s)
+{
+	/* a region written by a version-1 agent: no name index */
+	H(b)->version = 1;
+	shmt_fix_checksums(b, s);
+}
+
 static void c_state_materializing(uint8_t *b, size_t s)
 {
 	(void)s;
@@ -309,6 +367,20 @@ Test(corrupt, entries, .init = setup, .fini = teardown)
 	run_case("file window", c_file_window, WF_EFORMAT);
 	run_case("file path", c_file_path, WF_EFORMAT);
 	run_case("file tensor count", c_file_tensor_count, WF_EFORMAT);
+}
+
+Test(corrupt, name_index, .init = setup, .fini = teardown)
+{
+	run_case("index byte", c_index_flip, WF_ECHECKSUM);
+	run_case("index entry past the table", c_index_out_of_range, WF_EFORMAT);
+	run_case("index entry 2^32-1", c_index_huge, WF_EFORMAT);
+	run_case("index out of name order", c_index_unsorted, WF_EFORMAT);
+	run_case("index repeats a tensor", c_index_repeats, WF_EDUPLICATE);
+	run_case("index offset misaligned", c_index_offset, WF_EFORMAT);
+	run_case("index offset out of the region", c_index_offset_out, WF_EFORMAT);
+	run_case("index size", c_index_size, WF_EFORMAT);
+	run_case("index over the tensor table", c_index_overlaps_tensors, WF_EFORMAT);
+	run_case("version 1 region", c_version_1, WF_EVERSION);
 }
 
 Test(corrupt, states, .init = setup, .fini = teardown)

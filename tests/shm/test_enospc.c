@@ -6,6 +6,8 @@
 
 #include "base/error.h"
 #include "common/wftest.h"
+#include "shm/fill.h"
+#include "shm/shm_internal.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -38,6 +40,7 @@ static void teardown(void)
 	mounted = false;
 	if (tmp)
 		wft_rmtree(tmp);
+	free(tmp);
 	tmp = NULL;
 }
 
@@ -111,6 +114,108 @@ Test(enospc, small_tmpfs_fails_at_start, .init = setup, .fini = teardown)
 	free(small_dir);
 }
 
+static void count_copy(void *ctx, uint64_t total)
+{
+	(void)total;
+	(*(int *)ctx)++;
+}
+
+Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = teardown)
+{
+	mount_or_skip("tmpfs", "size=4m,mode=0750");
+
+	/* WF_SHM_ATTACH_STREAM reserves the data area while the fill reads, but a directory that
+	 * plainly cannot hold the region still fails at the start, before a byte is read */
+	struct shmt_spec big = {.n_files = 3, .tensors_per_file = 4, .tensor_bytes = 688128,
+				.seed = 3};
+	struct wf_model *m = shmt_model_make(model_dir, &big, true);
+	cr_assert_not_null(m);
+	struct wf_digest d;
+	shmt_digest(m, &d);
+	struct wf_shm_config cfg = {.dir = floor_dir};
+	int copies = 0;
+	struct wf_shm_fill_io fi = {.before_copy = count_copy, .before_copy_ctx = &copies};
+	struct wf_shm_region *r = NULL;
+	struct wf_diag diag;
+	wf_diag_clear(&diag);
+	int rc = wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+				      wf_shm_fill_from_files, &fi, &r, &diag);
+	cr_assert_eq(rc, -ENOSPC, "%s (%s)", wf_err_name(rc), wf_diag_str(&diag, rc));
+	cr_assert(strstr(diag.msg, floor_dir), "diag names the directory: %s", diag.msg);
+	cr_assert(strstr(diag.msg, "needs"), "diag gives sizes: %s", diag.msg);
+	cr_assert_eq(copies, 0, "nothing was read");
+	char names[1024];
+	cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "left: %s", names);
+
+	/* and a model that fits streams in */
+	struct shmt_spec small = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 65536,
+				  .seed = 4};
+	char *small_dir;
+	cr_assert(asprintf(&small_dir, "%s/small", tmp) > 0);
+	cr_assert_eq(mkdir(small_dir, 0755), 0);
+	struct wf_model *sm = shmt_model_make(small_dir, &small, true);
+	struct wf_digest sd;
+	shmt_digest(sm, &sd);
+	wf_diag_clear(&diag);
+	rc = wf_shm_region_attach(&cfg, &sd, sm, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+				  wf_shm_fill_from_files, &fi, &r, &diag);
+	cr_assert_eq(rc, 0, "%s", wf_diag_str(&diag, rc));
+	cr_assert_eq(copies, 1);
+	cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
+	char why[256];
+	cr_assert_eq(shmt_check_bytes(r, sm, why, sizeof(why)), 0, "%s", why);
+	wf_shm_region_detach(r);
+	cr_assert_eq(shmt_count_entries(floor_dir, NULL, 0), 0);
+	shmt_model_free(sm);
+	shmt_model_free(m);
+	free(small_dir);
+}
+
+/* The directory fills up while a STREAM fill runs (simulated: the reservation helper fails at a
+ * chosen offset). The fill, waiting for that range, fails; or, when only the spare area is left
+ * to reserve, the attach fails after the fill. Either way -ENOSPC, the usual diag, nothing left,
+ * and no byte was ever written outside reserved space (no SIGBUS: the fill writes with pwrite). */
+Test(enospc, stream_reservation_fails_midway, .init = setup, .fini = teardown)
+{
+	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 200000 & ~31,
+				 .seed = 7};
+	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
+	cr_assert_not_null(m);
+	struct wf_digest d;
+	shmt_digest(m, &d);
+	struct wf_shm_config cfg = {.dir = floor_dir, .spare_bytes = 1 << 20};
+	struct wf_shm_layout l;
+	cr_assert_eq(wf_shm_layout_compute(m, cfg.spare_bytes, &l, NULL), 0);
+	const uint64_t at[] = {l.data_offset, l.data_offset + 3 * 65536, l.spare_offset,
+			       l.spare_offset + 4096};
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+		wf__shm_set_reserve_fault(at[i], -ENOSPC);
+		struct wf_shm_fill_io fi = {.io = {.chunk_size = 65536, .flags = WF_IO_OPT_NO_ENV}};
+		struct wf_shm_region *r = NULL;
+		struct wf_diag diag;
+		wf_diag_clear(&diag);
+		int rc = wf_shm_region_attach(&cfg, &d, m,
+					      WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+					      wf_shm_fill_from_files, &fi, &r, &diag);
+		cr_assert_eq(rc, -ENOSPC, "fault at %llu: %s (%s)", (unsigned long long)at[i],
+			     wf_err_name(rc), wf_diag_str(&diag, rc));
+		cr_assert(strstr(diag.msg, "needs"), "diag gives sizes: %s", diag.msg);
+		char names[1024];
+		cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "left: %s",
+			     names);
+	}
+	/* without the fault it works, in the same directory */
+	wf__shm_set_reserve_fault(UINT64_MAX, 0);
+	struct wf_shm_fill_io fi = {0};
+	struct wf_shm_region *r = NULL;
+	cr_assert_eq(wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+					  wf_shm_fill_from_files, &fi, &r, NULL),
+		     0);
+	cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
+	wf_shm_region_detach(r);
+	shmt_model_free(m);
+}
+
 static long free_huge_pages(long *ret_size_kb)
 {
 	FILE *f = fopen("/proc/meminfo", "re");
@@ -160,6 +265,27 @@ Test(enospc, hugetlbfs_region, .init = setup, .fini = teardown)
 	rc = wf_shm_region_attach(&cfg, &d, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r2, NULL);
 	cr_assert_eq(rc, 0);
 	wf_shm_region_detach(r2);
+
+	/* the standard fill reads straight into the mapping here (no write() on hugetlbfs); STREAM
+	 * is ignored: everything is reserved first */
+	char *other_dir;
+	cr_assert(asprintf(&other_dir, "%s/other", tmp) > 0);
+	cr_assert_eq(mkdir(other_dir, 0755), 0);
+	struct shmt_spec ospec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 50016,
+				  .seed = 8};
+	struct wf_model *om = shmt_model_make(other_dir, &ospec, true);
+	struct wf_digest od;
+	shmt_digest(om, &od);
+	struct wf_shm_fill_io fi = {0};
+	wf_diag_clear(&diag);
+	rc = wf_shm_region_attach(&cfg, &od, om, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+				  wf_shm_fill_from_files, &fi, &r2, &diag);
+	cr_assert_eq(rc, 0, "%s", wf_diag_str(&diag, rc));
+	cr_assert_eq(wf_shm_region_verify(r2, NULL), 0);
+	cr_assert_eq(shmt_check_bytes(r2, om, why, sizeof(why)), 0, "%s", why);
+	wf_shm_region_detach(r2);
+	shmt_model_free(om);
+	free(other_dir);
 
 	/* more than the mount's 4 huge pages: ENOSPC at the start here too */
 	char *big_dir;
