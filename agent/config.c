@@ -410,7 +410,8 @@ int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t 
 	if (!root || jerr != json_tokener_success) {
 		json_object_put(root);
 		return wf_diag_set(diag, WF_EFORMAT, "config: invalid JSON at byte %zu: %s", used,
-				   json_tokener_error_desc(jerr));
+				   jerr == json_tokener_continue ? "unexpected end of input"
+								 : json_tokener_error_desc(jerr));
 	}
 	for (; used < len; used++) {
 		if (json[used] != ' ' && json[used] != '\n' && json[used] != '\t' && json[used] != '\r') {
@@ -459,9 +460,29 @@ int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct w
 		got += (size_t)r;
 	}
 	close(fd);
-	int rc = wf_agent_config_parse(cfg, buf, got, diag);
+	struct wf_diag inner = {{0}};
+	int rc = wf_agent_config_parse(cfg, buf, got, &inner);
 	free(buf);
+	if (rc < 0)
+		/* "config: ..." becomes "config /etc/weightfloor/agent.json: ..." */
+		return wf_diag_set(diag, rc, "config %s:%s", path,
+				   strncmp(inner.msg, "config:", 7) == 0 ? inner.msg + 7 : inner.msg);
 	return rc;
+}
+
+/* The configured group is the one that may use the floors and the sockets: its members are
+ * allowed ipc peers too, not only owners of the socket file. */
+static int allow_gid(struct wf_agent_config *cfg, gid_t gid)
+{
+	for (size_t i = 0; i < cfg->n_allowed_gids; i++)
+		if (cfg->allowed_gids[i] == gid)
+			return 0;
+	gid_t *v = realloc(cfg->allowed_gids, (cfg->n_allowed_gids + 1) * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	v[cfg->n_allowed_gids++] = gid;
+	cfg->allowed_gids = v;
+	return 0;
 }
 
 int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
@@ -474,7 +495,7 @@ int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
 	unsigned long v = strtoul(cfg->group, &end, 10);
 	if (*end == '\0' && end != cfg->group) {
 		cfg->gid = (gid_t)v;
-		return 0;
+		return allow_gid(cfg, cfg->gid);
 	}
 	struct group gr, *res = NULL;
 	char buf[4096];
@@ -482,7 +503,7 @@ int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
 	if (e != 0 || !res)
 		return wf_diag_set(diag, WF_ENOT_FOUND, "config: group '%s' does not exist", cfg->group);
 	cfg->gid = res->gr_gid;
-	return 0;
+	return allow_gid(cfg, cfg->gid);
 }
 
 int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,

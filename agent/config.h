@@ -2,7 +2,7 @@
  *
  *   {
  *     "floor_dir": "/dev/shm/weightfloor",   tmpfs or hugetlbfs directory for regions
- *     "group": "weightfloor",                 group (name or number) given read access to floors
+ *     "group": "weightfloor",                 group (name or number): reads floors, may connect
  *     "host_budget": "64G",                   bytes of floors the agent may hold at once
  *     "model_roots": ["/models"],             every model path must resolve under one of these
  *     "socket": "ipc:///run/weightfloor/agent.sock",

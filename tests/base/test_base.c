@@ -4,6 +4,8 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 Test(error, names_and_messages_cover_every_code)
@@ -71,4 +73,23 @@ Test(units, parse_size)
 			cr_assert_eq(v, 12345, "output written on failure");
 	}
 	cr_assert_eq(wf_parse_size(NULL, NULL), WF_EINVAL);
+}
+
+/* docs/ERRORS.md lists every code with its value and message: the table cannot drift from the
+ * X-macro. */
+Test(error, docs_table_matches)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/docs/ERRORS.md", getenv("WF_SOURCE_DIR") ? getenv("WF_SOURCE_DIR") : ".");
+	FILE *f = fopen(path, "r");
+	cr_assert(f, "cannot open %s", path);
+	static char text[1 << 16];
+	size_t n = fread(text, 1, sizeof text - 1, f);
+	text[n] = '\0';
+	fclose(f);
+	for (int c = WF_E_BASE_ + 1; c < WF_E_MAX_; c++) {
+		char row[256];
+		snprintf(row, sizeof row, "| `%s` | %d | %s |", wf_err_name(c), c, wf_strerror(c));
+		cr_assert(strstr(text, row), "docs/ERRORS.md lacks the row: %s", row);
+	}
 }

@@ -1,0 +1,497 @@
+/* wf-agent: the per-node daemon that materializes each model's weights once into the floor and
+ * serves the control API. See docs/man/wf-agent.md. */
+#include "agent/config.h"
+#include "agent/floors.h"
+#include "agent/notify.h"
+#include "agent/service.h"
+#include "agent/workers.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/units.h"
+#include "control/pub.h"
+#include "control/server.h"
+#include "proto/status.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct agent {
+	struct wf_agent_config cfg;
+	struct wf_floors *floors;
+	struct wf_ctl_pub *pub;
+	struct wf_ctl_server *srv;
+	struct wf_agent_service svc;
+	struct wf_workers *workers;
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: wf-agent [OPTIONS]\n"
+		"  -c, --config FILE        JSON configuration (see docs/man/wf-agent.md)\n"
+		"      --floor-dir DIR      floor directory (default /dev/shm/weightfloor)\n"
+		"      --socket URL         control endpoint (default ipc:///run/weightfloor/agent.sock)\n"
+		"      --events URL         event endpoint (default ipc:///run/weightfloor/events.sock)\n"
+		"      --host-budget SIZE   bytes of floors held at once (e.g. 64G)\n"
+		"      --group NAME|GID     group given read access to floors and sockets\n"
+		"      --model NAME=PATH    register a model (repeatable)\n"
+		"      --preload NAME=PATH  register and materialize at start (repeatable)\n"
+		"      --io-backend B       auto, uring or pread\n"
+		"      --allow-uid UID      ipc peer allowed besides root and the agent's uid (repeatable)\n"
+		"      --daemonize          detach once serving (the parent exits 0 when ready)\n"
+		"      --check-config       validate the configuration and the models, then exit\n"
+		"  -v, --verbose            debug logging\n"
+		"  -h, --help\n");
+}
+
+/* Config-file values first, then flags on top: flags are collected and applied afterwards. */
+struct overrides {
+	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend;
+	char **models;
+	size_t n_models;
+	bool *preload;
+	uid_t *uids;
+	size_t n_uids;
+	bool daemonize, check, verbose;
+};
+
+static int add_model_flag(struct overrides *o, const char *arg, bool preload)
+{
+	char **m = realloc(o->models, (o->n_models + 1) * sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	o->models = m;
+	bool *p = realloc(o->preload, (o->n_models + 1) * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	o->preload = p;
+	o->models[o->n_models] = (char *)arg;
+	o->preload[o->n_models] = preload;
+	o->n_models++;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct overrides *o)
+{
+	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
+	       O_UID, O_DAEMON, O_CHECK };
+	static const struct option opts[] = {
+		{"config", required_argument, NULL, 'c'},
+		{"floor-dir", required_argument, NULL, O_FLOOR},
+		{"socket", required_argument, NULL, O_SOCKET},
+		{"events", required_argument, NULL, O_EVENTS},
+		{"host-budget", required_argument, NULL, O_BUDGET},
+		{"group", required_argument, NULL, O_GROUP},
+		{"model", required_argument, NULL, O_MODEL},
+		{"preload", required_argument, NULL, O_PRELOAD},
+		{"io-backend", required_argument, NULL, O_IO},
+		{"allow-uid", required_argument, NULL, O_UID},
+		{"daemonize", no_argument, NULL, O_DAEMON},
+		{"check-config", no_argument, NULL, O_CHECK},
+		{"verbose", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	int c;
+	while ((c = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': o->config = optarg; break;
+		case O_FLOOR: o->floor_dir = optarg; break;
+		case O_SOCKET: o->socket = optarg; break;
+		case O_EVENTS: o->events = optarg; break;
+		case O_BUDGET: o->budget = optarg; break;
+		case O_GROUP: o->group = optarg; break;
+		case O_IO: o->io_backend = optarg; break;
+		case O_MODEL:
+		case O_PRELOAD:
+			if (!strchr(optarg, '=') || optarg[0] == '=') {
+				fprintf(stderr, "wf-agent: --model/--preload take NAME=PATH, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			if (add_model_flag(o, optarg, c == O_PRELOAD) < 0)
+				return 1;
+			break;
+		case O_UID: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (*end || end == optarg || v >= (uid_t)-1) {
+				fprintf(stderr, "wf-agent: --allow-uid: '%s' is not a uid\n", optarg);
+				return 2;
+			}
+			uid_t *u = realloc(o->uids, (o->n_uids + 1) * sizeof(*u));
+			if (!u)
+				return 1;
+			o->uids = u;
+			o->uids[o->n_uids++] = (uid_t)v;
+			break;
+		}
+		case O_DAEMON: o->daemonize = true; break;
+		case O_CHECK: o->check = true; break;
+		case 'v': o->verbose = true; break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "wf-agent: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+/* Builds the final configuration: defaults, the file, then the flags, expressed as a JSON
+ * overlay so that flags get exactly the validation the file gets. */
+static int build_config(struct agent *a, const struct overrides *o)
+{
+	struct wf_diag d = {{0}};
+	int rc = wf_agent_config_init(&a->cfg);
+	if (rc < 0)
+		return rc;
+	if (o->config && (rc = wf_agent_config_load(&a->cfg, o->config, &d)) < 0) {
+		wf_log_error("%s", wf_diag_str(&d, rc));
+		return rc;
+	}
+#define SET_STR(field, val)                                                                        \
+	do {                                                                                       \
+		if (val) {                                                                         \
+			char *s_ = strdup(val);                                                    \
+			if (!s_)                                                                   \
+				return -ENOMEM;                                                    \
+			free(a->cfg.field);                                                        \
+			a->cfg.field = s_;                                                         \
+		}                                                                                  \
+	} while (0)
+	SET_STR(floor_dir, o->floor_dir);
+	SET_STR(socket_url, o->socket);
+	SET_STR(events_url, o->events);
+	SET_STR(group, o->group);
+	if (o->io_backend) {
+		if (strcmp(o->io_backend, "auto") && strcmp(o->io_backend, "uring") &&
+		    strcmp(o->io_backend, "pread")) {
+			wf_log_error("--io-backend must be auto, uring or pread");
+			return WF_EINVAL;
+		}
+		SET_STR(io_backend, o->io_backend);
+	}
+#undef SET_STR
+	if (a->cfg.floor_dir[0] != '/') {
+		wf_log_error("--floor-dir %s is not an absolute path", a->cfg.floor_dir);
+		return WF_EINVAL;
+	}
+	if (o->budget) {
+		if (wf_parse_size(o->budget, &a->cfg.host_budget) < 0) {
+			wf_log_error("--host-budget: '%s' is not a size (e.g. 64G)", o->budget);
+			return WF_EINVAL;
+		}
+	}
+	if (o->n_uids) {
+		uid_t *u = realloc(a->cfg.allowed_uids,
+				   (a->cfg.n_allowed_uids + o->n_uids) * sizeof(*u));
+		if (!u)
+			return -ENOMEM;
+		memcpy(u + a->cfg.n_allowed_uids, o->uids, o->n_uids * sizeof(*u));
+		a->cfg.allowed_uids = u;
+		a->cfg.n_allowed_uids += o->n_uids;
+	}
+	if (o->n_models) {
+		size_t n = a->cfg.n_models + o->n_models;
+		struct wf_agent_model_cfg *m = realloc(a->cfg.models, n * sizeof(*m));
+		if (!m)
+			return -ENOMEM;
+		a->cfg.models = m;
+		for (size_t i = 0; i < o->n_models; i++) {
+			const char *eq = strchr(o->models[i], '=');
+			struct wf_agent_model_cfg *mc = &m[a->cfg.n_models];
+			memset(mc, 0, sizeof(*mc));
+			mc->name = strndup(o->models[i], (size_t)(eq - o->models[i]));
+			mc->path = strdup(eq + 1);
+			mc->preload = o->preload[i];
+			a->cfg.n_models++;
+			if (!mc->name || !mc->path)
+				return -ENOMEM;
+			for (size_t j = 0; j + 1 < a->cfg.n_models; j++) {
+				if (strcmp(m[j].name, mc->name) == 0) {
+					wf_log_error("model '%s' given twice", mc->name);
+					return WF_EINVAL;
+				}
+			}
+		}
+	}
+	if ((rc = wf_agent_config_resolve(&a->cfg, &d)) < 0) {
+		wf_log_error("%s", wf_diag_str(&d, rc));
+		return rc;
+	}
+	return 0;
+}
+
+/* ipc:// endpoints live in a directory that may not exist yet (/run/weightfloor). */
+static int ensure_ipc_dir(const char *url, gid_t gid)
+{
+	if (strncmp(url, "ipc://", 6) != 0)
+		return 0;
+	char *copy = strdup(url + 6);
+	if (!copy)
+		return -ENOMEM;
+	char *dir = dirname(copy);
+	int rc = 0;
+	struct stat st;
+	if (stat(dir, &st) != 0) {
+		if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+			rc = -errno;
+		else if (gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) < 0)
+			rc = -errno;
+	}
+	free(copy);
+	return rc;
+}
+
+static Weightfloor__V1__FloorState pb_state(enum wf_floor_state s)
+{
+	return (Weightfloor__V1__FloorState)s; /* the enums share their numbers by design */
+}
+
+static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
+{
+	struct agent *a = ctx;
+	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
+	e.model = (char *)ev->model;
+	e.floor_state = pb_state(ev->state);
+	e.message = (char *)(ev->message ? ev->message : "");
+	switch (ev->kind) {
+	case WF_FLOOR_EV_STATE:
+		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE;
+		if (ev->message && *ev->message)
+			wf_log_info("model %s: %s (%s)", ev->model, wf_floor_state_name(ev->state),
+				    ev->message);
+		else
+			wf_log_info("model %s: %s", ev->model, wf_floor_state_name(ev->state));
+		break;
+	case WF_FLOOR_EV_PROGRESS:
+		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS;
+		e.bytes_done = ev->bytes_done;
+		e.bytes_total = ev->bytes_total;
+		e.rate_bytes_per_s = ev->rate_bytes_per_s;
+		break;
+	case WF_FLOOR_EV_ERROR:
+		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
+		e.code = wf_proto_status_from_err(ev->code);
+		wf_log_error("model %s: %s", ev->model, ev->message ? ev->message : "");
+		break;
+	}
+	if (a->pub)
+		wf_ctl_pub_publish(a->pub, &e, NULL);
+}
+
+static void on_worker_event(void *ctx, const char *worker_id, const char *message)
+{
+	struct agent *a = ctx;
+	wf_log_info("worker %s: %s", worker_id, message);
+	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
+	e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER;
+	e.worker_id = (char *)worker_id;
+	e.message = (char *)message;
+	if (a->pub)
+		wf_ctl_pub_publish(a->pub, &e, NULL);
+}
+
+static int start_services(struct agent *a)
+{
+	struct wf_diag d = {{0}};
+	struct wf_ctl_listen_opts lo = {
+		.ipc_mode = 0660,
+		.ipc_group = a->cfg.gid,
+		.allowed_uids = a->cfg.allowed_uids,
+		.n_allowed_uids = a->cfg.n_allowed_uids,
+		.allowed_gids = a->cfg.allowed_gids,
+		.n_allowed_gids = a->cfg.n_allowed_gids,
+	};
+	int rc;
+	if ((rc = ensure_ipc_dir(a->cfg.socket_url, a->cfg.gid)) < 0 ||
+	    (rc = ensure_ipc_dir(a->cfg.events_url, a->cfg.gid)) < 0) {
+		wf_log_error("cannot create the socket directory: %s", wf_strerror(rc));
+		return rc;
+	}
+	struct wf_ctl_pub_opts po = {.listen = lo};
+	po.listen.url = a->cfg.events_url;
+	if ((rc = wf_ctl_pub_create(&po, &a->pub, &d)) < 0) {
+		wf_log_error("events %s: %s", a->cfg.events_url, wf_diag_str(&d, rc));
+		return rc;
+	}
+	struct wf_ctl_server_opts so = {
+		.listen = lo,
+		.max_request_size = a->cfg.max_message,
+		.handle = wf_agent_service_handle,
+		.ctx = &a->svc,
+	};
+	so.listen.url = a->cfg.socket_url;
+	if ((rc = wf_ctl_server_create(&so, &a->srv, &d)) < 0) {
+		wf_log_error("control %s: %s", a->cfg.socket_url, wf_diag_str(&d, rc));
+		return rc;
+	}
+	if ((rc = wf_ctl_server_start(a->srv)) < 0) {
+		wf_log_error("control server threads: %s", wf_strerror(rc));
+		return rc;
+	}
+	return 0;
+}
+
+/* --daemonize: the child does everything; the parent waits for its one-byte "ready" (exit 0) or
+ * for the pipe to close without it (exit 1), so `wf-agent --daemonize && agentctl status` works. */
+static int daemonize(int *ret_ready_fd)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid > 0) {
+		close(p[1]);
+		char b;
+		ssize_t r;
+		do
+			r = read(p[0], &b, 1);
+		while (r < 0 && errno == EINTR);
+		_exit(r == 1 ? 0 : 1);
+	}
+	close(p[0]);
+	if (setsid() < 0)
+		return -errno;
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null >= 0) {
+		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
+		close(null);
+	}
+	*ret_ready_fd = p[1];
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct overrides o = {0};
+	int rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc;
+	wf_log_init("wf-agent", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
+
+	int ready_fd = -1;
+	if (o.daemonize && !o.check && (rc = daemonize(&ready_fd)) < 0) {
+		wf_log_error("daemonize: %s", wf_strerror(rc));
+		return 1;
+	}
+
+	/* Signals are taken synchronously by the main thread; every other thread inherits the
+	 * mask, so none of them is interrupted. */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct agent a = {0};
+	int exit_code = 1;
+	struct wf_diag d = {{0}};
+	if (build_config(&a, &o) < 0)
+		goto out;
+
+	struct wf_floors_opts fo = {.cfg = &a.cfg, .on_event = on_floor_event, .event_ctx = &a};
+	if ((rc = wf_floors_create(&fo, &a.floors, &d)) < 0) {
+		wf_log_error("%s", wf_diag_str(&d, rc));
+		goto out;
+	}
+	struct wf_floors_status st;
+	wf_floors_status(a.floors, &st);
+	if (st.uring_err)
+		wf_log_warn("io_uring unavailable (%s): materializing with the pread thread pool",
+			    wf_strerror(st.uring_err));
+	if (o.check) {
+		printf("configuration valid: %u models, floor %s, budget %llu bytes, reader %s%s\n",
+		       st.n_models, a.cfg.floor_dir, (unsigned long long)st.host_budget,
+		       st.reader_backend, st.o_direct ? " (O_DIRECT)" : "");
+		exit_code = 0;
+		goto out;
+	}
+	wf_log_info("floor %s, host budget %llu bytes, reader %s%s, %u models registered",
+		    a.cfg.floor_dir, (unsigned long long)st.host_budget, st.reader_backend,
+		    st.o_direct ? " with O_DIRECT" : " (buffered)", st.n_models);
+
+	uint32_t adopted = 0, removed = 0;
+	wf_diag_clear(&d);
+	if ((rc = wf_floors_adopt(a.floors, &adopted, &removed, &d)) < 0)
+		wf_log_warn("scanning %s: %s", a.cfg.floor_dir, wf_diag_str(&d, rc));
+	else
+		wf_log_info("floor directory scan: %u floors re-adopted, %u broken or unowned removed",
+			    adopted, removed);
+
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	if ((rc = wf_workers_create(on_worker_event, &a, &a.workers)) < 0) {
+		wf_log_error("worker registry: %s", wf_strerror(rc));
+		goto out;
+	}
+	a.svc.worker_count = wf_workers_count;
+	a.svc.worker_ctx = a.workers;
+	a.svc.worker_handle = wf_workers_handle;
+	a.svc.worker_handle_ctx = a.workers;
+	a.svc.floors = a.floors;
+	a.svc.cfg = &a.cfg;
+	a.svc.started_mono_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	a.svc.started_unix_ms = (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+	if (start_services(&a) < 0)
+		goto out;
+	wf_log_info("serving %s, events on %s", wf_ctl_server_url(a.srv), a.cfg.events_url);
+	wf_floors_preload(a.floors);
+	wf_sd_notify("READY=1");
+	if (ready_fd >= 0) {
+		ssize_t w = write(ready_fd, "1", 1);
+		(void)w;
+		close(ready_fd);
+		ready_fd = -1;
+	}
+
+	for (;;) {
+		int sig = 0;
+		if (sigwait(&sigs, &sig) != 0)
+			continue;
+		if (sig == SIGHUP) {
+			wf_log_info("SIGHUP: configuration reload is not supported; restart the agent "
+				    "(floors are re-adopted)");
+			continue;
+		}
+		wf_log_info("signal %d: stopping (floors stay for the next agent)", sig);
+		break;
+	}
+	wf_sd_notify("STOPPING=1");
+	exit_code = 0;
+out:
+	if (a.srv) {
+		wf_ctl_server_close(a.srv);
+		wf_ctl_server_stop(a.srv);
+	}
+	wf_ctl_server_destroy(a.srv);
+	wf_floors_destroy(a.floors);
+	wf_workers_destroy(a.workers);
+	wf_ctl_pub_destroy(a.pub);
+	wf_agent_config_fini(&a.cfg);
+	free(o.models);
+	free(o.preload);
+	free(o.uids);
+	if (ready_fd >= 0)
+		close(ready_fd);
+	return exit_code;
+}

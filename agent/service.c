@@ -1,0 +1,245 @@
+#include "agent/service.h"
+
+#include "base/error.h"
+#include "proto/status.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WF_AGENT_VERSION "0.1.0"
+
+static Weightfloor__V1__FloorState floor_state_pb(enum wf_floor_state s)
+{
+	switch (s) {
+	case WF_FLOOR_DISK: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK;
+	case WF_FLOOR_MATERIALIZING: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING;
+	case WF_FLOOR_HOST: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST;
+	case WF_FLOOR_PINNED_HOST: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST;
+	case WF_FLOOR_FAILED: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED;
+	}
+	return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_UNSPECIFIED;
+}
+
+/* Builds a ModelInfo in the call's arena from a snapshot. */
+static Weightfloor__V1__ModelInfo *model_info(struct wf_ctl_call *call,
+					      const struct wf_floor_snapshot *s)
+{
+	Weightfloor__V1__ModelInfo *mi = wf_ctl_call_alloc(call, sizeof(*mi));
+	Weightfloor__V1__Progress *pg = wf_ctl_call_alloc(call, sizeof(*pg));
+	if (!mi || !pg)
+		return NULL;
+	weightfloor__v1__model_info__init(mi);
+	weightfloor__v1__progress__init(pg);
+	mi->name = wf_ctl_call_strdup(call, s->name);
+	mi->digest_hex = wf_ctl_call_strdup(call, s->digest_hex);
+	mi->format = wf_ctl_call_strdup(call, wf_model_format_name(s->format));
+	mi->arch = wf_ctl_call_strdup(call, s->arch);
+	mi->last_error = wf_ctl_call_strdup(call, s->last_error);
+	if (!mi->name || !mi->digest_hex || !mi->format || !mi->arch || !mi->last_error)
+		return NULL;
+	mi->files = wf_ctl_call_calloc(call, s->n_files ? s->n_files : 1, sizeof(*mi->files));
+	if (!mi->files)
+		return NULL;
+	for (uint32_t i = 0; i < s->n_files; i++) {
+		Weightfloor__V1__FileInfo *fi = wf_ctl_call_alloc(call, sizeof(*fi));
+		if (!fi)
+			return NULL;
+		weightfloor__v1__file_info__init(fi);
+		fi->path = wf_ctl_call_strdup(call, s->files[i].path);
+		if (!fi->path)
+			return NULL;
+		fi->size_bytes = s->files[i].size;
+		mi->files[i] = fi;
+	}
+	mi->n_files = s->n_files;
+	mi->total_bytes = s->total_bytes;
+	mi->dense_bytes = s->dense_bytes;
+	mi->expert_bytes = s->expert_bytes;
+	mi->tensor_count = s->tensor_count;
+	mi->floor_state = floor_state_pb(s->state);
+	pg->bytes_done = s->bytes_done;
+	pg->bytes_total = s->bytes_total;
+	pg->rate_bytes_per_s = s->rate_bytes_per_s;
+	pg->started_unix_ms = s->started_unix_ms;
+	mi->progress = pg;
+	mi->holder_count = s->holder_count;
+	if (s->n_holder_pids) {
+		mi->holder_pids = wf_ctl_call_calloc(call, s->n_holder_pids, sizeof(uint32_t));
+		if (!mi->holder_pids)
+			return NULL;
+		for (uint32_t i = 0; i < s->n_holder_pids; i++)
+			mi->holder_pids[i] = (uint32_t)s->holder_pids[i];
+		mi->n_holder_pids = s->n_holder_pids;
+	}
+	mi->last_used_unix_ms = s->last_used_unix_ms;
+	mi->registered_unix_ms = s->registered_unix_ms;
+	mi->pin_host = s->pin_host;
+	return mi;
+}
+
+/* Replies with the model's current info (after a request that acted on it). */
+static int reply_model(struct wf_agent_service *svc, const char *name,
+		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_floor_snapshot s;
+	struct wf_diag d = {{0}};
+	int rc = wf_floors_snapshot(svc->floors, name, &s, &d);
+	if (rc < 0) {
+		reply->message = wf_ctl_call_strdup(call, wf_diag_str(&d, rc));
+		return rc;
+	}
+	Weightfloor__V1__ModelInfo *mi = model_info(call, &s);
+	wf_floor_snapshot_fini(&s);
+	if (!mi)
+		return -ENOMEM;
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO;
+	reply->model_info = mi;
+	return 0;
+}
+
+static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
+		const struct wf_diag *d)
+{
+	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
+	return rc;
+}
+
+static bool call_closing(const void *arg)
+{
+	return wf_ctl_call_closing(arg);
+}
+
+static int do_list(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply,
+		   struct wf_ctl_call *call)
+{
+	struct wf_floor_snapshot *v = NULL;
+	size_t n = 0;
+	int rc = wf_floors_list(svc->floors, &v, &n);
+	if (rc < 0)
+		return rc;
+	Weightfloor__V1__ModelList *ml = wf_ctl_call_alloc(call, sizeof(*ml));
+	Weightfloor__V1__ModelInfo **items = wf_ctl_call_calloc(call, n ? n : 1, sizeof(*items));
+	if (!ml || !items)
+		rc = -ENOMEM;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		items[i] = model_info(call, &v[i]);
+		if (!items[i])
+			rc = -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		wf_floor_snapshot_fini(&v[i]);
+	free(v);
+	if (rc < 0)
+		return rc;
+	weightfloor__v1__model_list__init(ml);
+	ml->models = items;
+	ml->n_models = n;
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_MODEL_LIST;
+	reply->model_list = ml;
+	return 0;
+}
+
+static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply,
+		     struct wf_ctl_call *call)
+{
+	struct wf_floors_status st;
+	wf_floors_status(svc->floors, &st);
+	Weightfloor__V1__AgentStatusReply *ar = wf_ctl_call_alloc(call, sizeof(*ar));
+	Weightfloor__V1__ModelsSummary *ms = wf_ctl_call_alloc(call, sizeof(*ms));
+	if (!ar || !ms)
+		return -ENOMEM;
+	weightfloor__v1__agent_status_reply__init(ar);
+	weightfloor__v1__models_summary__init(ms);
+	char host[256] = "";
+	gethostname(host, sizeof host - 1);
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t mono = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+	ar->version = WF_AGENT_VERSION;
+	ar->uptime_ms = (uint64_t)(mono - svc->started_mono_ns) / 1000000u;
+	ar->floor_dir = wf_ctl_call_strdup(call, svc->cfg->floor_dir);
+	ar->hostname = wf_ctl_call_strdup(call, host);
+	if (!ar->floor_dir || !ar->hostname)
+		return -ENOMEM;
+	ar->host_budget_bytes = st.host_budget;
+	ar->host_used_bytes = st.host_used;
+	ar->reader_backend = strcmp(st.reader_backend, "io_uring") == 0
+				     ? WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_IO_URING
+				     : WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_PREAD;
+	ar->o_direct = st.o_direct;
+	ms->total = st.n_models;
+	ms->disk = st.n_disk;
+	ms->materializing = st.n_materializing;
+	ms->host = st.n_host;
+	ms->pinned_host = st.n_pinned;
+	ms->failed = st.n_failed;
+	ar->models = ms;
+	ar->worker_count = svc->worker_count ? svc->worker_count(svc->worker_ctx) : 0;
+	ar->pid = (uint32_t)getpid();
+	ar->started_unix_ms = svc->started_unix_ms;
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_AGENT_STATUS;
+	reply->agent_status = ar;
+	return 0;
+}
+
+int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
+			    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_agent_service *svc = ctx;
+	struct wf_diag d = {{0}};
+	int rc;
+	switch (req->body_case) {
+	case WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_MODEL: {
+		const Weightfloor__V1__RegisterModel *m = req->register_model;
+		if (m->n_paths != 1)
+			return fail(reply, call, WF_EINVAL,
+				    &(struct wf_diag){"register: give exactly one path (a GGUF file "
+						      "or any shard of a split model, a safetensors "
+						      "file, index.json or directory)"});
+		rc = wf_floors_register(svc->floors, m->name, m->paths[0], m->pin_host, &d);
+		if (rc < 0)
+			return fail(reply, call, rc, &d);
+		if (m->pin_host && (rc = wf_floors_pin(svc->floors, m->name, true, &d)) < 0)
+			return fail(reply, call, rc, &d);
+		return reply_model(svc, m->name, reply, call);
+	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_LIST_MODELS:
+		return do_list(svc, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_MODEL_STATUS:
+		return reply_model(svc, req->model_status->name, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_ENSURE_FLOOR: {
+		const Weightfloor__V1__EnsureFloor *m = req->ensure_floor;
+		rc = wf_floors_ensure(svc->floors, m->name, m->wait, m->wait_timeout_ms, call_closing,
+				      call, &d);
+		if (rc < 0)
+			return fail(reply, call, rc, &d);
+		return reply_model(svc, m->name, reply, call);
+	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_RELEASE_FLOOR:
+		rc = wf_floors_release(svc->floors, req->release_floor->name, &d);
+		if (rc < 0)
+			return fail(reply, call, rc, &d);
+		return reply_model(svc, req->release_floor->name, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN_HOST:
+	case WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN_HOST: {
+		bool pin = req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_PIN_HOST;
+		const char *name = pin ? req->pin_host->name : req->unpin_host->name;
+		rc = wf_floors_pin(svc->floors, name, pin, &d);
+		if (rc < 0)
+			return fail(reply, call, rc, &d);
+		return reply_model(svc, name, reply, call);
+	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_AGENT_STATUS:
+		return do_status(svc, reply, call);
+	default:
+		if (svc->worker_handle)
+			return svc->worker_handle(svc->worker_handle_ctx, req, reply, call);
+		reply->message = "not served by the agent: send worker requests to the worker's "
+				 "endpoint (agentctl workers lists them)";
+		return WF_EUNSUPPORTED;
+	}
+}

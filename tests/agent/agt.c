@@ -1,0 +1,559 @@
+#include "tests/agent/agt.h"
+
+#include "base/error.h"
+#include "common/wftest.h"
+#include "proto/status.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MAX_AGT  8
+#define MAX_PIDS 16
+
+static struct agt *agts[MAX_AGT];
+static size_t n_agts;
+static pid_t extra_pids[MAX_PIDS];
+static size_t n_extra;
+
+void agt_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...)
+{
+	va_list ap;
+	char *p = NULL;
+	va_start(ap, fmt);
+	int n = vasprintf(&p, fmt, ap);
+	va_end(ap);
+	cr_assert(n >= 0);
+	return p;
+}
+
+struct agt *agt_new(const char *tag)
+{
+	cr_assert(n_agts < MAX_AGT);
+	struct agt *a = calloc(1, sizeof(*a));
+	cr_assert_not_null(a);
+	a->dir = wft_tmpdir(tag);
+	a->floor = xasprintf("%s/floor", a->dir);
+	a->models = xasprintf("%s/models", a->dir);
+	a->run = xasprintf("%s/run", a->dir);
+	a->sock_path = xasprintf("%s/agent.sock", a->run);
+	a->ev_path = xasprintf("%s/events.sock", a->run);
+	a->sock_url = xasprintf("ipc://%s", a->sock_path);
+	a->ev_url = xasprintf("ipc://%s", a->ev_path);
+	cr_assert_eq(mkdir(a->models, 0755), 0);
+	cr_assert_eq(mkdir(a->run, 0755), 0);
+	agts[n_agts++] = a;
+	return a;
+}
+
+void agt_track_pid(pid_t pid)
+{
+	if (pid > 0 && n_extra < MAX_PIDS)
+		extra_pids[n_extra++] = pid;
+}
+
+static int wait_exit(pid_t pid, int timeout_ms, int *ret_status)
+{
+	int64_t end = mono_ms() + timeout_ms;
+	for (;;) {
+		int st;
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid) {
+			*ret_status = st;
+			return 0;
+		}
+		if (r < 0)
+			return -errno;
+		if (mono_ms() >= end)
+			return -ETIMEDOUT;
+		agt_sleep_ms(10);
+	}
+}
+
+static int status_code(int st)
+{
+	if (WIFEXITED(st))
+		return WEXITSTATUS(st);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return -1;
+}
+
+int agt_stop(struct agt *a, int timeout_ms)
+{
+	if (a->cli) {
+		wf_ctl_client_close(a->cli);
+		a->cli = NULL;
+	}
+	if (a->pid <= 0)
+		return -1;
+	pid_t pid = a->pid;
+	a->pid = 0;
+	kill(pid, SIGTERM);
+	int st = 0;
+	if (wait_exit(pid, timeout_ms, &st) == 0)
+		return status_code(st);
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+void agt_fini(void)
+{
+	for (size_t i = 0; i < n_agts; i++) {
+		struct agt *a = agts[i];
+		agt_stop(a, 5000);
+		if (a->mounted) {
+			umount2(a->mounted, MNT_DETACH);
+			free(a->mounted);
+			a->mounted = NULL;
+		}
+		if (!getenv("WF_TEST_KEEP"))
+			wft_rmtree(a->dir);
+	}
+	n_agts = 0;
+	for (size_t i = 0; i < n_extra; i++) {
+		pid_t p = extra_pids[i];
+		if (kill(p, SIGTERM) != 0)
+			continue;
+		for (int k = 0; k < 500 && kill(p, 0) == 0; k++)
+			agt_sleep_ms(10);
+		kill(p, SIGKILL);
+	}
+	n_extra = 0;
+}
+
+char *agt_gen(struct agt *a, const char *name, int seed, const char *size)
+{
+	char *path = xasprintf("%s/%s.gguf", a->models, name);
+	char sseed[16];
+	snprintf(sseed, sizeof sseed, "%d", seed);
+	char *gen = wft_exe("tools/wf-gen");
+	char *argv[10] = {gen, "--arch", "qwen3moe", "--seed", sseed, "-o", path};
+	int n = 7;
+	if (size) {
+		argv[n++] = "--size";
+		argv[n++] = (char *)size;
+	}
+	argv[n] = NULL;
+	char *err = NULL;
+	int rc = agt_run(argv, NULL, &err, 60, a->dir);
+	cr_assert_eq(rc, 0, "wf-gen %s: exit %d: %s", path, rc, err ? err : "");
+	free(err);
+	chmod(path, 0644);
+	return path;
+}
+
+/* ---- processes ------------------------------------------------------------------------------ */
+
+static char **build_env(const struct agt_opts *o)
+{
+	size_t n = 0;
+	while (environ[n])
+		n++;
+	char **env = calloc(n + 8, sizeof(*env));
+	cr_assert_not_null(env);
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		/* the tests set the fault-injection knobs themselves */
+		if (strncmp(environ[i], "WF_AGENT_FAULT_", 15) == 0)
+			continue;
+		env[k++] = environ[i];
+	}
+	for (size_t i = 0; o && i < 4 && o->env[i]; i++)
+		env[k++] = (char *)o->env[i];
+	env[k] = NULL;
+	return env;
+}
+
+pid_t agt_spawn(struct agt *a, const struct agt_opts *o, const char *const *args)
+{
+	cr_assert_eq(a->pid, 0, "an agent is already running");
+	a->n_started++;
+	free(a->log);
+	a->log = xasprintf("%s/agent-%d.log", a->dir, a->n_started);
+
+	char *argv[64];
+	int n = 0;
+	char suid[16], sgid[16];
+	argv[n++] = wft_exe("tests/agent/agent_helper");
+	if (o && o->drop) {
+		snprintf(suid, sizeof suid, "%u", (unsigned)o->uid);
+		snprintf(sgid, sizeof sgid, "%u", (unsigned)o->gid);
+		argv[n++] = "--uid";
+		argv[n++] = suid;
+		argv[n++] = "--gid";
+		argv[n++] = sgid;
+	}
+	argv[n++] = "--pdeathsig";
+	argv[n++] = "exec";
+	argv[n++] = wft_exe("agent/wf-agent");
+	if (!(o && o->no_defaults)) {
+		argv[n++] = "--floor-dir";
+		argv[n++] = a->floor;
+		argv[n++] = "--socket";
+		argv[n++] = a->sock_url;
+		argv[n++] = "--events";
+		argv[n++] = a->ev_url;
+	}
+	for (size_t i = 0; args && args[i]; i++) {
+		cr_assert(n < 62);
+		argv[n++] = (char *)args[i];
+	}
+	argv[n] = NULL;
+
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, a->log, O_WRONLY | O_CREAT | O_APPEND,
+	                                 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	char **env = build_env(o);
+	pid_t pid;
+	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+	posix_spawn_file_actions_destroy(&fa);
+	free(env);
+	cr_assert_eq(rc, 0, "spawn %s: %s", argv[0], strerror(rc));
+	a->pid = pid;
+	return pid;
+}
+
+char *agt_log(struct agt *a)
+{
+	char *s = a->log ? wft_read_file(a->log, NULL) : NULL;
+	return s ? s : strdup("");
+}
+
+bool agt_wait_ready(struct agt *a, int timeout_ms)
+{
+	int64_t end = mono_ms() + timeout_ms;
+	while (mono_ms() < end) {
+		int st;
+		if (a->pid > 0 && waitpid(a->pid, &st, WNOHANG) == a->pid) {
+			a->pid = 0;
+			return false;
+		}
+		struct wf_ctl_client *c = NULL;
+		if (wf_ctl_client_open(a->sock_url, 5000, NULL, &c, NULL) == 0) {
+			Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+			Weightfloor__V1__AgentStatus as = WEIGHTFLOOR__V1__AGENT_STATUS__INIT;
+			req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_AGENT_STATUS;
+			req.agent_status = &as;
+			Weightfloor__V1__Reply *r = NULL;
+			if (wf_ctl_client_call(c, &req, &r, NULL) == 0 &&
+			    r->code == WEIGHTFLOOR__V1__STATUS__STATUS_OK) {
+				wf_ctl_reply_free(r);
+				wf_ctl_client_close(a->cli);
+				a->cli = c;
+				return true;
+			}
+			wf_ctl_reply_free(r);
+			wf_ctl_client_close(c);
+		}
+		agt_sleep_ms(20);
+	}
+	return false;
+}
+
+pid_t agt_start(struct agt *a, const struct agt_opts *o, const char *const *args)
+{
+	pid_t pid = agt_spawn(a, o, args);
+	if (!agt_wait_ready(a, 20000)) {
+		char *log = agt_log(a);
+		agt_stop(a, 2000);
+		cr_assert_fail("wf-agent did not become ready; its log:\n%s", log);
+	}
+	return pid;
+}
+
+int agt_run(char *const *argv, char **out, char **err, int timeout_s, const char *dir)
+{
+	static int seq;
+	char *o = xasprintf("%s/run-%d.out", dir, ++seq);
+	char *e = xasprintf("%s/run-%d.err", dir, seq);
+	int rc = wft_run(argv, o, e, timeout_s);
+	if (out)
+		*out = wft_read_file(o, NULL);
+	if (err)
+		*err = wft_read_file(e, NULL);
+	if (out && !*out)
+		*out = strdup("");
+	if (err && !*err)
+		*err = strdup("");
+	unlink(o);
+	unlink(e);
+	free(o);
+	free(e);
+	return rc;
+}
+
+int agt_ctl(struct agt *a, char **out, char **err, const char *const *args)
+{
+	char *argv[32];
+	int n = 0;
+	argv[n++] = wft_exe("control/agentctl/agentctl");
+	argv[n++] = "--socket";
+	argv[n++] = a->sock_url;
+	argv[n++] = "--events";
+	argv[n++] = a->ev_url;
+	for (size_t i = 0; args[i]; i++) {
+		cr_assert(n < 31);
+		argv[n++] = (char *)args[i];
+	}
+	argv[n] = NULL;
+	return agt_run(argv, out, err, 30, a->dir);
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+Weightfloor__V1__Reply *agt_call(struct agt *a, Weightfloor__V1__Request *req, int timeout_ms)
+{
+	cr_assert_not_null(a->cli, "no agent connection");
+	Weightfloor__V1__Reply *r = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_ctl_client_call_timeout(a->cli, req, timeout_ms, &r, &d);
+	cr_assert_eq(rc, 0, "request %d: %s", (int)req->body_case, wf_diag_str(&d, rc));
+	return r;
+}
+
+Weightfloor__V1__Reply *agt_register_paths(struct agt *a, const char *name, char **paths, size_t n)
+{
+	Weightfloor__V1__RegisterModel rm = WEIGHTFLOOR__V1__REGISTER_MODEL__INIT;
+	rm.name = (char *)name;
+	rm.paths = paths;
+	rm.n_paths = n;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_MODEL;
+	req.register_model = &rm;
+	return agt_call(a, &req, 10000);
+}
+
+Weightfloor__V1__Reply *agt_register(struct agt *a, const char *name, const char *path, bool pin)
+{
+	char *p = (char *)path;
+	Weightfloor__V1__RegisterModel rm = WEIGHTFLOOR__V1__REGISTER_MODEL__INIT;
+	rm.name = (char *)name;
+	rm.paths = &p;
+	rm.n_paths = 1;
+	rm.pin_host = pin;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_MODEL;
+	req.register_model = &rm;
+	return agt_call(a, &req, 10000);
+}
+
+Weightfloor__V1__Reply *agt_ensure(struct agt *a, const char *name, bool wait)
+{
+	Weightfloor__V1__EnsureFloor ef = WEIGHTFLOOR__V1__ENSURE_FLOOR__INIT;
+	ef.name = (char *)name;
+	ef.wait = wait;
+	ef.wait_timeout_ms = wait ? 30000 : 0;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_ENSURE_FLOOR;
+	req.ensure_floor = &ef;
+	return agt_call(a, &req, wait ? 35000 : 10000);
+}
+
+#define NAMED_REQ(fn, Type, INIT, BODY, field)                                                     \
+	Weightfloor__V1__Reply *fn(struct agt *a, const char *name)                                \
+	{                                                                                          \
+		Weightfloor__V1__##Type m = INIT;                                                  \
+		m.name = (char *)name;                                                             \
+		Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;                     \
+		req.body_case = BODY;                                                              \
+		req.field = &m;                                                                    \
+		return agt_call(a, &req, 10000);                                                   \
+	}
+NAMED_REQ(agt_model, ModelStatus, WEIGHTFLOOR__V1__MODEL_STATUS__INIT,
+          WEIGHTFLOOR__V1__REQUEST__BODY_MODEL_STATUS, model_status)
+NAMED_REQ(agt_release, ReleaseFloor, WEIGHTFLOOR__V1__RELEASE_FLOOR__INIT,
+          WEIGHTFLOOR__V1__REQUEST__BODY_RELEASE_FLOOR, release_floor)
+NAMED_REQ(agt_pin_, PinHost, WEIGHTFLOOR__V1__PIN_HOST__INIT,
+          WEIGHTFLOOR__V1__REQUEST__BODY_PIN_HOST, pin_host)
+NAMED_REQ(agt_unpin_, UnpinHost, WEIGHTFLOOR__V1__UNPIN_HOST__INIT,
+          WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN_HOST, unpin_host)
+
+Weightfloor__V1__Reply *agt_pin(struct agt *a, const char *name, bool pin)
+{
+	return pin ? agt_pin_(a, name) : agt_unpin_(a, name);
+}
+
+Weightfloor__V1__Reply *agt_list(struct agt *a)
+{
+	Weightfloor__V1__ListModels lm = WEIGHTFLOOR__V1__LIST_MODELS__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_LIST_MODELS;
+	req.list_models = &lm;
+	return agt_call(a, &req, 10000);
+}
+
+Weightfloor__V1__Reply *agt_status(struct agt *a)
+{
+	Weightfloor__V1__AgentStatus as = WEIGHTFLOOR__V1__AGENT_STATUS__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_AGENT_STATUS;
+	req.agent_status = &as;
+	return agt_call(a, &req, 10000);
+}
+
+Weightfloor__V1__FloorState agt_state(const Weightfloor__V1__Reply *r)
+{
+	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO,
+	             "reply without ModelInfo: %s %s", wf_proto_status_name(r->code), r->message);
+	return r->model_info->floor_state;
+}
+
+const char *agt_state_name(Weightfloor__V1__FloorState s)
+{
+	switch (s) {
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK:
+		return "DISK";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING:
+		return "MATERIALIZING";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST:
+		return "HOST";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST:
+		return "PINNED_HOST";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED:
+		return "FAILED";
+	default:
+		return "UNSPECIFIED";
+	}
+}
+
+Weightfloor__V1__Reply *agt_wait_settled(struct agt *a, const char *name, int timeout_ms)
+{
+	int64_t end = mono_ms() + timeout_ms;
+	for (;;) {
+		Weightfloor__V1__Reply *r = agt_model(a, name);
+		cr_assert_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "ModelStatus %s: %s %s",
+		             name, wf_proto_status_name(r->code), r->message);
+		if (agt_state(r) != WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING)
+			return r;
+		wf_ctl_reply_free(r);
+		cr_assert(mono_ms() < end, "model %s still MATERIALIZING after %d ms", name,
+		          timeout_ms);
+		agt_sleep_ms(20);
+	}
+}
+
+/* ---- files ---------------------------------------------------------------------------------- */
+
+char *agt_region_path(struct agt *a, const char *hex, const char *suffix)
+{
+	return xasprintf("%s/wf-%s%s", a->floor, hex, suffix ? suffix : "");
+}
+
+uint64_t agt_inode(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+int agt_dir_count(const char *dir, char *buf, size_t len)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	int n = 0;
+	size_t off = 0;
+	if (buf && len)
+		buf[0] = '\0';
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		n++;
+		if (buf && off < len) {
+			int w = snprintf(buf + off, len - off, "%s ", e->d_name);
+			if (w > 0)
+				off += (size_t)w;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+int agt_count(const char *hay, const char *needle)
+{
+	int n = 0;
+	size_t k = strlen(needle);
+	for (const char *p = hay; p && (p = strstr(p, needle)); p += k)
+		n++;
+	return n;
+}
+
+/* ---- events --------------------------------------------------------------------------------- */
+
+int agt_event_peers(struct agt *a)
+{
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return -1;
+	char line[1024];
+	int n = 0;
+	while (fgets(line, sizeof line, f)) {
+		/* Num RefCount Protocol Flags Type St Inode Path: accepted (St 03) sockets carry
+		 * the listener's path */
+		char path[512] = "";
+		unsigned st = 0;
+		if (sscanf(line, "%*s %*s %*s %*s %*s %x %*s %511s", &st, path) == 2 && st == 3 &&
+		    strcmp(path, a->ev_path) == 0)
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
+struct wf_ctl_sub *agt_sub_synced(struct agt *a, const char *ping_name, const char *ping_path)
+{
+	struct wf_ctl_sub *sub = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_ctl_sub_open(a->ev_url, NULL, &sub, &d);
+	cr_assert_eq(rc, 0, "sub %s: %s", a->ev_url, wf_diag_str(&d, rc));
+	int64_t end = mono_ms() + 15000;
+	while (mono_ms() < end) {
+		Weightfloor__V1__Reply *r = agt_register(a, ping_name, ping_path, false);
+		cr_assert_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "register %s: %s",
+		             ping_name, r->message);
+		wf_ctl_reply_free(r);
+		Weightfloor__V1__Event *ev = NULL;
+		while (wf_ctl_sub_recv(sub, 100, &ev, NULL) == 0) {
+			bool ping = strcmp(ev->model, ping_name) == 0;
+			wf_ctl_event_free(ev);
+			if (ping)
+				return sub;
+		}
+	}
+	cr_assert_fail("the event subscription never received a ping");
+	return NULL;
+}
