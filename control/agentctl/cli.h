@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "weightfloor.pb-c.h"
+
 struct json_object;
 
 struct cli {
@@ -34,6 +36,24 @@ void cli_json_print(struct json_object *obj);
 /* Prints "agentctl: <what>: <why>" to stderr. */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Sends req to the agent (timeout_ms <= 0: the --timeout value). On a reply with STATUS_OK
+ * returns CLI_EXIT_OK and *ret_reply (free with wf_ctl_reply_free); otherwise prints the error
+ * with `what` as context and returns CLI_EXIT_FAIL. */
+int cli_call(struct cli *cli, const char *what, Weightfloor__V1__Request *req, int timeout_ms,
+	     Weightfloor__V1__Reply **ret_reply);
+
+/* Renders a progress bar on stderr when it is a terminal (and not -q); done/total bytes. */
+void cli_progress(struct cli *cli, const char *label, uint64_t done, uint64_t total, uint64_t rate);
+void cli_progress_end(struct cli *cli);
+
 int cmd_inspect(struct cli *cli, int argc, char **argv);
+int cmd_models(struct cli *cli, int argc, char **argv);
+int cmd_status(struct cli *cli, int argc, char **argv);
+int cmd_floor(struct cli *cli, int argc, char **argv);
+int cmd_register(struct cli *cli, int argc, char **argv);
+int cmd_watch(struct cli *cli, int argc, char **argv);
+int cmd_workers(struct cli *cli, int argc, char **argv);
+/* residency, pin, unpin, evict, prefetch, compact: argv[0] names the verb. */
+int cmd_worker_verb(struct cli *cli, int argc, char **argv);
 
 #endif

@@ -136,7 +136,7 @@ int cmd_inspect(struct cli *cli, int argc, char **argv)
 		{0},
 	};
 	int c;
-	optind = 1;
+	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
 	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':

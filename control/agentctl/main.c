@@ -21,6 +21,18 @@ struct command {
 
 static const struct command commands[] = {
 	{"inspect", cmd_inspect, "print the inventory of model files (no agent needed)"},
+	{"status", cmd_status, "the agent's state, host budget and models"},
+	{"models", cmd_models, "registered models and their floor states"},
+	{"register", cmd_register, "register a model with the agent"},
+	{"floor", cmd_floor, "floor ensure|release|pin|unpin MODEL"},
+	{"watch", cmd_watch, "follow the agent's events"},
+	{"workers", cmd_workers, "the node's workers, devices, budgets and models"},
+	{"residency", cmd_worker_verb, "residency MODEL disk|host|device|pinned_device"},
+	{"pin", cmd_worker_verb, "load MODEL on a worker's device and pin it"},
+	{"unpin", cmd_worker_verb, "make MODEL evictable on a worker"},
+	{"evict", cmd_worker_verb, "free MODEL's device memory on a worker"},
+	{"prefetch", cmd_worker_verb, "load MODEL on a worker's device"},
+	{"compact", cmd_worker_verb, "free every unpinned device buffer, reload MODEL..."},
 };
 
 static void usage(FILE *out)

@@ -2,6 +2,7 @@
 
 #include <json-c/json.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 char *cli_fmt_bytes(uint64_t bytes, char *buf, size_t len)
@@ -40,4 +41,35 @@ void cli_err(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+}
+
+#include <unistd.h>
+
+static bool progress_shown;
+
+void cli_progress(struct cli *cli, const char *label, uint64_t done, uint64_t total, uint64_t rate)
+{
+	if (cli->quiet || cli->json || !isatty(STDERR_FILENO))
+		return;
+	char a[32], b[32], r[32];
+	int width = 30, fill = total ? (int)((double)done / (double)total * width) : 0;
+	if (fill > width)
+		fill = width;
+	char bar[64];
+	for (int i = 0; i < width; i++)
+		bar[i] = i < fill ? '#' : '.';
+	bar[width] = '\0';
+	fprintf(stderr, "\r%s [%s] %5.1f%%  %s / %s  %s/s   ", label, bar,
+		total ? 100.0 * (double)done / (double)total : 0.0, cli_fmt_bytes(done, a, sizeof a),
+		cli_fmt_bytes(total, b, sizeof b), cli_fmt_bytes(rate, r, sizeof r));
+	fflush(stderr);
+	progress_shown = true;
+}
+
+void cli_progress_end(struct cli *cli)
+{
+	(void)cli;
+	if (progress_shown)
+		fputc('\n', stderr);
+	progress_shown = false;
 }
