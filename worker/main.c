@@ -1,0 +1,471 @@
+/* wf-worker: one per GPU (or container). Attaches the node's floors, owns one device and its
+ * weight cache, obeys residency commands on its own endpoint, and registers with the agent.
+ * See docs/man/wf-worker.md. */
+#include "base/error.h"
+#include "base/log.h"
+#include "base/units.h"
+#include "control/client.h"
+#include "control/server.h"
+#include "device/device.h"
+#include "proto/status.h"
+#include "worker/cache.h"
+#include "worker/service.h"
+#ifdef WF_HAVE_CUDA
+#include "cuda/device_cuda.h"
+#endif
+
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HEARTBEAT_MS 5000
+
+struct opts {
+	const char *device, *id, *endpoint, *agent, *floor_dir, *mode, *load_mode;
+	double weight_fraction, wiggle;
+	uint64_t max_scratch, arena, staging_size, alloc_max;
+	unsigned staging_buffers;
+	const char *models[256];
+	size_t n_models;
+	const char *pins[256];
+	size_t n_pins;
+	const char *prefetch[256];
+	size_t n_prefetch;
+	uid_t uids[64];
+	size_t n_uids;
+	bool verbose;
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: wf-worker [OPTIONS]\n"
+		"  --device SPEC         auto (default), host[:mem=SIZE,bw=RATE], cuda:N\n"
+		"  --id ID               worker id (default: <device>-<pid>)\n"
+		"  --endpoint URL        this worker's control endpoint\n"
+		"                        (default ipc:///run/weightfloor/worker-<id>.sock)\n"
+		"  --agent URL|none      the agent (default ipc:///run/weightfloor/agent.sock)\n"
+		"  --floor-dir DIR       floors (default /dev/shm/weightfloor)\n"
+		"  --model NAME=PATH     a model this worker may load (repeatable; with an agent,\n"
+		"                        models registered there are found by name)\n"
+		"  --pin NAME            load and pin at start (repeatable)\n"
+		"  --prefetch NAME       load at start (repeatable)\n"
+		"  --mode self|external  self-managed (default): requests load and evict LRU;\n"
+		"                        external: the control plane decides (NOT_RESIDENT)\n"
+		"  --arena SIZE          usable device memory (default: free memory at start)\n"
+		"  --weight-fraction F   share of the arena for weights (default 0.90)\n"
+		"  --wiggle F            share of the arena kept free (default 0.05)\n"
+		"  --max-scratch SIZE    largest execution scratch (default 0)\n"
+		"  --load-mode M         auto (measure, keep the faster), staged or direct\n"
+		"  --staging-buffers N   pinned staging buffers (default 8)\n"
+		"  --staging-size SIZE   bytes each (default 8M)\n"
+		"  --alloc-max SIZE      split a model's device memory into allocations of at most SIZE\n"
+		"  --allow-uid UID       ipc peer allowed besides root and our uid (repeatable)\n"
+		"  -v, --verbose\n");
+}
+
+static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
+{
+	if (wf_parse_size(arg, out) < 0) {
+		fprintf(stderr, "wf-worker: %s: '%s' is not a size (e.g. 8G)\n", flag, arg);
+		return 2;
+	}
+	return 0;
+}
+
+static int parse_fraction(const char *flag, const char *arg, double *out)
+{
+	char *end;
+	double v = strtod(arg, &end);
+	if (*end || end == arg || !(v >= 0.0 && v <= 1.0)) {
+		fprintf(stderr, "wf-worker: %s: '%s' is not a fraction in [0, 1]\n", flag, arg);
+		return 2;
+	}
+	*out = v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
+	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
+	       O_ALLOCMAX, O_UID };
+	static const struct option lo[] = {
+		{"device", required_argument, NULL, O_DEVICE},
+		{"id", required_argument, NULL, O_ID},
+		{"endpoint", required_argument, NULL, O_ENDPOINT},
+		{"agent", required_argument, NULL, O_AGENT},
+		{"floor-dir", required_argument, NULL, O_FLOOR},
+		{"model", required_argument, NULL, O_MODEL},
+		{"pin", required_argument, NULL, O_PIN},
+		{"prefetch", required_argument, NULL, O_PREFETCH},
+		{"mode", required_argument, NULL, O_MODE},
+		{"arena", required_argument, NULL, O_ARENA},
+		{"weight-fraction", required_argument, NULL, O_FRACTION},
+		{"wiggle", required_argument, NULL, O_WIGGLE},
+		{"max-scratch", required_argument, NULL, O_SCRATCH},
+		{"load-mode", required_argument, NULL, O_LOADMODE},
+		{"staging-buffers", required_argument, NULL, O_SBUF},
+		{"staging-size", required_argument, NULL, O_SSIZE},
+		{"alloc-max", required_argument, NULL, O_ALLOCMAX},
+		{"allow-uid", required_argument, NULL, O_UID},
+		{"verbose", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	int c, rc;
+	while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
+		switch (c) {
+		case O_DEVICE: o->device = optarg; break;
+		case O_ID: o->id = optarg; break;
+		case O_ENDPOINT: o->endpoint = optarg; break;
+		case O_AGENT: o->agent = optarg; break;
+		case O_FLOOR: o->floor_dir = optarg; break;
+		case O_MODEL:
+			if (!strchr(optarg, '=') || optarg[0] == '=' || o->n_models == 256) {
+				fprintf(stderr, "wf-worker: --model takes NAME=PATH, not '%s'\n", optarg);
+				return 2;
+			}
+			o->models[o->n_models++] = optarg;
+			break;
+		case O_PIN:
+			if (o->n_pins == 256)
+				return 2;
+			o->pins[o->n_pins++] = optarg;
+			break;
+		case O_PREFETCH:
+			if (o->n_prefetch == 256)
+				return 2;
+			o->prefetch[o->n_prefetch++] = optarg;
+			break;
+		case O_MODE:
+			if (strcmp(optarg, "self") && strcmp(optarg, "external")) {
+				fprintf(stderr, "wf-worker: --mode must be self or external\n");
+				return 2;
+			}
+			o->mode = optarg;
+			break;
+		case O_ARENA: if ((rc = parse_size_flag("--arena", optarg, &o->arena))) return rc; break;
+		case O_SCRATCH: if ((rc = parse_size_flag("--max-scratch", optarg, &o->max_scratch))) return rc; break;
+		case O_SSIZE: if ((rc = parse_size_flag("--staging-size", optarg, &o->staging_size))) return rc; break;
+		case O_ALLOCMAX: if ((rc = parse_size_flag("--alloc-max", optarg, &o->alloc_max))) return rc; break;
+		case O_FRACTION: if ((rc = parse_fraction("--weight-fraction", optarg, &o->weight_fraction))) return rc; break;
+		case O_WIGGLE: if ((rc = parse_fraction("--wiggle", optarg, &o->wiggle))) return rc; break;
+		case O_LOADMODE:
+			if (strcmp(optarg, "auto") && strcmp(optarg, "staged") && strcmp(optarg, "direct")) {
+				fprintf(stderr, "wf-worker: --load-mode must be auto, staged or direct\n");
+				return 2;
+			}
+			o->load_mode = optarg;
+			break;
+		case O_SBUF: {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*end || v < 2 || v > 256) {
+				fprintf(stderr, "wf-worker: --staging-buffers takes 2..256\n");
+				return 2;
+			}
+			o->staging_buffers = (unsigned)v;
+			break;
+		}
+		case O_UID: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (*end || end == optarg || o->n_uids == 64) {
+				fprintf(stderr, "wf-worker: --allow-uid: '%s' is not a uid\n", optarg);
+				return 2;
+			}
+			o->uids[o->n_uids++] = (uid_t)v;
+			break;
+		}
+		case 'v': o->verbose = true; break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "wf-worker: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+/* ---- registration with the agent ---------------------------------------------------------- */
+
+struct heartbeat {
+	struct wf_worker_svc *svc;
+	atomic_bool stop;
+	pthread_t thread;
+	bool running;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static int register_once(struct wf_worker_svc *s)
+{
+	struct wf_cache_status *st = NULL;
+	if (wf_cache_status(s->cache, &st) < 0)
+		return -ENOMEM;
+	Weightfloor__V1__RegisterWorker rw = WEIGHTFLOOR__V1__REGISTER_WORKER__INIT;
+	rw.pid = (uint32_t)getpid();
+	rw.device_name = (char *)wf_device_name(s->dev);
+	rw.endpoint = (char *)s->endpoint;
+	rw.device_total_bytes = st->mem_total;
+	rw.device_budget_bytes = st->budget.on_demand;
+	rw.worker_id = (char *)s->worker_id;
+	wf_cache_status_free(st);
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.client = (char *)s->worker_id;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_WORKER;
+	req.register_worker = &rw;
+	Weightfloor__V1__Reply *rep = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_ctl_client_call_timeout(s->agent, &req, 3000, &rep, &d);
+	if (rc == 0) {
+		rc = wf_proto_status_to_err(rep->code);
+		if (rc < 0)
+			wf_log_warn("agent refused the registration: %s", rep->message);
+		wf_ctl_reply_free(rep);
+	}
+	return rc;
+}
+
+/* Registers at once and then every HEARTBEAT_MS: a restarted agent knows us again within one
+ * beat, and an absent agent costs nothing but a log line when it goes and comes back. */
+static void *heartbeat_main(void *arg)
+{
+	struct heartbeat *hb = arg;
+	bool was_up = false, first = true;
+	while (!atomic_load(&hb->stop)) {
+		bool up = register_once(hb->svc) == 0;
+		if (up != was_up || first) {
+			if (up)
+				wf_log_info("registered with the agent as '%s'", hb->svc->worker_id);
+			else
+				wf_log_warn("agent unreachable: serving with the floors already attached; "
+					    "retrying every %d s", HEARTBEAT_MS / 1000);
+		}
+		was_up = up;
+		first = false;
+		pthread_mutex_lock(&hb->mu);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += HEARTBEAT_MS / 1000;
+		while (!atomic_load(&hb->stop) &&
+		       pthread_cond_timedwait(&hb->cv, &hb->mu, &ts) != ETIMEDOUT)
+			;
+		pthread_mutex_unlock(&hb->mu);
+	}
+	return NULL;
+}
+
+static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
+{
+	(void)ctx;
+	switch (ev->type) {
+	case WF_CACHE_EVENT_RESIDENCY:
+		wf_log_info("model %s: %s%s", ev->name, wf_residency_name(ev->state),
+			    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
+					      "everything else)"
+					    : "");
+		break;
+	case WF_CACHE_EVENT_LOAD_FAILED:
+		wf_log_error("model %s: load failed: %s", ev->name,
+			     ev->msg ? ev->msg : wf_strerror(ev->error));
+		break;
+	case WF_CACHE_EVENT_EVICTED:
+		wf_log_info("model %s: evicted (%s)", ev->name, ev->msg ? ev->msg : "command");
+		break;
+	default:
+		break;
+	}
+}
+
+static int ensure_ipc_dir(const char *url)
+{
+	if (strncmp(url, "ipc://", 6) != 0)
+		return 0;
+	char *copy = strdup(url + 6);
+	if (!copy)
+		return -ENOMEM;
+	int rc = 0;
+	char *dir = dirname(copy);
+	if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+		rc = -errno;
+	free(copy);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = {.device = "auto",
+			 .agent = "ipc:///run/weightfloor/agent.sock",
+			 .floor_dir = "/dev/shm/weightfloor",
+			 .mode = "self",
+			 .load_mode = "auto",
+			 .weight_fraction = -1,
+			 .wiggle = -1};
+	int rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc;
+	wf_log_init("wf-worker", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
+
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+#ifdef WF_HAVE_CUDA
+	wf_device_backend_register(wf_cuda_device_ops());
+#endif
+	int exit_code = 1;
+	struct wf_diag d = {{0}};
+	struct wf_device *dev = NULL;
+	struct wf_cache *cache = NULL;
+	struct wf_ctl_server *srv = NULL;
+	struct wf_worker_svc svc;
+	struct heartbeat hb = {0};
+	char id[64], endpoint[512];
+	wf_worker_svc_init(&svc);
+	pthread_mutex_init(&hb.mu, NULL);
+	pthread_cond_init(&hb.cv, NULL);
+
+	if ((rc = wf_device_open(o.device, &dev, &d)) < 0) {
+		wf_log_error("device %s: %s", o.device, wf_diag_str(&d, rc));
+		goto out;
+	}
+	wf_log_info("device %s (%s)", wf_device_name(dev), wf_device_selection(dev));
+	if (o.id)
+		snprintf(id, sizeof id, "%s", o.id);
+	else
+		snprintf(id, sizeof id, "%s-%d",
+			 wf_device_kind(dev) == WF_DEVICE_KIND_HOST ? "host" : "gpu", (int)getpid());
+	if (o.endpoint)
+		snprintf(endpoint, sizeof endpoint, "%s", o.endpoint);
+	else
+		snprintf(endpoint, sizeof endpoint, "ipc:///run/weightfloor/worker-%s.sock", id);
+
+	struct wf_cache_budget budget = {
+		.arena = o.arena,
+		.weight_fraction = o.weight_fraction >= 0 ? o.weight_fraction
+							  : WF_DEVBUDGET_FRACTION_DEFAULT,
+		.wiggle_fraction = o.wiggle >= 0 ? o.wiggle : WF_DEVBUDGET_WIGGLE_DEFAULT,
+		.max_scratch = o.max_scratch,
+	};
+	struct wf_shm_config shm = {.dir = o.floor_dir};
+	struct wf_cache_opts co = {
+		.mode = strcmp(o.mode, "external") == 0 ? WF_CACHE_EXTERNAL : WF_CACHE_SELF_MANAGED,
+		.budget = &budget,
+		.shm = &shm,
+		.stage = {.n_buffers = o.staging_buffers, .buffer_size = o.staging_size},
+		.load_mode = strcmp(o.load_mode, "staged") == 0	  ? WF_STAGE_MODE_STAGED
+			     : strcmp(o.load_mode, "direct") == 0 ? WF_STAGE_MODE_DIRECT
+								  : WF_STAGE_MODE_AUTO,
+		.alloc_max = o.alloc_max,
+		.event = on_cache_event,
+	};
+	if ((rc = wf_cache_create(dev, &co, &cache, &d)) < 0) {
+		wf_log_error("device cache: %s", wf_diag_str(&d, rc));
+		goto out;
+	}
+	svc.worker_id = id;
+	svc.endpoint = endpoint;
+	svc.dev = dev;
+	svc.cache = cache;
+	for (size_t i = 0; i < o.n_models; i++) {
+		char name[256];
+		const char *eq = strchr(o.models[i], '=');
+		snprintf(name, sizeof name, "%.*s", (int)(eq - o.models[i]), o.models[i]);
+		if ((rc = wf_worker_svc_declare(&svc, name, eq + 1, &d)) < 0) {
+			wf_log_error("--model %s: %s", o.models[i], wf_diag_str(&d, rc));
+			goto out;
+		}
+	}
+	if (strcmp(o.agent, "none") != 0) {
+		struct wf_ctl_client_opts ao = {.client_name = id, .wait_for_server = true};
+		if ((rc = wf_ctl_client_open(o.agent, 10000, &ao, &svc.agent, &d)) < 0) {
+			wf_log_error("agent %s: %s", o.agent, wf_diag_str(&d, rc));
+			goto out;
+		}
+	}
+
+	struct wf_ctl_server_opts so = {
+		.listen = {.url = endpoint, .allowed_uids = o.uids, .n_allowed_uids = o.n_uids},
+		.handle = wf_worker_svc_handle,
+		.ctx = &svc,
+	};
+	if ((rc = ensure_ipc_dir(endpoint)) < 0) {
+		wf_log_error("endpoint directory for %s: %s", endpoint, wf_strerror(rc));
+		goto out;
+	}
+	if ((rc = wf_ctl_server_create(&so, &srv, &d)) < 0) {
+		wf_log_error("endpoint %s: %s", endpoint, wf_diag_str(&d, rc));
+		goto out;
+	}
+	if ((rc = wf_ctl_server_start(srv)) < 0) {
+		wf_log_error("server threads: %s", wf_strerror(rc));
+		goto out;
+	}
+	wf_log_info("worker '%s' serving %s (%s mode)", id, wf_ctl_server_url(srv),
+		    wf_cache_mode_name(co.mode));
+	if (svc.agent) {
+		hb.svc = &svc;
+		if (pthread_create(&hb.thread, NULL, heartbeat_main, &hb) == 0)
+			hb.running = true;
+	}
+	for (size_t i = 0; i < o.n_pins + o.n_prefetch; i++) {
+		bool pin = i < o.n_pins;
+		const char *name = pin ? o.pins[i] : o.prefetch[i - o.n_pins];
+		uint32_t mid;
+		wf_diag_clear(&d);
+		rc = wf_worker_svc_resolve(&svc, name, &mid, &d);
+		if (rc == 0)
+			rc = pin ? wf_cache_pin(cache, mid, &d) : wf_cache_prefetch(cache, mid, true, &d);
+		if (rc < 0)
+			wf_log_error("%s %s: %s", pin ? "--pin" : "--prefetch", name,
+				     wf_diag_str(&d, rc));
+	}
+
+	for (;;) {
+		int sig = 0;
+		if (sigwait(&sigs, &sig) != 0 || sig == SIGHUP)
+			continue;
+		wf_log_info("signal %d: stopping", sig);
+		break;
+	}
+	exit_code = 0;
+out:
+	if (hb.running) {
+		atomic_store(&hb.stop, true);
+		pthread_mutex_lock(&hb.mu);
+		pthread_cond_broadcast(&hb.cv);
+		pthread_mutex_unlock(&hb.mu);
+		pthread_join(hb.thread, NULL);
+	}
+	if (srv) {
+		wf_ctl_server_close(srv);
+		wf_ctl_server_stop(srv);
+	}
+	wf_ctl_server_destroy(srv);
+	wf_cache_close(cache);
+	wf_cache_stop(cache);
+	wf_cache_destroy(cache);
+	wf_ctl_client_close(svc.agent);
+	wf_worker_svc_fini(&svc);
+	wf_device_close(dev);
+	pthread_cond_destroy(&hb.cv);
+	pthread_mutex_destroy(&hb.mu);
+	return exit_code;
+}

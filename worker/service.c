@@ -1,0 +1,382 @@
+#include "worker/service.h"
+
+#include "base/error.h"
+#include "proto/status.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int wf_worker_svc_init(struct wf_worker_svc *s)
+{
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_init(&s->mu, NULL);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	s->started_unix_ms = (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+	return 0;
+}
+
+void wf_worker_svc_fini(struct wf_worker_svc *s)
+{
+	/* The cache has been destroyed before this: the models are no longer borrowed. */
+	for (size_t i = 0; i < s->n_models; i++) {
+		free(s->models[i].name);
+		free(s->models[i].path);
+		wf_model_close(s->models[i].model);
+	}
+	s->n_models = 0;
+	pthread_mutex_destroy(&s->mu);
+}
+
+static struct wf_worker_model *find_locked(struct wf_worker_svc *s, const char *name)
+{
+	for (size_t i = 0; i < s->n_models; i++)
+		if (strcmp(s->models[i].name, name) == 0)
+			return &s->models[i];
+	return NULL;
+}
+
+static struct wf_worker_model *add_locked(struct wf_worker_svc *s, const char *name,
+					  const char *path)
+{
+	if (s->n_models == WF_WORKER_MAX_MODELS)
+		return NULL;
+	struct wf_worker_model *m = &s->models[s->n_models];
+	memset(m, 0, sizeof(*m));
+	m->name = strdup(name);
+	m->path = path ? strdup(path) : NULL;
+	if (!m->name || (path && !m->path)) {
+		free(m->name);
+		free(m->path);
+		return NULL;
+	}
+	s->n_models++;
+	return m;
+}
+
+int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char *path,
+			  struct wf_diag *diag)
+{
+	pthread_mutex_lock(&s->mu);
+	int rc = 0;
+	if (find_locked(s, name))
+		rc = wf_diag_set(diag, WF_EDUPLICATE, "model '%s' declared twice", name);
+	else if (!add_locked(s, name, path))
+		rc = wf_diag_set(diag, WF_ELIMIT, "too many models");
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+/* Asks the agent where the model's files are, and to make sure its floor exists. */
+static int ask_agent(struct wf_worker_svc *s, const char *name, char **ret_path,
+		     struct wf_diag *diag)
+{
+	Weightfloor__V1__EnsureFloor ef = WEIGHTFLOOR__V1__ENSURE_FLOOR__INIT;
+	ef.name = (char *)name;
+	ef.wait = true;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.client = (char *)s->worker_id;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_ENSURE_FLOOR;
+	req.ensure_floor = &ef;
+	Weightfloor__V1__Reply *rep = NULL;
+	/* A materialization takes as long as reading the files: allow it. */
+	int rc = wf_ctl_client_call_timeout(s->agent, &req, 30 * 60 * 1000, &rep, diag);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "agent: %s", wf_diag_str(diag, rc));
+	rc = wf_proto_status_to_err(rep->code);
+	if (rc < 0) {
+		wf_diag_set(diag, rc, "agent: model '%s': %s", name, rep->message);
+	} else if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO ||
+		   rep->model_info->n_files == 0) {
+		rc = wf_diag_set(diag, WF_EPROTOCOL, "agent: no file list for model '%s'", name);
+	} else if (!(*ret_path = strdup(rep->model_info->files[0]->path))) {
+		rc = -ENOMEM;
+	}
+	wf_ctl_reply_free(rep);
+	return rc;
+}
+
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, uint32_t *ret_id,
+			  struct wf_diag *diag)
+{
+	if (!name || !*name)
+		return wf_diag_set(diag, WF_EINVAL, "no model named");
+	if (wf_cache_model_find(s->cache, name, ret_id) == 0)
+		return 0;
+	/* Serialized: two requests for a new model must not both add it. */
+	pthread_mutex_lock(&s->mu);
+	int rc = 0;
+	char *agent_path = NULL;
+	struct wf_worker_model *m = find_locked(s, name);
+	if (m && m->in_cache) {
+		*ret_id = m->id;
+		goto out;
+	}
+	if (s->agent) {
+		/* Even a model declared with --model: the agent ensures the node's floor. */
+		rc = ask_agent(s, name, &agent_path, diag);
+		if (rc < 0 && !(m && m->path))
+			goto out;
+		rc = 0;
+	}
+	if (!m && !agent_path) {
+		rc = wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s' (declare it with --model "
+						      "or register it with the agent)", name);
+		goto out;
+	}
+	if (!m && !(m = add_locked(s, name, agent_path))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (!m->model) {
+		const char *path = m->path ? m->path : agent_path;
+		rc = wf_model_open(path, &m->model, diag);
+		if (rc < 0)
+			goto out;
+	}
+	rc = wf_cache_model_add(s->cache, name, m->model, &m->id, diag);
+	if (rc == 0) {
+		m->in_cache = true;
+		*ret_id = m->id;
+	}
+out:
+	pthread_mutex_unlock(&s->mu);
+	free(agent_path);
+	return rc;
+}
+
+Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
+{
+	switch (r) {
+	case WF_RESIDENCY_DISK: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	case WF_RESIDENCY_HOST: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
+	case WF_RESIDENCY_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
+	case WF_RESIDENCY_PINNED_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
+	default: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
+	}
+}
+
+static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
+						    const char *worker_id,
+						    const struct wf_cache_model_status *ms)
+{
+	Weightfloor__V1__ModelResidency *r = wf_ctl_call_alloc(call, sizeof(*r));
+	if (!r)
+		return NULL;
+	weightfloor__v1__model_residency__init(r);
+	r->model = wf_ctl_call_strdup(call, ms->name);
+	r->worker_id = wf_ctl_call_strdup(call, worker_id);
+	if (!r->model || !r->worker_id)
+		return NULL;
+	r->state = wf_worker_residency_pb(ms->state);
+	r->device_bytes = ms->device_bytes;
+	r->bytes_done = ms->loading ? ms->load_done : (ms->device_bytes ? ms->bytes : 0);
+	r->bytes_total = ms->loading ? ms->load_total : ms->bytes;
+	return r;
+}
+
+static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1__Reply *reply,
+			   struct wf_ctl_call *call)
+{
+	struct wf_cache_status *st = NULL;
+	int rc = wf_cache_status(s->cache, &st);
+	if (rc < 0)
+		return rc;
+	rc = WF_ENOT_FOUND;
+	for (size_t i = 0; i < st->n_models; i++) {
+		if (st->models[i].id != id)
+			continue;
+		Weightfloor__V1__ModelResidency *r = residency_pb(call, s->worker_id, &st->models[i]);
+		rc = r ? 0 : -ENOMEM;
+		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY;
+		reply->residency = r;
+	}
+	wf_cache_status_free(st);
+	return rc;
+}
+
+static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
+		       struct wf_ctl_call *call)
+{
+	struct wf_cache_status *st = NULL;
+	int rc = wf_cache_status(s->cache, &st);
+	if (rc < 0)
+		return rc;
+	Weightfloor__V1__WorkerInfo *wi = wf_ctl_call_alloc(call, sizeof(*wi));
+	Weightfloor__V1__ModelResidency **ms =
+		wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
+	rc = wi && ms ? 0 : -ENOMEM;
+	for (size_t i = 0; rc == 0 && i < st->n_models; i++)
+		if (!(ms[i] = residency_pb(call, s->worker_id, &st->models[i])))
+			rc = -ENOMEM;
+	if (rc == 0) {
+		weightfloor__v1__worker_info__init(wi);
+		wi->worker_id = (char *)s->worker_id;
+		wi->pid = (uint32_t)getpid();
+		wi->device_name = wf_ctl_call_strdup(call, wf_device_name(s->dev));
+		wi->endpoint = (char *)s->endpoint;
+		wi->device_total_bytes = st->mem_total;
+		wi->device_budget_bytes = st->budget.on_demand;
+		wi->device_used_bytes = st->resident_bytes + st->pinned_bytes;
+		wi->models = ms;
+		wi->n_models = st->n_models;
+		wi->registered_unix_ms = s->started_unix_ms;
+		if (!wi->device_name)
+			rc = -ENOMEM;
+		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO;
+		reply->worker_info = wi;
+	}
+	wf_cache_status_free(st);
+	return rc;
+}
+
+static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
+		const struct wf_diag *d)
+{
+	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
+	return rc;
+}
+
+static enum wf_residency residency_from_pb(Weightfloor__V1__Residency r, bool *ok)
+{
+	*ok = true;
+	switch (r) {
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return WF_RESIDENCY_DISK;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return WF_RESIDENCY_HOST;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return WF_RESIDENCY_DEVICE;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return WF_RESIDENCY_PINNED_DEVICE;
+	default: *ok = false; return WF_RESIDENCY_DISK;
+	}
+}
+
+/* The worker_id a request names must be ours (or empty). */
+static bool for_us(struct wf_worker_svc *s, const char *id)
+{
+	return !id || !*id || strcmp(id, s->worker_id) == 0;
+}
+
+int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
+			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_worker_svc *s = ctx;
+	struct wf_diag d = {{0}};
+	uint32_t id = 0;
+	int rc;
+	const char *model = NULL, *wid = NULL;
+	switch (req->body_case) {
+	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY:
+		model = req->set_residency->model;
+		wid = req->set_residency->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:
+		model = req->pin->model;
+		wid = req->pin->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN:
+		model = req->unpin->model;
+		wid = req->unpin->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_EVICT:
+		model = req->evict->model;
+		wid = req->evict->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:
+		model = req->prefetch->model;
+		wid = req->prefetch->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT:
+		wid = req->compact->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS:
+		wid = req->worker_status->worker_id;
+		break;
+	default:
+		reply->message = "not served by a worker: floor requests go to the agent";
+		return WF_EUNSUPPORTED;
+	}
+	if (!for_us(s, wid)) {
+		reply->message = wf_ctl_call_printf(call, "this is worker '%s', not '%s'",
+						    s->worker_id, wid);
+		return WF_ENOT_FOUND;
+	}
+	if (model && (rc = wf_worker_svc_resolve(s, model, &id, &d)) < 0)
+		return fail(reply, call, rc, &d);
+
+	switch (req->body_case) {
+	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY: {
+		bool ok;
+		enum wf_residency target = residency_from_pb(req->set_residency->target, &ok);
+		if (!ok) {
+			reply->message = "target must be DISK, HOST, DEVICE or PINNED_DEVICE";
+			return WF_EINVAL;
+		}
+		rc = wf_cache_set_residency(s->cache, id, target, &d);
+		break;
+	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:
+		rc = wf_cache_pin(s->cache, id, &d);
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN:
+		rc = wf_cache_unpin(s->cache, id, &d);
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_EVICT:
+		rc = wf_cache_evict(s->cache, id, &d);
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:
+		if (req->prefetch->n_tensors) {
+			reply->message = "prefetch of single tensors is not supported yet: prefetch "
+					 "the whole model";
+			return WF_EUNSUPPORTED;
+		}
+		rc = wf_cache_prefetch(s->cache, id, true, &d);
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT: {
+		const Weightfloor__V1__Compact *c = req->compact;
+		uint32_t *ids = wf_ctl_call_calloc(call, c->n_reload ? c->n_reload : 1, sizeof(*ids));
+		if (!ids)
+			return -ENOMEM;
+		for (size_t i = 0; i < c->n_reload; i++)
+			if ((rc = wf_worker_svc_resolve(s, c->reload[i], &ids[i], &d)) < 0)
+				return fail(reply, call, rc, &d);
+		struct wf_cache_status *before = NULL, *after = NULL;
+		wf_cache_status(s->cache, &before);
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = wf_cache_compact(s->cache, ids, c->n_reload, &d);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		wf_cache_status(s->cache, &after);
+		Weightfloor__V1__CompactReply *cr = wf_ctl_call_alloc(call, sizeof(*cr));
+		if (cr && before && after) {
+			weightfloor__v1__compact_reply__init(cr);
+			uint64_t reloaded = 0;
+			for (size_t i = 0; i < after->n_models; i++)
+				for (size_t k = 0; k < c->n_reload; k++)
+					if (after->models[i].id == ids[k])
+						reloaded += after->models[i].device_bytes;
+			/* Compaction frees every unpinned allocation, then reloads the list. */
+			cr->bytes_freed = before->resident_bytes;
+			cr->bytes_moved = reloaded;
+			cr->reloaded = c->reload;
+			cr->n_reloaded = c->n_reload;
+			cr->duration_ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 +
+						     (t1.tv_nsec - t0.tv_nsec) / 1000000);
+			reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_COMPACT;
+			reply->compact = cr;
+		}
+		wf_cache_status_free(before);
+		wf_cache_status_free(after);
+		return rc < 0 ? fail(reply, call, rc, &d) : 0;
+	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS:
+		return worker_info(s, reply, call);
+	default:
+		return WF_EUNSUPPORTED;
+	}
+	if (rc < 0)
+		return fail(reply, call, rc, &d);
+	return reply_residency(s, id, reply, call);
+}

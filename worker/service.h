@@ -1,0 +1,58 @@
+/* The worker's protocol service: residency commands and status on the worker's own endpoint
+ * (and relayed through the agent). Thread-safe: the control server calls it from several
+ * threads; residency changes are serialized by the cache's manager thread. */
+#ifndef WF_WORKER_SERVICE_H
+#define WF_WORKER_SERVICE_H
+
+#include "control/client.h"
+#include "control/server.h"
+#include "device/device.h"
+#include "worker/cache.h"
+
+#include <pthread.h>
+
+#define WF_WORKER_MAX_MODELS 1024
+
+struct wf_worker_model {
+	char *name;
+	char *path;
+	struct wf_model *model; /* owned; stays open while registered in the cache */
+	uint32_t id;
+	bool in_cache;
+};
+
+struct wf_worker_svc {
+	const char *worker_id;
+	const char *endpoint;
+	struct wf_device *dev;
+	struct wf_cache *cache;
+	struct wf_ctl_client *agent; /* NULL without an agent */
+	pthread_mutex_t mu;          /* guards models */
+	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
+	size_t n_models;
+	int64_t started_unix_ms;
+};
+
+int wf_worker_svc_init(struct wf_worker_svc *s);
+void wf_worker_svc_fini(struct wf_worker_svc *s);
+
+/* Declares a model by name and path (from --model flags); it is opened on first use. */
+int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char *path,
+			  struct wf_diag *diag);
+
+/* Finds the model in the cache, adding it on first use: the path comes from --model or from
+ * the agent (ModelStatus), and with an agent the floor is ensured first so the worker attaches
+ * the node's one copy instead of reading the files itself. */
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, uint32_t *ret_id,
+			  struct wf_diag *diag);
+
+/* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
+int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
+			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+
+/* The WorkerInfo reply body (for RegisterWorker heartbeats and WorkerStatus). The result lives
+ * in the call arena when call is non-NULL; otherwise it is heap memory to free with
+ * wf_worker_info_free(). */
+Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r);
+
+#endif
