@@ -1,0 +1,26 @@
+/* Anchors: what a wf-bench figure is compared with, measured in the same run. */
+#ifndef WF_BENCH_ANCHORS_H
+#define WF_BENCH_ANCHORS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+double bench_now(void); /* CLOCK_MONOTONIC seconds */
+
+/* Drops the page cache (echo 3 > /proc/sys/vm/drop_caches after sync); false if not permitted. */
+bool bench_drop_caches(void);
+
+/* Evicts one file from the page cache (POSIX_FADV_DONTNEED), which needs no privilege. */
+void bench_evict_file(const char *path);
+
+/* fio's sequential read of path: io_uring, O_DIRECT (direct false: buffered), 1 MiB blocks,
+ * iodepth 64. Returns bytes/s, or a negative code when fio is missing or fails. */
+double bench_fio_read(const char *path, bool direct);
+
+/* Seconds `cat path > /dev/null` takes (a real cat process). Negative on failure. */
+double bench_cat_seconds(const char *path);
+
+/* Generates a model with wf-gen (next to wf-bench in the build tree, or on PATH). */
+int bench_gen_model(const char *wfgen, const char *path, const char *size, int seed);
+
+#endif
