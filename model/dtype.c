@@ -114,3 +114,27 @@ int wf_dtype_nbytes(uint32_t dtype, uint32_t n_dims, const int64_t *ne, uint64_t
 	*ret_nbytes = bytes;
 	return 0;
 }
+
+bool wf_dtype_is_safetensors(uint32_t d)
+{
+	switch (d) {
+	case WF_DTYPE_F64:
+	case WF_DTYPE_F32:
+	case WF_DTYPE_F16:
+	case WF_DTYPE_BF16:
+	case WF_DTYPE_I64:
+	case WF_DTYPE_I32:
+	case WF_DTYPE_I16:
+	case WF_DTYPE_I8:
+	case WF_DTYPE_U64:
+	case WF_DTYPE_U32:
+	case WF_DTYPE_U16:
+	case WF_DTYPE_U8:
+	case WF_DTYPE_BOOL:
+	case WF_DTYPE_F8_E4M3:
+	case WF_DTYPE_F8_E5M2:
+		return true;
+	default:
+		return false;
+	}
+}

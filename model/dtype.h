@@ -92,6 +92,11 @@ int wf_dtype_from_name(const char *name, enum wf_dtype *ret_dtype);
 
 #define WF_DTYPE_MAX_DIMS 8 /* the most dims wf_dtype_nbytes() takes (= WF_MODEL_MAX_DIMS) */
 
+/* True for the dtypes the safetensors format defines and this library can hold (F64, F32, F16,
+ * BF16, I64..I8, U64..U8, BOOL, F8_E4M3, F8_E5M2). ggml's quantized names are not among them;
+ * the format's sub-byte and exotic types (F4, F6_*, F8_E8M0, *FNUZ, C64) have no wf_dtype yet. */
+bool wf_dtype_is_safetensors(uint32_t dtype);
+
 /* Bytes for a tensor of this type and shape (n_dims == 0 is a scalar: one element). Fails with
  * WF_EUNKNOWN_TYPE, WF_EALIGN (ne[0] not a multiple of the block size), WF_EOVERFLOW (the element
  * count or the byte count does not fit in 63 bits) or WF_EINVAL (n_dims > WF_DTYPE_MAX_DIMS).

@@ -119,29 +119,6 @@ static bool kv_scalar(enum wf_kv_type t)
 	return t < WF_KV_TYPE_MAX_ && t != WF_KV_STRING && t != WF_KV_ARRAY;
 }
 
-static size_t scalar_size(enum wf_kv_type t)
-{
-	switch (t) {
-	case WF_KV_U8:
-	case WF_KV_I8:
-	case WF_KV_BOOL:
-		return 1;
-	case WF_KV_U16:
-	case WF_KV_I16:
-		return 2;
-	case WF_KV_U32:
-	case WF_KV_I32:
-	case WF_KV_F32:
-		return 4;
-	case WF_KV_U64:
-	case WF_KV_I64:
-	case WF_KV_F64:
-		return 8;
-	default:
-		return 0;
-	}
-}
-
 /* Nesting depth is capped so that a caller's cyclic or absurd structure cannot recurse forever. */
 #define MAX_NEST 16
 
@@ -230,7 +207,7 @@ static int copy_array(struct wf_kv_array *dst, const struct wf_kv_array *src)
 	if (src->n == 0)
 		return 0;
 	if (kv_scalar(src->elem)) {
-		size_t es = scalar_size(src->elem);
+		size_t es = wf_kv_type_size(src->elem);
 		if (src->n > SIZE_MAX / es)
 			return WF_EOVERFLOW;
 		dst->u.scalars = malloc(src->n * es);
@@ -888,7 +865,7 @@ static int put_scalar(struct wf_gguf_writer *w, const struct wf_kv_value *v, str
 	default:
 		return WF_EINTERNAL;
 	}
-	return put(w, &x, scalar_size(v->type), diag);
+	return put(w, &x, wf_kv_type_size(v->type), diag);
 }
 
 static int put_array(struct wf_gguf_writer *w, const struct wf_kv_array *a, struct wf_diag *diag)
@@ -900,7 +877,7 @@ static int put_array(struct wf_gguf_writer *w, const struct wf_kv_array *a, stru
 		return r;
 	if (kv_scalar(a->elem)) {
 		/* Packed host-order scalars are the GGUF encoding already (BOOL is one byte). */
-		return put(w, a->u.scalars, a->n * scalar_size(a->elem), diag);
+		return put(w, a->u.scalars, a->n * wf_kv_type_size(a->elem), diag);
 	}
 	for (uint64_t i = 0; i < a->n && r == 0; i++) {
 		if (a->elem == WF_KV_STRING)

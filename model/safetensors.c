@@ -573,34 +573,6 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * One .safetensors file
  * ------------------------------------------------------------------------------------------- */
-
-/* The dtypes the safetensors format defines and the model layer can hold. wf_dtype_from_name()
- * also knows ggml's names ("Q4_K"), which are not safetensors dtypes. The format's sub-byte and
- * exotic types (F4, F6_*, F8_E8M0, *FNUZ, C64) have no wf_dtype yet. */
-static bool is_st_dtype(enum wf_dtype d)
-{
-	switch (d) {
-	case WF_DTYPE_F64:
-	case WF_DTYPE_F32:
-	case WF_DTYPE_F16:
-	case WF_DTYPE_BF16:
-	case WF_DTYPE_I64:
-	case WF_DTYPE_I32:
-	case WF_DTYPE_I16:
-	case WF_DTYPE_I8:
-	case WF_DTYPE_U64:
-	case WF_DTYPE_U32:
-	case WF_DTYPE_U16:
-	case WF_DTYPE_U8:
-	case WF_DTYPE_BOOL:
-	case WF_DTYPE_F8_E4M3:
-	case WF_DTYPE_F8_E5M2:
-		return true;
-	default:
-		return false;
-	}
-}
-
 static int load_metadata(struct json_object *md, const char *what, struct wf_kv_set *kv,
                          struct wf_diag *diag)
 {
@@ -701,7 +673,7 @@ static int load_tensor(struct json_object *e, const char *what, uint64_t data_si
 		return r;
 
 	dname = json_object_get_string(jdtype);
-	if (wf_dtype_from_name(dname, &t->dtype) < 0 || !is_st_dtype(t->dtype) ||
+	if (wf_dtype_from_name(dname, &t->dtype) < 0 || !wf_dtype_is_safetensors(t->dtype) ||
 	    strlen(dname) != (size_t)json_object_get_string_len(jdtype))
 		return wf_diag_set(diag, WF_EUNKNOWN_TYPE, "%s: tensor '%s': unknown dtype '%s'",
 		                   what, t->name, dname);

@@ -100,30 +100,6 @@ static bool utf8_valid(const char *s)
 	return true;
 }
 
-static bool is_st_dtype(enum wf_dtype d)
-{
-	switch (d) {
-	case WF_DTYPE_F64:
-	case WF_DTYPE_F32:
-	case WF_DTYPE_F16:
-	case WF_DTYPE_BF16:
-	case WF_DTYPE_I64:
-	case WF_DTYPE_I32:
-	case WF_DTYPE_I16:
-	case WF_DTYPE_I8:
-	case WF_DTYPE_U64:
-	case WF_DTYPE_U32:
-	case WF_DTYPE_U16:
-	case WF_DTYPE_U8:
-	case WF_DTYPE_BOOL:
-	case WF_DTYPE_F8_E4M3:
-	case WF_DTYPE_F8_E5M2:
-		return true;
-	default:
-		return false;
-	}
-}
-
 static uint64_t hash_name(const char *s)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -287,7 +263,7 @@ static int add_tensor(struct wf_st_writer *w, const char *name, enum wf_dtype dt
 		return wf_diag_set(diag, WF_ELIMIT, "%s: tensor name longer than %d bytes", w->path,
 		                   WF_MODEL_MAX_NAME);
 	ti = wf_dtype_info(dtype);
-	if (!ti || !is_st_dtype(dtype))
+	if (!ti || !wf_dtype_is_safetensors(dtype))
 		return wf_diag_set(diag, WF_EUNKNOWN_TYPE,
 		                   "%s: tensor '%s': %s is not a safetensors dtype", w->path, name,
 		                   ti ? ti->name : "unknown type");
