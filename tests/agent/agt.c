@@ -541,14 +541,21 @@ struct wf_ctl_sub *agt_sub_synced(struct agt *a, const char *ping_name, const ch
 	int rc = wf_ctl_sub_open(a->ev_url, NULL, &sub, &d);
 	cr_assert_eq(rc, 0, "sub %s: %s", a->ev_url, wf_diag_str(&d, rc));
 	int64_t end = mono_ms() + 15000;
-	while (mono_ms() < end) {
-		Weightfloor__V1__Reply *r = agt_register(a, ping_name, ping_path, false);
-		cr_assert_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "register %s: %s",
-		             ping_name, r->message);
+	/* Each round registers a new name: only a new registration is announced (re-registering
+	 * a model is idempotent and silent), so the first one may go out before we are connected. */
+	for (unsigned round = 0; mono_ms() < end; round++) {
+		char name[160];
+		if (round == 0)
+			snprintf(name, sizeof name, "%s", ping_name);
+		else
+			snprintf(name, sizeof name, "%s-%u", ping_name, round);
+		Weightfloor__V1__Reply *r = agt_register(a, name, ping_path, false);
+		cr_assert_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "register %s: %s", name,
+		             r->message);
 		wf_ctl_reply_free(r);
 		Weightfloor__V1__Event *ev = NULL;
 		while (wf_ctl_sub_recv(sub, 100, &ev, NULL) == 0) {
-			bool ping = strcmp(ev->model, ping_name) == 0;
+			bool ping = strncmp(ev->model, ping_name, strlen(ping_name)) == 0;
 			wf_ctl_event_free(ev);
 			if (ping)
 				return sub;
