@@ -25,6 +25,7 @@ log "sanitizer build (ASan+UBSan), unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWF_SANITIZE=ON -DWF_WITH_CUDA=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
 	ctest --test-dir build-asan -L unit --output-on-failure -j "$jobs" --timeout 900
 
 log "fuzz build (clang libFuzzer + ASan+UBSan), short runs"

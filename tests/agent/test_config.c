@@ -111,6 +111,7 @@ Test(config, model_roots_confine_paths)
 	cr_assert_eq(wf_agent_config_check_path(&cfg, "/nonexistent/x.gguf", &res, &d), -ENOENT);
 	wf_agent_config_fini(&cfg);
 	wft_rmtree(dir);
+	free(dir);
 }
 
 Test(budget, evicts_lru_unpinned_idle_only)
