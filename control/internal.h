@@ -51,7 +51,8 @@ struct wf__ctl_auth {
  * moved dropped live connections and refused new ones under normal traffic (about 1 call in 100
  * failed). So the listener also counts the pipes removed from the socket (NNG_PIPE_EV_REM_POST):
  * an error without a removed pipe to explain it is an accept that failed before any pipe existed,
- * which is the #1518 case. An excess that lasts WF__CTL_STUCK_MS triggers the restart. */
+ * which is the #1518 case. An excess that lasts WF__CTL_STUCK_MS triggers the restart. Pipes
+ * refused in the ADD_PRE hook never count an error, so they are taken out of the removals. */
 struct wf__ctl_listener {
 	nng_socket sock;
 	nng_listener l;
@@ -65,8 +66,8 @@ struct wf__ctl_listener {
 	char *tls_cert_key_file;
 	char *tls_ca_file;
 	struct wf__ctl_auth auth;
-	bool reject_denied;   /* close denied ipc peers at connect (PUB cannot answer them) */
-	uint64_t errors_seen;  /* the listener's "other" stat when it was started */
+	bool reject_denied;     /* close denied ipc peers at connect (PUB cannot answer them) */
+	uint64_t errors_seen;   /* the listener's "other" stat when it was started */
 	int listener_id;        /* nng id of the current listener (atomic: read by nng's threads) */
 	uint64_t pipes_removed; /* REM_POST events of its pipes so far (atomic) */
 	uint64_t removed_seen;  /* pipes_removed when the listener was started */
@@ -85,11 +86,12 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *opts, const
  * zeroed struct. */
 void wf__ctl_listener_fini(struct wf__ctl_listener *lst);
 
-/* One watchdog pass: when the listener's accept error counter moved (or an earlier restart
- * failed), closes the listener (which drops its connections; clients reconnect by themselves)
- * and listens again with the same configuration. Returns 1 after a restart, 0 when nothing was
- * needed (or nng has no statistics), or a negative code when listening again failed (the next
- * pass retries). Not thread-safe against itself; call from one thread. */
+/* One watchdog pass: when accept errors that no removed pipe explains have lasted
+ * WF__CTL_STUCK_MS (or an earlier restart failed), closes the listener (which drops its
+ * connections; clients reconnect by themselves) and listens again with the same configuration.
+ * Returns 1 after a restart, 0 when nothing was needed (or nng has no statistics), or a negative
+ * code when listening again failed (the next pass retries). Not thread-safe against itself; call
+ * from one thread. */
 int wf__ctl_listener_check(struct wf__ctl_listener *lst);
 
 /* A thread that runs wf__ctl_listener_check() every WF__CTL_WATCH_MS. */

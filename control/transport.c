@@ -3,8 +3,6 @@
 
 #include "base/error.h"
 
-#include <sys/socket.h>
-#include <time.h>
 #include <nng/supplemental/tls/tls.h>
 
 #include <arpa/inet.h>
@@ -12,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,7 +64,7 @@ int wf__ctl_url_transport(const char *url, enum wf_ctl_transport *ret_t, struct 
 	}
 	/* abstract:// has no file mode and inproc:// no peer; neither fits the policy. */
 	return wf_diag_set(diag, WF_EUNSUPPORTED,
-			   "%s: unsupported transport (use ipc://, tls+tcp:// or tcp://)", url);
+	                   "%s: unsupported transport (use ipc://, tls+tcp:// or tcp://)", url);
 }
 
 /* ---- peers ---------------------------------------------------------------------------------- */
@@ -183,14 +182,21 @@ static void pipe_add_pre(nng_pipe p, nng_pipe_ev ev, void *arg)
 		return;
 	struct wf_ctl_peer peer;
 	if (wf__ctl_peer_get(p, lst->transport, &peer) != 0 ||
-	    (lst->reject_denied && !wf__ctl_auth_allows(&lst->auth, &peer)))
+	    (lst->reject_denied && !wf__ctl_auth_allows(&lst->auth, &peer))) {
+		/* A pipe refused here never started I/O, so nng counts no error for it, yet its
+		 * REM_POST follows: take it back in advance, or each refused peer would bank a
+		 * removal that hides one failed accept from the watchdog. */
+		if (nng_listener_id(nng_pipe_listener(p)) ==
+		    __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE))
+			__atomic_sub_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
 		nng_pipe_close(p);
+	}
 }
 
 /* ---- listen / dial ------------------------------------------------------------------------- */
 
 static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool insecure,
-		     const char *url, nng_tls_config **ret_cfg, struct wf_diag *diag)
+                     const char *url, nng_tls_config **ret_cfg, struct wf_diag *diag)
 {
 	nng_tls_config *cfg = NULL;
 	nng_url *u = NULL;
@@ -201,7 +207,7 @@ static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool 
 		rv = nng_tls_config_cert_key_file(cfg, tls->cert_key_file, NULL);
 		if (rv != 0) {
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "tls certificate/key %s: %s",
-					 tls->cert_key_file, nng_strerror(rv));
+			                 tls->cert_key_file, nng_strerror(rv));
 			goto err;
 		}
 	}
@@ -211,7 +217,7 @@ static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool 
 			rv = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
 		if (rv != 0) {
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "tls CA file %s: %s",
-					 tls->ca_file, nng_strerror(rv));
+			                 tls->ca_file, nng_strerror(rv));
 			goto err;
 		}
 	} else if (insecure) {
@@ -221,9 +227,10 @@ static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool 
 			goto err;
 		}
 	} else {
-		rv = wf_diag_set(diag, WF_EINVAL,
-				 "%s: tls+tcp needs a CA file to verify the %s (or allow_insecure_tcp)",
-				 url, mode == NNG_TLS_MODE_SERVER ? "clients" : "server");
+		rv = wf_diag_set(
+		    diag, WF_EINVAL,
+		    "%s: tls+tcp needs a CA file to verify the %s (or allow_insecure_tcp)", url,
+		    mode == NNG_TLS_MODE_SERVER ? "clients" : "server");
 		goto err;
 	}
 	if (mode == NNG_TLS_MODE_CLIENT) {
@@ -250,7 +257,8 @@ static char *resolve_url(nng_listener l, const char *url, enum wf_ctl_transport 
 	char *out = NULL;
 	nng_url *u = NULL;
 	int port = 0;
-	if (t == WF_CTL_TRANSPORT_IPC || nng_url_parse(&u, url) != 0 || strcmp(u->u_port, "0") != 0 ||
+	if (t == WF_CTL_TRANSPORT_IPC || nng_url_parse(&u, url) != 0 ||
+	    strcmp(u->u_port, "0") != 0 ||
 	    nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) != 0) {
 		nng_url_free(u);
 		return strdup(url);
@@ -258,7 +266,7 @@ static char *resolve_url(nng_listener l, const char *url, enum wf_ctl_transport 
 	const char *host = u->u_hostname;
 	bool v6 = strchr(host, ':') != NULL;
 	if (asprintf(&out, "%s://%s%s%s:%d", u->u_scheme, v6 ? "[" : "", host, v6 ? "]" : "",
-		     port) < 0)
+	             port) < 0)
 		out = NULL;
 	nng_url_free(u);
 	return out;
@@ -282,7 +290,7 @@ static int listener_start(struct wf__ctl_listener *lst, const char *url, struct 
 		}
 	} else if (lst->transport == WF_CTL_TRANSPORT_TLS) {
 		const struct wf_ctl_tls_opts tls = {.cert_key_file = lst->tls_cert_key_file,
-						    .ca_file = lst->tls_ca_file};
+		                                    .ca_file = lst->tls_ca_file};
 		if ((rv = tls_setup(NNG_TLS_MODE_SERVER, &tls, lst->insecure, url, &cfg, diag)) < 0)
 			goto err;
 		rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, cfg);
@@ -299,7 +307,7 @@ static int listener_start(struct wf__ctl_listener *lst, const char *url, struct 
 			rv = wf_diag_set(diag, -EADDRINUSE, "%s: another server is listening", url);
 		else
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "listen %s: %s", url,
-					 nng_strerror(rv));
+			                 nng_strerror(rv));
 		goto err;
 	}
 	/* nng chmods the socket right after bind; the group is ours to set. Until then the file
@@ -308,7 +316,7 @@ static int listener_start(struct wf__ctl_listener *lst, const char *url, struct 
 	if (lst->transport == WF_CTL_TRANSPORT_IPC && lst->ipc_group != 0 &&
 	    lst->ipc_group != (gid_t)-1 && chown(lst->ipc_path, (uid_t)-1, lst->ipc_group) != 0) {
 		rv = wf_diag_set(diag, -errno, "chown %s to group %u: %s", lst->ipc_path,
-				 (unsigned)lst->ipc_group, strerror(errno));
+		                 (unsigned)lst->ipc_group, strerror(errno));
 		goto err;
 	}
 	lst->l = l;
@@ -334,7 +342,8 @@ static nng_stat *stat_child(nng_stat *scope, const char *name)
 static nng_stat *find_listener(nng_stat *st, int id)
 {
 	for (; st; st = nng_stat_next(st)) {
-		if (nng_stat_type(st) == NNG_STAT_SCOPE && strcmp(nng_stat_name(st), "listener") == 0) {
+		if (nng_stat_type(st) == NNG_STAT_SCOPE &&
+		    strcmp(nng_stat_name(st), "listener") == 0) {
 			nng_stat *sid = stat_child(st, "id");
 			if (sid && nng_stat_value(sid) == (uint64_t)id)
 				return st;
@@ -370,7 +379,7 @@ static char *strdup_or_null(const char *s, bool *ret_fail)
 }
 
 int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const char *default_url,
-		   bool reject_denied, struct wf__ctl_listener *lst, struct wf_diag *diag)
+                   bool reject_denied, struct wf__ctl_listener *lst, struct wf_diag *diag)
 {
 	const char *url = o->url ? o->url : default_url;
 	enum wf_ctl_transport t;
@@ -382,11 +391,12 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 		return rv;
 	if (t == WF_CTL_TRANSPORT_TCP && !o->allow_insecure_tcp)
 		return wf_diag_set(diag, WF_EINVAL,
-				   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
-				   "allow_insecure_tcp",
-				   url);
+		                   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
+		                   "allow_insecure_tcp",
+		                   url);
 	if (t == WF_CTL_TRANSPORT_TLS && !o->tls.cert_key_file)
-		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate/key file", url);
+		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate/key file",
+		                   url);
 	lst->sock = sock;
 	lst->transport = t;
 	lst->reject_denied = reject_denied;
@@ -563,8 +573,8 @@ void wf__ctl_watchdog_stop(struct wf__ctl_watchdog *w)
 	w->init = false;
 }
 
-int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls,
-		 bool insecure, bool block, struct wf_diag *diag)
+int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls, bool insecure,
+                 bool block, struct wf_diag *diag)
 {
 	enum wf_ctl_transport t;
 	nng_dialer d;
@@ -575,15 +585,15 @@ int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts 
 		return rv;
 	if (t == WF_CTL_TRANSPORT_TCP && !insecure)
 		return wf_diag_set(diag, WF_EINVAL,
-				   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
-				   "allow_insecure_tcp",
-				   url);
+		                   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
+		                   "allow_insecure_tcp",
+		                   url);
 	if ((rv = nng_dialer_create(&d, sock, url)) != 0)
 		return wf_diag_set(diag, wf__ctl_nng_code(rv), "%s: %s", url, nng_strerror(rv));
 	if (t == WF_CTL_TRANSPORT_TLS) {
 		static const struct wf_ctl_tls_opts none;
 		if ((rv = tls_setup(NNG_TLS_MODE_CLIENT, tls ? tls : &none, insecure, url, &cfg,
-				    diag)) < 0)
+		                    diag)) < 0)
 			goto err;
 		rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
 		nng_tls_config_free(cfg);
@@ -601,15 +611,16 @@ int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts 
 		case NNG_ENOENT:
 		case NNG_EUNREACHABLE:
 			rv = wf_diag_set(diag, WF_EUNAVAILABLE, "%s: no server is listening (%s)",
-					 url, nng_strerror(rv));
+			                 url, nng_strerror(rv));
 			break;
 		case NNG_EPERM:
 			rv = wf_diag_set(diag, WF_EPERMISSION,
-					 "%s: not allowed to connect (socket file mode or group)", url);
+			                 "%s: not allowed to connect (socket file mode or group)",
+			                 url);
 			break;
 		default:
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "connect %s: %s", url,
-					 nng_strerror(rv));
+			                 nng_strerror(rv));
 		}
 		goto err;
 	}
@@ -656,9 +667,9 @@ void wf__ctl_budget_init(struct wf__ctl_budget *b, size_t cap)
 }
 
 ProtobufCAllocator wf__ctl_free_allocator = {
-	.alloc = refuse_alloc,
-	.free = plain_free,
-	.allocator_data = NULL,
+    .alloc = refuse_alloc,
+    .free = plain_free,
+    .allocator_data = NULL,
 };
 
 int64_t wf__ctl_unix_ms(void)

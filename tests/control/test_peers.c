@@ -10,13 +10,15 @@
 #include "proto/status.h"
 
 #include <criterion/criterion.h>
-#include <nng/nng.h>
 #include <errno.h>
+#include <nng/nng.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* What the helper prints: a return code (< 0), or REPLY_BASE + Status of the reply. */
@@ -167,6 +169,19 @@ Test(peers, publisher_drops_denied_subscribers, .timeout = 60)
 	v = run_peer(dir, 65534, 65534, "sub", wf_ctl_pub_url(pub), pub);
 	cr_expect_neq(v, 0, "a denied subscriber must not receive events");
 	cr_log_info("denied subscriber sees: %s", result_name(v));
+
+	/* Refused peers must not hide a hang-up before the handshake (nng #1518) from the listener
+	 * watchdog: refuse a few more, hang up early, and an allowed subscriber still gets in. */
+	for (int i = 0; i < 3; i++)
+		run_peer(dir, 65534, 65534, "sub", wf_ctl_pub_url(pub), NULL);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	strcpy(sa.sun_path, wf_ctl_pub_url(pub) + 6);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+	close(fd);
+	sleep_ms(500);
+	v = run_peer(dir, 65533, 65533, "sub", wf_ctl_pub_url(pub), pub);
+	cr_expect_eq(v, 0, "allowed subscriber after refusals and a hang-up: %s", result_name(v));
 	wf_ctl_pub_destroy(pub);
 	free(url);
 	wft_rmtree(dir);
