@@ -181,80 +181,95 @@ static long long mapping_pss(const char *path)
 	return pss;
 }
 
+/* Children attach, touch every page, say so, wait until all have touched (PSS divides each page
+ * among the processes mapping it at the moment it is read), then measure. Every child writes
+ * exactly one record however it fares, so a failure can never leave the parent waiting. */
+struct share_rec {
+	int32_t rc;   /* 0, or the attach error */
+	int32_t pad;
+	int64_t pss;  /* bytes, -1 when not measured */
+};
+
 static void run_sharing(const char *floor_dir, struct wf_model *m, const struct wf_digest *dg)
 {
-	const int nproc = 8;
+	enum { NPROC = 8 };
 	struct wf_shm_region *held = NULL;
 	double secs;
 	if (materialize(floor_dir, m, dg, &secs, &held) < 0)
 		return;
-	int p[2];
-	if (pipe(p) < 0)
+	int touched[2], go[2], rec[2];
+	if (pipe(touched) < 0 || pipe(go) < 0 || pipe(rec) < 0)
 		return;
-	/* Children attach, touch, report, then wait on the go pipe so that all 8 map at once:
-	 * PSS divides each page among the processes mapping it at the moment it is read. */
-	int go[2];
-	if (pipe(go) < 0)
-		return;
-	pid_t pids[8];
-	for (int i = 0; i < nproc; i++) {
+	pid_t pids[NPROC];
+	for (int i = 0; i < NPROC; i++) {
 		pids[i] = fork();
-		if (pids[i] == 0) {
-			close(p[0]);
-			close(go[1]);
-			struct wf_shm_config cfg = {.dir = floor_dir};
-			struct wf_shm_region *r = NULL;
-			long long res = -1;
-			if (wf_shm_region_attach(&cfg, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-						 NULL) == 0) {
-				const volatile unsigned char *b = wf_shm_region_data(r);
-				uint64_t sz = wf_shm_region_size(r);
-				unsigned sum = 0;
-				for (uint64_t off = 0; off < sz; off += 4096)
-					sum += b[off];
-				(void)sum;
-				/* everyone has touched everything before anyone measures */
-				char c;
-				if (write(p[1], "t", 1) != 1 || read(go[0], &c, 1) != 1)
-					_exit(1);
-				res = mapping_pss(wf_shm_region_path(r));
-			}
-			if (write(p[1], &res, sizeof res) != (ssize_t)sizeof res)
-				_exit(1);
-			char c;
-			if (read(go[0], &c, 1) < 0)
-				_exit(1);
-			_exit(res < 0);
+		if (pids[i] != 0)
+			continue;
+		close(touched[0]);
+		close(go[1]);
+		close(rec[0]);
+		struct wf_shm_config cfg = {.dir = floor_dir};
+		struct wf_shm_region *r = NULL;
+		struct share_rec out = {.pss = -1};
+		out.rc = wf_shm_region_attach(&cfg, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
+					      NULL);
+		if (out.rc == 0) {
+			const volatile unsigned char *b = wf_shm_region_data(r);
+			uint64_t sz = wf_shm_region_size(r);
+			unsigned sum = 0;
+			for (uint64_t off = 0; off < sz; off += 4096)
+				sum += b[off];
+			(void)sum;
 		}
+		char c = 't';
+		if (write(touched[1], &c, 1) != 1 || read(go[0], &c, 1) < 0)
+			_exit(1);
+		if (out.rc == 0)
+			out.pss = mapping_pss(wf_shm_region_path(r));
+		if (write(rec[1], &out, sizeof out) != (ssize_t)sizeof out)
+			_exit(1);
+		/* stay mapped until every child has measured */
+		if (read(go[0], &c, 1) < 0)
+			_exit(1);
+		_exit(0);
 	}
-	close(p[1]);
-	char c;
-	for (int i = 0; i < nproc; i++)
-		if (read(p[0], &c, 1) != 1)
-			break;
-	if (write(go[1], "gggggggg", nproc) != nproc)
-		return;
-	long long total = 0;
-	int got = 0;
-	for (int i = 0; i < nproc; i++) {
-		long long v;
-		if (read(p[0], &v, sizeof v) == (ssize_t)sizeof v && v >= 0) {
-			total += v;
-			got++;
-		}
-	}
-	close(go[1]);
-	for (int i = 0; i < nproc; i++)
-		waitpid(pids[i], NULL, 0);
-	close(p[0]);
+	close(touched[1]);
+	close(rec[1]);
 	close(go[0]);
-	if (got != nproc) {
-		bench_skip("floor", "share_pss_over_model", "a child failed to attach or measure");
+	char c;
+	for (int i = 0; i < NPROC; i++)
+		if (read(touched[0], &c, 1) != 1)
+			break;
+	if (write(go[1], "gggggggg", NPROC) != NPROC)
+		perror("wf-bench: share");
+	long long total = 0;
+	int got = 0, first_err = 0;
+	for (int i = 0; i < NPROC; i++) {
+		struct share_rec r;
+		if (read(rec[0], &r, sizeof r) != (ssize_t)sizeof r)
+			break;
+		if (r.rc == 0 && r.pss >= 0) {
+			total += r.pss;
+			got++;
+		} else if (!first_err) {
+			first_err = r.rc ? r.rc : -EIO;
+		}
+	}
+	close(go[1]); /* releases the children */
+	for (int i = 0; i < NPROC; i++)
+		waitpid(pids[i], NULL, 0);
+	close(touched[0]);
+	close(rec[0]);
+	if (got != NPROC) {
+		char why[160];
+		snprintf(why, sizeof why, "%d of %d children could not attach or measure (%s)",
+			 NPROC - got, NPROC, wf_strerror(first_err));
+		bench_skip("floor", "share_pss_over_model", why);
 	} else {
 		double size = (double)wf_shm_region_size(held);
 		char note[128];
 		snprintf(note, sizeof note, "%d processes, region %.0f MiB; a private copy each = %d.0",
-			 nproc, size / 1048576.0, nproc);
+			 NPROC, size / 1048576.0, NPROC);
 		bench_report(&(struct bench_result){
 			.bench = "floor", .metric = "share_pss_over_model", .unit = "x",
 			.value = (double)total / size, .anchor = "region size (1 copy)",
