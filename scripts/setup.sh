@@ -13,6 +13,7 @@ PKGS=(
   libxxhash-dev                    # xxh3 digests and checksums
   libjson-c-dev                    # safetensors headers, config, reference manifests
   fio                              # benchmark anchor
+  openssl                          # the TLS transport test makes its own certificates
   procps util-linux                # pgrep, fallocate, flock for scripts
 )
 
