@@ -197,8 +197,10 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 	double secs;
 	if (materialize(floor_dir, m, dg, &secs, &held) < 0)
 		return;
-	int touched[2], go[2], rec[2];
-	if (pipe(touched) < 0 || pipe(go) < 0 || pipe(rec) < 0)
+	/* go: one byte per child to start measuring; release: closed by the parent (EOF for all)
+	 * when every record is in. Separate pipes, so no child can take another's byte. */
+	int touched[2], go[2], rec[2], release[2];
+	if (pipe(touched) < 0 || pipe(go) < 0 || pipe(rec) < 0 || pipe(release) < 0)
 		return;
 	pid_t pids[NPROC];
 	for (int i = 0; i < NPROC; i++) {
@@ -208,6 +210,7 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 		close(touched[0]);
 		close(go[1]);
 		close(rec[0]);
+		close(release[1]);
 		struct wf_shm_config cfg = {.dir = floor_dir};
 		struct wf_shm_region *r = NULL;
 		struct share_rec out = {.pss = -1};
@@ -228,14 +231,15 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 			out.pss = mapping_pss(wf_shm_region_path(r));
 		if (write(rec[1], &out, sizeof out) != (ssize_t)sizeof out)
 			_exit(1);
-		/* stay mapped until every child has measured */
-		if (read(go[0], &c, 1) < 0)
+		/* stay mapped until every child has measured: the parent closes release */
+		if (read(release[0], &c, 1) < 0)
 			_exit(1);
 		_exit(0);
 	}
 	close(touched[1]);
 	close(rec[1]);
 	close(go[0]);
+	close(release[0]);
 	char c;
 	for (int i = 0; i < NPROC; i++)
 		if (read(touched[0], &c, 1) != 1)
@@ -255,7 +259,8 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 			first_err = r.rc ? r.rc : -EIO;
 		}
 	}
-	close(go[1]); /* releases the children */
+	close(go[1]);
+	close(release[1]); /* releases the children */
 	for (int i = 0; i < NPROC; i++)
 		waitpid(pids[i], NULL, 0);
 	close(touched[0]);
