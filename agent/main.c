@@ -15,13 +15,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -234,28 +232,6 @@ static int build_config(struct agent *a, const struct overrides *o)
 	}
 	return 0;
 }
-
-/* ipc:// endpoints live in a directory that may not exist yet (/run/weightfloor). */
-static int ensure_ipc_dir(const char *url, gid_t gid)
-{
-	if (strncmp(url, "ipc://", 6) != 0)
-		return 0;
-	char *copy = strdup(url + 6);
-	if (!copy)
-		return -ENOMEM;
-	char *dir = dirname(copy);
-	int rc = 0;
-	struct stat st;
-	if (stat(dir, &st) != 0) {
-		if (mkdir(dir, 0750) < 0 && errno != EEXIST)
-			rc = -errno;
-		else if (gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) < 0)
-			rc = -errno;
-	}
-	free(copy);
-	return rc;
-}
-
 static Weightfloor__V1__FloorState pb_state(enum wf_floor_state s)
 {
 	return (Weightfloor__V1__FloorState)s; /* the enums share their numbers by design */
@@ -317,8 +293,8 @@ static int start_services(struct agent *a)
 		.n_allowed_gids = a->cfg.n_allowed_gids,
 	};
 	int rc;
-	if ((rc = ensure_ipc_dir(a->cfg.socket_url, a->cfg.gid)) < 0 ||
-	    (rc = ensure_ipc_dir(a->cfg.events_url, a->cfg.gid)) < 0) {
+	if ((rc = wf_ctl_ipc_dir_ensure(a->cfg.socket_url, a->cfg.gid)) < 0 ||
+	    (rc = wf_ctl_ipc_dir_ensure(a->cfg.events_url, a->cfg.gid)) < 0) {
 		wf_log_error("cannot create the socket directory: %s", wf_strerror(rc));
 		return rc;
 	}

@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,26 @@ bool wf_ctl_tls_available(void)
 		return false;
 	nng_tls_config_free(cfg);
 	return true;
+}
+
+int wf_ctl_ipc_dir_ensure(const char *url, gid_t gid)
+{
+	if (strncmp(url, "ipc://", 6) != 0)
+		return 0;
+	char *copy = strdup(url + 6);
+	if (!copy)
+		return -ENOMEM;
+	int rc = 0;
+	const char *dir = dirname(copy);
+	struct stat st;
+	if (stat(dir, &st) != 0) {
+		if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+			rc = -errno;
+		else if (gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) < 0)
+			rc = -errno;
+	}
+	free(copy);
+	return rc;
 }
 
 const char *wf_ctl_transport_name(enum wf_ctl_transport t)

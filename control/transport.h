@@ -87,6 +87,11 @@ struct wf_ctl_peer {
  * mbedTLS). Thread-safe. */
 bool wf_ctl_tls_available(void);
 
+/* For an ipc:// url, creates the socket's directory (one level, mode 0750, and group gid unless
+ * (gid_t)-1) when it does not exist yet, as /run/weightfloor on a fresh boot. Other transports:
+ * nothing. Returns 0 or -errno. Daemons call it before listening. */
+int wf_ctl_ipc_dir_ensure(const char *url, gid_t gid);
+
 /* "ipc", "tcp", "tls+tcp". Static string. */
 const char *wf_ctl_transport_name(enum wf_ctl_transport t);
 

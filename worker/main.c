@@ -16,14 +16,12 @@
 
 #include <errno.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -290,21 +288,6 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	}
 }
 
-static int ensure_ipc_dir(const char *url)
-{
-	if (strncmp(url, "ipc://", 6) != 0)
-		return 0;
-	char *copy = strdup(url + 6);
-	if (!copy)
-		return -ENOMEM;
-	int rc = 0;
-	char *dir = dirname(copy);
-	if (mkdir(dir, 0750) < 0 && errno != EEXIST)
-		rc = -errno;
-	free(copy);
-	return rc;
-}
-
 int main(int argc, char **argv)
 {
 	struct opts o = {.device = "auto",
@@ -406,7 +389,7 @@ int main(int argc, char **argv)
 		.handle = wf_worker_svc_handle,
 		.ctx = &svc,
 	};
-	if ((rc = ensure_ipc_dir(endpoint)) < 0) {
+	if ((rc = wf_ctl_ipc_dir_ensure(endpoint, (gid_t)-1)) < 0) {
 		wf_log_error("endpoint directory for %s: %s", endpoint, wf_strerror(rc));
 		goto out;
 	}
