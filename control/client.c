@@ -145,6 +145,9 @@ int wf_ctl_client_call_timeout(struct wf_ctl_client *c, const Weightfloor__V1__R
 		timeout_ms = c->timeout_ms;
 	r.request_id = atomic_fetch_add(&c->next_id, 1);
 	r.api_version = WF_PROTO_API_VERSION;
+	/* The server bounds its own waits (and the calls it makes for us) by our timeout. */
+	if (r.deadline_ms == 0 || r.deadline_ms > (uint32_t)timeout_ms)
+		r.deadline_ms = (uint32_t)timeout_ms;
 	if (!r.client || !*r.client)
 		r.client = c->name;
 	if (!protobuf_c_message_check(&r.base))

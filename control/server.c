@@ -59,6 +59,7 @@ struct arena_blk {
 
 struct wf_ctl_call {
 	const atomic_bool *closing;
+	int64_t deadline_mono_ms; /* 0: the client gave none */
 	struct wf_ctl_peer peer;
 	struct arena_blk *blocks;
 };
@@ -131,6 +132,16 @@ bool wf_ctl_call_closing(const struct wf_ctl_call *call)
 	return atomic_load(call->closing);
 }
 
+int wf_ctl_call_time_left_ms(const struct wf_ctl_call *call, int cap_ms)
+{
+	if (!call->deadline_mono_ms)
+		return cap_ms;
+	int64_t left = call->deadline_mono_ms - wf__ctl_mono_ms();
+	if (left <= 0)
+		return 0;
+	return left > cap_ms ? cap_ms : (int)left;
+}
+
 /* ---- one request ----------------------------------------------------------------------------- */
 
 /* A message from the arena, or a fixed text when even that fails: replies must go out. */
@@ -188,6 +199,8 @@ static bool check_request(struct wf_ctl_call *call, const Weightfloor__V1__Reque
 static void run_handler(const struct wf__ctl_dispatch *d, struct wf_ctl_call *call,
                         const Weightfloor__V1__Request *req, Weightfloor__V1__Reply *reply)
 {
+	if (req->deadline_ms)
+		call->deadline_mono_ms = wf__ctl_mono_ms() + req->deadline_ms;
 	int rv = d->handle(d->ctx, req, reply, call);
 	/* The envelope is the server's: a handler cannot misroute a reply. */
 	reply->request_id = req->request_id;

@@ -103,6 +103,11 @@ const struct wf_ctl_peer *wf_ctl_call_peer(const struct wf_ctl_call *call);
  * and return WF_EUNAVAILABLE. Thread-safe. */
 bool wf_ctl_call_closing(const struct wf_ctl_call *call);
 
+/* Milliseconds left of the client's budget (Request.deadline_ms, counted from when the server
+ * took the request), at most cap_ms (> 0), which is also the answer when the client gave none;
+ * 0 once it has passed (answer WF_ETIMEOUT without starting anything). Thread-safe. */
+int wf_ctl_call_time_left_ms(const struct wf_ctl_call *call, int cap_ms);
+
 /* Zeroed memory that lives until the reply has been sent. NULL on overflow or out of memory
  * (return -ENOMEM then). */
 void *wf_ctl_call_alloc(struct wf_ctl_call *call, size_t size);
