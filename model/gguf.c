@@ -61,6 +61,7 @@ struct cursor {
  * together. */
 struct gguf_file {
 	char *path;
+	struct wf_model_file id; /* real_path, dev, ino of the file opened */
 	uint64_t size;
 	int64_t mtime_ns;
 	uint32_t version;
@@ -536,6 +537,7 @@ static void gguf_file_fini(struct gguf_file *f)
 	if (!f)
 		return;
 	free(f->path);
+	free(f->id.real_path);
 	wf_kv_set_fini(&f->kv);
 	for (uint32_t i = 0; f->tensors && i < f->n_tensors; i++)
 		free(f->tensors[i].name);
@@ -566,7 +568,11 @@ static int gguf_file_parse(int fd, const char *path, struct gguf_file *f, struct
 	if (fstat(fd, &st) != 0)
 		return wf_diag_set(diag, -errno, "'%s': fstat: %s", path, strerror(errno));
 	if (!S_ISREG(st.st_mode))
-		return wf_diag_set(diag, WF_EINVAL, "'%s' is not a regular file", path);
+		return wf_diag_set(diag, WF_EFORMAT, "'%s' is not a regular file", path);
+	rc = wf__model_record_file(&f->id, fd, &st);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "'%s': resolving the opened file: %s", path,
+		                   strerror(-rc));
 	f->size = (uint64_t)st.st_size;
 	f->mtime_ns = mtime_ns(&st);
 	c.size = f->size;
@@ -667,10 +673,11 @@ out:
 
 static int open_and_parse(const char *path, struct gguf_file *f, struct wf_diag *diag)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return wf_diag_set(diag, -errno, "cannot open '%s': %s", path, strerror(errno));
-	int rc = gguf_file_parse(fd, path, f, diag);
+	int fd;
+	int rc = wf_model_file_open(path, &fd, NULL, diag);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "cannot open '%s': %s", path, strerror(-rc));
+	rc = gguf_file_parse(fd, path, f, diag);
 	close(fd);
 	return rc;
 }
@@ -707,17 +714,20 @@ static int load_shards(struct gguf_file *shards, uint32_t count, uint32_t named,
 			path = NULL;
 			return -ENOMEM;
 		}
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0) {
-			if (errno == ENOENT)
+		/* O_NONBLOCK and a regular-file check: a FIFO planted under a sibling's name
+		 * must fail the open, not hang it. */
+		int fd;
+		rc = wf_model_file_open(path, &fd, NULL, diag);
+		if (rc < 0) {
+			if (rc == -ENOENT)
 				rc = wf_diag_set(
 				    diag, WF_ESHARD,
 				    "missing shard '%s' (%u of %u; '%s' says split.count "
 				    "%u)",
 				    path, i + 1, count, first->path, count);
 			else
-				rc = wf_diag_set(diag, -errno, "cannot open shard '%s': %s", path,
-				                 strerror(errno));
+				rc = wf_diag_set(diag, rc, "cannot open shard '%s': %s", path,
+				                 wf_strerror(rc));
 			goto out;
 		}
 		rc = gguf_file_parse(fd, path, &shards[i], diag);
@@ -804,6 +814,10 @@ static int fill_model(struct wf_model *m, struct gguf_file *shards, uint32_t cou
 		mf->gguf_version = f->version;
 		mf->alignment = f->alignment;
 		mf->n_tensors = f->n_tensors;
+		mf->real_path = f->id.real_path;
+		f->id.real_path = NULL;
+		mf->dev = f->id.dev;
+		mf->ino = f->id.ino;
 		for (uint32_t j = 0; j < f->n_tensors; j++) {
 			struct wf_tensor *t = &m->tensors[m->n_tensors++];
 			*t = f->tensors[j];

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +389,96 @@ int wf__model_finish(struct wf_model *m, struct wf_diag *diag)
 	return 0;
 }
 
+/* ---- opening files ---- */
+
+static const char *file_kind(mode_t m)
+{
+	return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
+	       : S_ISBLK(m) ? "a block device" : S_ISDIR(m) ? "a directory" : "not a plain file";
+}
+
+int wf_model_file_open(const char *path, int *ret_fd, struct stat *ret_st, struct wf_diag *diag)
+{
+	struct stat st;
+	int fd, fl, rc;
+
+	if (!path || !ret_fd)
+		return wf_diag_set(diag, WF_EINVAL, "wf_model_file_open: bad arguments");
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) != 0) {
+		rc = wf_diag_set(diag, -errno, "'%s': fstat: %s", path, strerror(errno));
+		goto err;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = wf_diag_set(diag, WF_EFORMAT, "%s: not a regular file (%s)", path,
+		                 file_kind(st.st_mode));
+		goto err;
+	}
+	/* Regular files ignore O_NONBLOCK today; clear it so that no reader depends on that. */
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+		rc = wf_diag_set(diag, -errno, "'%s': fcntl: %s", path, strerror(errno));
+		goto err;
+	}
+	if (ret_st)
+		*ret_st = st;
+	*ret_fd = fd;
+	return 0;
+err:
+	close(fd);
+	return rc;
+}
+
+int wf_model_fd_path(int fd, char **ret_path)
+{
+	char link[64], buf[PATH_MAX + 1];
+	ssize_t n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, buf, sizeof(buf) - 1);
+	if (n < 0)
+		return -errno;
+	if ((size_t)n >= sizeof(buf) - 1)
+		return -ENAMETOOLONG;
+	buf[n] = '\0';
+	char *p = strdup(buf);
+	if (!p)
+		return -ENOMEM;
+	*ret_path = p;
+	return 0;
+}
+
+int wf__model_record_file(struct wf_model_file *f, int fd, const struct stat *st)
+{
+	char *p = NULL;
+	int rc = wf_model_fd_path(fd, &p);
+	if (rc < 0)
+		return rc;
+	free(f->real_path);
+	f->real_path = p;
+	f->dev = (uint64_t)st->st_dev;
+	f->ino = (uint64_t)st->st_ino;
+	return 0;
+}
+
+int wf__model_record_aux(struct wf_model *m, int fd)
+{
+	char *p = NULL, **v;
+	int rc = wf_model_fd_path(fd, &p);
+	if (rc < 0)
+		return rc;
+	v = realloc(m->aux_paths, (m->n_aux + 1) * sizeof(*v));
+	if (!v) {
+		free(p);
+		return -ENOMEM;
+	}
+	v[m->n_aux++] = p;
+	m->aux_paths = v;
+	return 0;
+}
+
 /* ---- open / close / lookup ---- */
 
 static bool is_file(const char *dir, const char *name)
@@ -433,9 +524,10 @@ static int detect(const char *path, enum wf_model_format *ret, struct wf_diag *d
 	/* No telling name (a memfd, a blob store path): look at the bytes. safetensors starts
 	 * with a u64 header length and then the JSON's '{'. */
 	unsigned char head[9];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return wf_diag_set(diag, -errno, "cannot open '%s': %s", path, strerror(errno));
+	int fd;
+	int rc = wf_model_file_open(path, &fd, NULL, diag);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "cannot open '%s': %s", path, strerror(-rc));
 	ssize_t n;
 	do
 		n = pread(fd, head, sizeof(head), 0);
@@ -511,8 +603,13 @@ void wf_model_close(struct wf_model *model)
 {
 	if (!model)
 		return;
-	for (uint32_t i = 0; model->files && i < model->n_files; i++)
+	for (uint32_t i = 0; model->files && i < model->n_files; i++) {
 		free(model->files[i].path);
+		free(model->files[i].real_path);
+	}
+	for (uint32_t i = 0; model->aux_paths && i < model->n_aux; i++)
+		free(model->aux_paths[i]);
+	free(model->aux_paths);
 	free(model->files);
 	for (uint32_t i = 0; model->tensors && i < model->n_tensors; i++)
 		free(model->tensors[i].name);

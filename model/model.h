@@ -52,6 +52,11 @@ struct wf_model_file {
 	uint32_t alignment;    /* GGUF general.alignment (default 32); 1 for safetensors.
 	                          data_offset and every GGUF tensor offset are multiples of it. */
 	uint32_t n_tensors;    /* tensors stored in this file */
+	char *real_path;       /* the file the reader actually opened, resolved from its descriptor:
+	                          what a confinement check (the agent's model roots) must look at,
+	                          since path or a shard sibling may be a symlink */
+	uint64_t dev, ino;     /* identity of that file at open: whoever opens path again later
+	                          (the materializer) must find this file, else WF_ECHANGED */
 };
 
 struct wf_tensor {
@@ -102,6 +107,11 @@ struct wf_model {
 	uint64_t bytes_by_dtype[WF_DTYPE_MAX_];
 	uint32_t count_by_dtype[WF_DTYPE_MAX_];
 
+	/* Resolved paths of the other files the reader opened for metadata only (safetensors:
+	 * the index.json and config.json), for the same confinement checks as files[].real_path. */
+	uint32_t n_aux;
+	char **aux_paths;
+
 	/* Private to model.c: tensor indices sorted by name (strcmp), for wf_model_find_tensor. */
 	uint32_t *name_index;
 };
@@ -123,6 +133,23 @@ struct wf_model {
  * Clears diag first. Returns 0 and *ret_model, or a negative code with diag saying what is wrong
  * and where. Thread-safe (no shared state). */
 int wf_model_open(const char *path, struct wf_model **ret_model, struct wf_diag *diag);
+
+struct stat;
+
+/* Opens a file that a model reader or the materializer reads bytes from, safely against hostile
+ * directory entries: O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK (a FIFO or a device planted under
+ * a model file's name must not block the open), fstat, refusal of anything that is not a regular
+ * file, then O_NONBLOCK cleared. Every model file open goes through here (GGUF files and shards,
+ * safetensors files, shards, index and config files, shm/fill.c's data reads).
+ * Returns 0 with *ret_fd (the caller closes it) and, if ret_st is not NULL, its fstat; -errno of
+ * open(2) with diag untouched (so that the caller can say "missing shard"); WF_EFORMAT with diag
+ * "PATH: not a regular file (a FIFO)" for a FIFO, socket, device or directory; or -errno of
+ * fstat/fcntl with diag set. Thread-safe. */
+int wf_model_file_open(const char *path, int *ret_fd, struct stat *ret_st, struct wf_diag *diag);
+
+/* The resolved path of an open descriptor (readlink of /proc/self/fd/N): the file itself, not
+ * whatever its name points to now. Returns 0 and a malloc'ed string, or -errno. */
+int wf_model_fd_path(int fd, char **ret_path);
 
 /* Frees the model; accepts NULL. */
 void wf_model_close(struct wf_model *model);

@@ -43,4 +43,11 @@ int wf__hparams_from_gguf(struct wf_hparams *hp, const struct wf_kv_set *kv, con
  * router.weight) are dense. NULL is dense. */
 enum wf_tensor_class wf__tensor_classify(const char *name);
 
+/* Records in f what the reader opened on fd (fstat st): real_path from the descriptor, dev, ino.
+ * 0 or -errno. (model/model.c) */
+struct stat;
+int wf__model_record_file(struct wf_model_file *f, int fd, const struct stat *st);
+/* Appends the resolved path of fd (a metadata file the reader opened) to m->aux_paths. */
+int wf__model_record_aux(struct wf_model *m, int fd);
+
 #endif

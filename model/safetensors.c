@@ -522,28 +522,22 @@ static int path_dir(const char *path, char **ret_dir)
 
 /* Reads a whole small JSON file (index.json, config.json). A missing file is -ENOENT without a
  * diag, so that callers can treat it as absent. */
-static int read_text_file(const char *path, uint64_t max, char **ret_buf, size_t *ret_len,
-                          struct wf_diag *diag)
+static int read_text_file(struct wf_model *m, const char *path, uint64_t max, char **ret_buf,
+                          size_t *ret_len, struct wf_diag *diag)
 {
 	struct stat st;
 	char *buf = NULL;
 	int fd, r;
 
-	/* O_NONBLOCK: a FIFO planted under a model's name must not hang the open; the S_ISREG
-	 * check below then refuses it. It changes nothing for regular files. */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0) {
-		r = -errno;
-		if (r == -ENOENT)
-			return r;
-		return wf_diag_set(diag, r, "open %s: %s", path, strerror(-r));
-	}
-	if (fstat(fd, &st) < 0) {
-		r = wf_diag_set(diag, -errno, "stat %s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = wf_diag_set(diag, WF_EFORMAT, "%s: not a regular file", path);
+	/* A FIFO planted under a model's name must not hang the open (wf_model_file_open). */
+	r = wf_model_file_open(path, &fd, &st, diag);
+	if (r == -ENOENT)
+		return r;
+	if (r < 0)
+		return wf_diag_set(diag, r, "open %s: %s", path, wf_strerror(r));
+	r = wf__model_record_aux(m, fd);
+	if (r < 0) {
+		wf_diag_set(diag, r, "%s: resolving the opened file: %s", path, wf_strerror(r));
 		goto out;
 	}
 	if ((uint64_t)st.st_size > max) {
@@ -792,20 +786,16 @@ static int load_file(struct wf_model *m, uint32_t fi, struct wf_kv_set *kv, cons
 	uint32_t base = m->n_tensors, count;
 	int fd, r;
 
-	fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* see read_text_file */
-	if (fd < 0) {
-		r = -errno;
+	r = wf_model_file_open(f->path, &fd, &st, diag); /* see read_text_file */
+	if (r < 0) {
 		if (index && r == -ENOENT)
 			return wf_diag_set(diag, WF_ESHARD, "shard %s named in %s is missing",
 			                   f->path, index);
-		return wf_diag_set(diag, r, "open %s: %s", f->path, strerror(-r));
+		return wf_diag_set(diag, r, "open %s: %s", f->path, wf_strerror(r));
 	}
-	if (fstat(fd, &st) < 0) {
-		r = wf_diag_set(diag, -errno, "stat %s: %s", f->path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = wf_diag_set(diag, WF_EFORMAT, "%s: not a regular file", what);
+	r = wf__model_record_file(f, fd, &st);
+	if (r < 0) {
+		wf_diag_set(diag, r, "%s: resolving the opened file: %s", what, wf_strerror(r));
 		goto out;
 	}
 	f->size = (uint64_t)st.st_size;
@@ -1043,7 +1033,7 @@ static int load_index(struct wf_model *m, const char *index, struct wf_diag *dia
 	size_t len = 0, n_entries, n_shards = 0;
 	int r;
 
-	r = read_text_file(index, WF_MODEL_MAX_HEADER, &text, &len, diag);
+	r = read_text_file(m, index, WF_MODEL_MAX_HEADER, &text, &len, diag);
 	if (r == -ENOENT)
 		return wf_diag_set(diag, r, "open %s: %s", index, strerror(ENOENT));
 	if (r < 0)
@@ -1205,7 +1195,8 @@ static int config_number(struct json_object *v, const char *path, const char *ke
 	return 0;
 }
 
-static int load_config(struct wf_hparams *hp, const char *path, struct wf_diag *diag)
+static int load_config(struct wf_model *m, struct wf_hparams *hp, const char *path,
+                       struct wf_diag *diag)
 {
 	struct json_object *root = NULL, *text_cfg = NULL, *v;
 	struct wf_hparams h = {0};
@@ -1215,7 +1206,7 @@ static int load_config(struct wf_hparams *hp, const char *path, struct wf_diag *
 	double d;
 	int r;
 
-	r = read_text_file(path, ST_MAX_CONFIG, &text, &len, diag);
+	r = read_text_file(m, path, ST_MAX_CONFIG, &text, &len, diag);
 	if (r == -ENOENT)
 		return 0; /* no config.json: hparams stay zero */
 	if (r < 0)
@@ -1399,7 +1390,7 @@ int wf__safetensors_load(struct wf_model *m, const char *path, struct wf_diag *d
 		r = -ENOMEM;
 		goto out;
 	}
-	r = load_config(&m->hp, config, diag);
+	r = load_config(m, &m->hp, config, diag);
 out:
 	free(config);
 	free(target);

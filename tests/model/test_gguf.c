@@ -798,6 +798,51 @@ Test(gguf, shard_inconsistent)
 	expect_shard_fail(0, 3, WF_EDUPLICATE, "'s0.a'");
 }
 
+/* A FIFO named like a shard sibling used to block the open forever (issue 8): the siblings are
+ * opened with O_NONBLOCK and refused when they are not regular files. */
+Test(gguf, shard_fifo_refused_without_blocking, .timeout = 10)
+{
+	for (uint32_t i = 0; i < 2; i++)
+		write_shard(i, 2, (struct shard_opt){0});
+	char *p = in_dir("m-00002-of-00002.gguf");
+	cr_assert_eq(unlink(p), 0);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	expect_shard_fail(0, 2, WF_EFORMAT, "not a regular file (a FIFO)");
+	free(p);
+}
+
+/* The reader records the file it actually opened: a shard that is a symlink reports its target,
+ * which is what a confinement check must look at. */
+Test(gguf, shards_record_the_files_opened)
+{
+	for (uint32_t i = 0; i < 2; i++)
+		write_shard(i, 2, (struct shard_opt){0});
+	char *p = in_dir("m-00002-of-00002.gguf"), *elsewhere = in_dir("elsewhere");
+	char *target = NULL;
+	cr_assert_eq(mkdir(elsewhere, 0700), 0);
+	cr_assert(asprintf(&target, "%s/real-shard.gguf", elsewhere) > 0);
+	cr_assert_eq(rename(p, target), 0);
+	cr_assert_eq(symlink(target, p), 0);
+	struct wf_model *m = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(open_shard(0, 2, &m, &d), 0, "%s", d.msg);
+	char *real = realpath(target, NULL);
+	struct stat st;
+	cr_assert_eq(stat(target, &st), 0);
+	cr_assert_str_eq(m->files[1].path, p);
+	cr_assert_str_eq(m->files[1].real_path, real);
+	cr_assert_eq(m->files[1].dev, (uint64_t)st.st_dev);
+	cr_assert_eq(m->files[1].ino, (uint64_t)st.st_ino);
+	char *real0 = realpath(m->files[0].path, NULL);
+	cr_assert_str_eq(m->files[0].real_path, real0);
+	wf_model_close(m);
+	free(real);
+	free(real0);
+	free(target);
+	free(elsewhere);
+	free(p);
+}
+
 Test(gguf, shard_badly_named)
 {
 	for (uint32_t i = 0; i < 2; i++)
