@@ -77,6 +77,7 @@ struct stream {
 	struct wf_io_reader *rd;
 	struct wf_io_file **files;
 	int *fds;   /* buffered descriptors for chunks read here from the page cache, or -1 */
+	struct stat *st0; /* each file as fstat saw it when its read began (the torn-file check) */
 	bool probe; /* cachestat(2) works */
 
 	uint8_t *ring;
@@ -262,6 +263,32 @@ static void sums_file_done(struct stream *s, uint32_t f)
 	}
 }
 
+/* The reader's check (size, mtime and identity as at open) plus what it does not look at: the
+ * ctime, which every write and every utimensat(2) moves and which nobody but the kernel can set
+ * back, so that a file rewritten in place with its size and mtime restored is caught; and the
+ * path, which must still name the file we read (a rename over it would leave a floor of a file
+ * that is no longer the model's). 0, WF_ECHANGED, or -errno. */
+static int file_check(const struct stream *s, uint32_t f)
+{
+	const struct stat *a = &s->st0[f];
+	struct stat b;
+	int rc = wf_io_file_check(s->files[f]);
+
+	if (rc < 0)
+		return rc;
+	if (fstat(s->fds[f], &b) != 0)
+		return -errno;
+	if (b.st_dev != a->st_dev || b.st_ino != a->st_ino || b.st_size != a->st_size ||
+	    b.st_mtim.tv_sec != a->st_mtim.tv_sec || b.st_mtim.tv_nsec != a->st_mtim.tv_nsec ||
+	    b.st_ctim.tv_sec != a->st_ctim.tv_sec || b.st_ctim.tv_nsec != a->st_ctim.tv_nsec)
+		return WF_ECHANGED;
+	if (stat(s->job->files[f].path, &b) != 0)
+		return errno == ENOENT || errno == ENOTDIR ? WF_ECHANGED : -errno;
+	if (b.st_dev != a->st_dev || b.st_ino != a->st_ino)
+		return WF_ECHANGED;
+	return 0;
+}
+
 static int file_error(const struct stream *s, uint32_t f, int rc, struct wf_diag *diag)
 {
 	const char *why = rc == WF_ECHANGED	 ? "changed during materialization"
@@ -335,7 +362,7 @@ static int submit_next(struct stream *s, struct wf_diag *diag)
 	const struct wf_shm_fill_file *ff = &job->files[f];
 	if (s->next_off == 0) {
 		/* The start check: refuse before reading when the file already differs. */
-		int rc = wf_io_file_check(s->files[f]);
+		int rc = file_check(s, f);
 		if (rc < 0)
 			return file_error(s, f, rc, diag);
 	}
@@ -488,7 +515,7 @@ static int process_head(struct stream *s, struct wf_diag *diag)
 	uint32_t f = sl->file;
 	int rc = sl->res;
 
-	if (rc == WF_ETRUNCATED && wf_io_file_check(s->files[f]) == WF_ECHANGED)
+	if (rc == WF_ETRUNCATED && file_check(s, f) == WF_ECHANGED)
 		rc = WF_ECHANGED; /* an early EOF from a file that changed says more as that */
 	if (rc < 0)
 		return file_error(s, f, rc, diag);
@@ -498,7 +525,7 @@ static int process_head(struct stream *s, struct wf_diag *diag)
 	if (sl->src + sl->len == job->files[f].src_offset + job->files[f].copy_length) {
 		/* The end check: bytes of a file that changed under the copy are suspect even when
 		 * every read succeeded. */
-		rc = wf_io_file_check(s->files[f]);
+		rc = file_check(s, f);
 		if (rc < 0)
 			return file_error(s, f, rc, diag);
 		sums_file_done(s, f);
@@ -696,9 +723,11 @@ int wf_shm_fill_from_files(void *ctx, const struct wf_shm_fill *job, struct wf_d
 
 	s.files = calloc(job->n_files ? job->n_files : 1, sizeof(*s.files));
 	s.fds = malloc((job->n_files ? job->n_files : 1) * sizeof(*s.fds));
-	if (!s.files || !s.fds) {
+	s.st0 = calloc(job->n_files ? job->n_files : 1, sizeof(*s.st0));
+	if (!s.files || !s.fds || !s.st0) {
 		free(s.files);
 		free(s.fds);
+		free(s.st0);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < job->n_files; i++)
@@ -711,7 +740,29 @@ int wf_shm_fill_from_files(void *ctx, const struct wf_shm_fill *job, struct wf_d
 	}
 	for (uint32_t i = 0; i < job->n_files; i++) {
 		const struct wf_shm_fill_file *ff = &job->files[i];
-		rc = wf_io_file_open(s.rd, ff->path, 0, &s.files[i]);
+		struct stat *st = &s.st0[i];
+		/* One descriptor per file, opened safely (a FIFO in its place fails instead of
+		 * blocking), for the chunks read here; the reader reads a duplicate of it (and
+		 * reopens /proc/self/fd for O_DIRECT), so every byte comes from the file checked
+		 * below, whatever the path names meanwhile. */
+		rc = wf_model_file_open(ff->path, &s.fds[i], st, diag);
+		if (rc < 0) {
+			wf_diag_set(diag, rc, "%s: %s", ff->path, wf_strerror(rc));
+			goto out;
+		}
+		/* The file the model's reader opened (and its owner checked, e.g. against the
+		 * agent's model roots): a path swapped since for another file must not be read. */
+		if ((ff->dev || ff->ino) &&
+		    ((uint64_t)st->st_dev != ff->dev || (uint64_t)st->st_ino != ff->ino)) {
+			rc = wf_diag_set(diag, WF_ECHANGED,
+					 "%s is no longer the file that was inventoried (device %llu "
+					 "inode %llu, now device %llu inode %llu)",
+					 ff->path, (unsigned long long)ff->dev,
+					 (unsigned long long)ff->ino, (unsigned long long)st->st_dev,
+					 (unsigned long long)st->st_ino);
+			goto out;
+		}
+		rc = wf_io_file_open_fd(s.rd, s.fds[i], 0, &s.files[i]);
 		if (rc < 0) {
 			wf_diag_set(diag, rc, "%s: %s", ff->path, wf_strerror(rc));
 			goto out;
@@ -726,20 +777,16 @@ int wf_shm_fill_from_files(void *ctx, const struct wf_shm_fill *job, struct wf_d
 			goto out;
 		}
 		s.total += ff->copy_length;
-		/* A second, buffered descriptor for chunks read here (read_here()): the same
-		 * file as the reader's, or none. */
-		s.fds[i] = open(ff->path, O_RDONLY | O_CLOEXEC);
-		struct stat st;
-		if (s.fds[i] >= 0 && (fstat(s.fds[i], &st) != 0 || (uint64_t)st.st_dev != fin.dev ||
-				      (uint64_t)st.st_ino != fin.ino)) {
-			close(s.fds[i]);
-			s.fds[i] = -1;
-		}
 	}
 	if (fi->before_copy)
 		fi->before_copy(fi->before_copy_ctx, s.total);
 	if (job->hugetlbfs) {
 		rc = copy_mapped(s.rd, s.files, fi, job, diag);
+		for (uint32_t i = 0; rc == 0 && i < job->n_files; i++) {
+			rc = file_check(&s, i); /* the ctime and path checks the reader lacks */
+			if (rc < 0)
+				file_error(&s, i, rc, diag);
+		}
 		goto out;
 	}
 	if (cancelled(fi)) {
@@ -774,6 +821,7 @@ out:
 		if (s.fds[i] >= 0)
 			close(s.fds[i]);
 	free(s.fds);
+	free(s.st0);
 	free(s.files);
 	return rc;
 }

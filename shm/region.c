@@ -486,6 +486,8 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 		files[i].floor_offset = fe[i].floor_offset;
 		files[i].section_length = fe[i].window_length;
 		files[i].dst = (uint8_t *)base + fe[i].floor_offset;
+		files[i].dev = model->files[i].dev;
+		files[i].ino = model->files[i].ino;
 	}
 	struct wf_shm_fill job = {
 		.region = r,

@@ -93,6 +93,9 @@ struct wf_shm_fill_file {
 	uint64_t section_length; /* multiple of 4096, >= copy_length; the bytes past copy_length */
 	                         /* are zero already */
 	void *dst;               /* writable: region base + floor_offset, 4096-aligned */
+	uint64_t dev, ino;       /* model->files[i].dev/ino: the file the model's reader opened;
+	                            a fill that finds another file at path fails with WF_ECHANGED.
+	                            Both 0: not recorded (a hand-made model) */
 };
 
 /* Where one tensor's bytes go, for fills that hash while they copy. */
