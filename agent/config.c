@@ -506,32 +506,60 @@ int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
 	return allow_gid(cfg, cfg->gid);
 }
 
-int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
-			       char **ret_resolved, struct wf_diag *diag)
+/* Is the resolved path res under one of the model roots? (A root that cannot be resolved admits
+ * nothing.) */
+static bool under_roots(const struct wf_agent_config *cfg, const char *res)
 {
-	char *res = realpath(path, NULL);
-	if (!res)
-		return wf_diag_set(diag, -errno, "model path %s: %s", path, strerror(errno));
-	if (cfg->n_model_roots == 0) {
-		*ret_resolved = res;
-		return 0;
-	}
+	if (cfg->n_model_roots == 0)
+		return true;
 	for (size_t i = 0; i < cfg->n_model_roots; i++) {
 		char *root = realpath(cfg->model_roots[i], NULL);
 		if (!root)
 			continue;
 		size_t n = strlen(root);
 		/* "/models" admits "/models/a.gguf" but not "/models-evil/a.gguf". */
-		int ok = strncmp(res, root, n) == 0 && (res[n] == '/' || res[n] == '\0' ||
-							 (n == 1 && root[0] == '/'));
+		bool ok = strncmp(res, root, n) == 0 && (res[n] == '/' || res[n] == '\0' ||
+							  (n == 1 && root[0] == '/'));
 		free(root);
-		if (ok) {
-			*ret_resolved = res;
-			return 0;
-		}
+		if (ok)
+			return true;
+	}
+	return false;
+}
+
+int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
+			       char **ret_resolved, struct wf_diag *diag)
+{
+	char *res = realpath(path, NULL);
+	if (!res)
+		return wf_diag_set(diag, -errno, "model path %s: %s", path, strerror(errno));
+	if (under_roots(cfg, res)) {
+		*ret_resolved = res;
+		return 0;
 	}
 	int rc = wf_diag_set(diag, WF_EPERMISSION, "model path %s (%s) is outside the model roots",
 			     path, res);
 	free(res);
 	return rc;
+}
+
+int wf_agent_config_check_model(const struct wf_agent_config *cfg, const struct wf_model *model,
+				struct wf_diag *diag)
+{
+	if (cfg->n_model_roots == 0)
+		return 0;
+	for (uint32_t i = 0; i < model->n_files; i++) {
+		const struct wf_model_file *f = &model->files[i];
+		/* A reader that recorded nothing is not one we can vouch for. */
+		if (!f->real_path || !under_roots(cfg, f->real_path))
+			return wf_diag_set(diag, WF_EPERMISSION,
+					   "model file %s (%s) is outside the model roots", f->path,
+					   f->real_path ? f->real_path : "not resolved");
+	}
+	for (uint32_t i = 0; i < model->n_aux; i++)
+		if (!under_roots(cfg, model->aux_paths[i]))
+			return wf_diag_set(diag, WF_EPERMISSION,
+					   "model metadata file %s is outside the model roots",
+					   model->aux_paths[i]);
+	return 0;
 }

@@ -19,6 +19,7 @@
 #define WF_AGENT_CONFIG_H
 
 #include "base/diag.h"
+#include "model/model.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -76,5 +77,13 @@ void wf_agent_config_fini(struct wf_agent_config *cfg);
  * outside the roots, or -errno if the path cannot be resolved. */
 int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
 			       char **ret_resolved, struct wf_diag *diag);
+
+/* Checks every file an opened model read against the model roots: each files[i].real_path (the
+ * file the reader actually opened, so a shard sibling that is a symlink out of the roots is
+ * caught) and each aux_paths[] (index.json, config.json). The materializer later reads only the
+ * files with those dev/ino (shm/fill.c), so a symlink swapped after this check cannot escape
+ * either. Returns 0 (always, with no roots configured) or WF_EPERMISSION naming the file. */
+int wf_agent_config_check_model(const struct wf_agent_config *cfg, const struct wf_model *model,
+				struct wf_diag *diag);
 
 #endif
