@@ -134,6 +134,12 @@ static int entry_inventory(struct floor_entry *e, const struct wf_shm_config *sh
 	int rc = wf_model_open(e->path, &m, diag);
 	if (rc < 0)
 		return rc;
+	/* Every file the reader opened (shard siblings, index, config), not just e->path. */
+	rc = wf_agent_config_check_model(e->owner->cfg, m, diag);
+	if (rc < 0) {
+		wf_model_close(m);
+		return rc;
+	}
 	struct wf_shm_layout lay;
 	rc = wf_shm_layout_compute(m, shm->spare_bytes, &lay, diag);
 	if (rc < 0) {
