@@ -104,6 +104,33 @@ int wf__shm_same_file(int fd, const char *path)
 	return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+int wf__shm_check_file(const struct stat *st, bool lock_file, char *why, size_t why_len)
+{
+	mode_t bad = lock_file ? S_IWOTH : (S_IWGRP | S_IWOTH);
+
+	if (!S_ISREG(st->st_mode)) {
+		snprintf(why, why_len, "not a regular file");
+		return WF_EPERMISSION;
+	}
+	if (st->st_uid != geteuid()) {
+		snprintf(why, why_len, "owned by uid %u, not by uid %u", (unsigned)st->st_uid,
+			 (unsigned)geteuid());
+		return WF_EPERMISSION;
+	}
+	if (st->st_mode & bad) {
+		snprintf(why, why_len, "mode %04o is writable by %s", (unsigned)(st->st_mode & 07777),
+			 st->st_mode & S_IWOTH ? "others" : "the group");
+		return WF_EPERMISSION;
+	}
+	return 0;
+}
+
+bool wf__shm_keep_exists(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0;
+}
+
 int wf__shm_apply_group(int fd, const struct wf_shm_config *cfg)
 {
 	if (cfg && cfg->set_gid && fchown(fd, (uid_t)-1, cfg->gid) != 0)

@@ -30,7 +30,7 @@
 
 #define ATTACH_FLAGS                                                                   \
 	(WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD | WF_SHM_ATTACH_NOWAIT | \
-	 WF_SHM_ATTACH_STREAM)
+	 WF_SHM_ATTACH_STREAM | WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY)
 
 static int64_t now_ns(void)
 {
@@ -46,7 +46,7 @@ static const char *short_name(const struct wf_shm_region *r)
 }
 
 /* mkdir -p; directories we create get the configured mode (not the umask's) and group. */
-static int make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf_diag *diag)
+int wf__shm_make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf_diag *diag)
 {
 	char *p = strdup(dir);
 	int rc = 0;
@@ -133,6 +133,7 @@ static void region_free(struct wf_shm_region *r)
 	free(r->path);
 	free(r->guard_path);
 	free(r->holders_path);
+	free(r->keep_path);
 	free(r);
 }
 
@@ -166,6 +167,20 @@ static int map_existing(struct wf_shm_region *r, const struct wf_model *model,
 	if (rc < 0)
 		unmap(r);
 	return rc;
+}
+
+/* OWNED: may this process trust the file fd (a region or lock file) it opened in the floor
+ * directory? 0 or WF_EPERMISSION with diag naming the file and why. */
+static int check_owned(int fd, const char *path, bool lock_file, struct wf_diag *diag)
+{
+	struct stat st;
+	char why[96];
+
+	if (fstat(fd, &st) != 0)
+		return wf_diag_set(diag, -errno, "stat %s: %s", path, strerror(errno));
+	if (wf__shm_check_file(&st, lock_file, why, sizeof(why)) < 0)
+		return wf_diag_set(diag, WF_EPERMISSION, "%s is %s: not trusted", path, why);
+	return 0;
 }
 
 static int reserve(int fd, uint64_t off, uint64_t len)
@@ -595,6 +610,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	const bool may_create = flags & WF_SHM_ATTACH_CREATE;
 	const bool may_rebuild = flags & WF_SHM_ATTACH_REBUILD;
 	const bool writer = may_create || may_rebuild;
+	const bool owned = flags & (WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY);
 	struct wf_shm_layout layout;
 	struct wf_shm_region *r = NULL;
 	struct wf_diag why;
@@ -619,12 +635,14 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	r->fd = r->holders_fd = -1;
 	r->digest = *digest;
 	r->dir = strdup(wf__shm_dir(cfg));
-	if (!r->dir || wf__shm_paths(cfg, digest, &r->path, &r->guard_path, &r->holders_path) < 0) {
+	if (!r->dir || wf__shm_paths(cfg, digest, &r->path, &r->guard_path, &r->holders_path) < 0 ||
+	    asprintf(&r->keep_path, "%s.keep", r->path) < 0) {
+		r->keep_path = NULL;
 		rc = -ENOMEM;
 		goto fail;
 	}
 	if (may_create) {
-		rc = make_dir(cfg, r->dir, diag);
+		rc = wf__shm_make_dir(cfg, r->dir, diag);
 		if (rc < 0)
 			goto fail;
 	}
@@ -647,6 +665,12 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		goto fail;
 	}
 
+	if (owned) {
+		rc = check_owned(gfd, r->guard_path, true, diag);
+		if (rc < 0)
+			goto fail;
+	}
+
 	/* Under the guard: nobody else creates, fills, rebuilds or unlinks this region now. */
 	r->fd = open(r->path, (writer ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
 	if (r->fd < 0) {
@@ -662,7 +686,17 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		build = true;
 	} else {
 		wf_diag_clear(&why);
-		rc = map_existing(r, model, model ? &layout : NULL, &why);
+		/* OWNED before anything is read from it: a region planted by someone else is
+		 * replaced (or refused), never adopted; VERIFY also re-hashes every tensor, so
+		 * bytes altered behind a valid header and tables are caught. */
+		rc = owned ? check_owned(r->fd, r->path, false, &why) : 0;
+		if (rc == 0)
+			rc = map_existing(r, model, model ? &layout : NULL, &why);
+		if (rc == 0 && (flags & WF_SHM_ATTACH_VERIFY)) {
+			rc = wf_shm_region_verify(r, &why);
+			if (rc < 0)
+				unmap(r);
+		}
 		if (rc < 0 && !may_rebuild) {
 			rc = wf_diag_set(diag, rc, "region %s in %s: %s", short_name(r), r->dir,
 					 wf_diag_str(&why, rc));
@@ -693,6 +727,11 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		else
 			rc = wf_diag_set(diag, rc, "open %s: %s", r->holders_path, strerror(-rc));
 		goto fail;
+	}
+	if (owned) {
+		rc = check_owned(r->holders_fd, r->holders_path, true, diag);
+		if (rc < 0)
+			goto fail;
 	}
 	if (build) {
 		rc = materialize(r, cfg, model, &layout, page, huge,
@@ -735,8 +774,11 @@ void wf_shm_region_detach(struct wf_shm_region *r)
 	if (r->holders_fd >= 0 &&
 	    wf__shm_lock_path(r->guard_path, LOCK_EX, false, NULL, &gfd) == 0) {
 		wf__shm_flock(r->holders_fd, LOCK_UN);
-		/* Nobody can take SH while we hold the guard: success means no holder is left. */
-		if (wf__shm_flock(r->holders_fd, LOCK_EX | LOCK_NB) == 0) {
+		/* Nobody can take SH while we hold the guard: success means no holder is left. The
+		 * agent's keep marker (wf_shm_region_set_keep()) says it means to keep the floor
+		 * even when nobody holds it (it stopped, or gave up its hold to re-take it). */
+		if (wf__shm_flock(r->holders_fd, LOCK_EX | LOCK_NB) == 0 &&
+		    !(r->keep_path && wf__shm_keep_exists(r->keep_path))) {
 			/* A holder without write access to the directory fails here and leaves the
 			 * files for the agent, which sees a READY region nobody holds. */
 			unlink(r->path);

@@ -7,8 +7,19 @@
  *   wf-<digest hex>.guard     guard lock, 0660: held EX briefly around attach, release, materialize
  *   wf-<digest hex>.holders   holders lock, 0660: held SH by every attachment for as long as it
  *                             maps the region
+ *   wf-<digest hex>.keep      keep marker, 0640, owned by the agent (wf_shm_region_set_keep()):
+ *                             the agent means to keep this floor even when nobody holds it
  * Modes and an optional group come from struct wf_shm_config. Files are created in the order guard,
- * holders, region and unlinked in the order region, holders, guard, always under guard EX.
+ * holders, region and unlinked in the order region, holders, guard, always under guard EX. The keep
+ * marker is created and removed under guard EX too, and may exist before its region (the agent
+ * sets it before materializing); wf_shm_region_remove() removes it with the rest.
+ *
+ * Trust. The directory must be owned by the agent's euid and not writable by group or others
+ * (wf_shm_dir_check(), which the agent calls at start: under a world-writable /dev/shm anybody
+ * could otherwise create it first and plant regions). The agent attaches with
+ * WF_SHM_ATTACH_OWNED (files it does not own are not trusted) and adopts with
+ * WF_SHM_ATTACH_VERIFY (checksums re-hashed); wf_shm_dir_scan() reports untrusted files as
+ * BROKEN.
  *
  * Lock protocol (flock(2): per open file description, dropped by the kernel when a process dies):
  *   lock(path): open, flock, then compare the fd's inode (fstat) with the path's (stat); on a
@@ -26,7 +37,10 @@
  *       otherwise: fail (WF_ENOT_READY, or the validation error, or -ENOENT), touching nothing;
  *     → lock(holders) SH → guard UN.
  *   detach: munmap → lock(guard) EX → holders UN → holders EX|NB: if it succeeds this was the
- *     last holder: unlink region, holders, guard → guard UN.
+ *     last holder: unless the keep marker exists, unlink region, holders, guard → guard UN.
+ *   set_keep: lock(guard) EX → create or unlink the marker → (no region and no holders file:
+ *     unlink the guard again) → guard UN.
+ *   reap: guard EX|NB → holders EX|NB → no keep marker → unlink region, holders, guard.
  *   A broken region is replaced (unlink, create), never truncated in place, so a process still
  *   mapping an old inode (a rebuild of a corrupt READY region that was in use) cannot fault.
  *   Crash anywhere: the dead process's flocks go; what remains is a READY region, or one that the
@@ -76,6 +90,17 @@ struct wf_shm_config {
  * tmpfs the data area is reserved as it is written instead of all before the fill starts reading
  * (below). wf_shm_fill_from_files() qualifies. Ignored on hugetlbfs. */
 #define WF_SHM_ATTACH_STREAM 0x8u
+/* Trust only files this process's effective uid owns: the guard, the holders file and an existing
+ * region must be regular files owned by geteuid(), the region not writable by group or others,
+ * the lock files not by others. A region that fails is rebuilt (REBUILD) or refused
+ * (WF_EPERMISSION); a lock file that fails is refused (WF_EPERMISSION). For the agent, whose
+ * floors workers trust: a region planted by another user must never be handed out. */
+#define WF_SHM_ATTACH_OWNED 0x10u
+/* OWNED, and re-hash every tensor of an existing READY region against its table
+ * (wf_shm_region_verify()) before using it: a region whose bytes were altered behind a valid
+ * header is rebuilt (REBUILD) or refused (WF_ECHECKSUM). Reads every byte, under the guard: for
+ * the agent's adoption of floors it did not make in this run. */
+#define WF_SHM_ATTACH_VERIFY 0x20u
 #define WF_SHM_ATTACH_READER 0x0u
 #define WF_SHM_ATTACH_MUST_EXIST WF_SHM_ATTACH_REBUILD /* re-adopt (and repair) but never create */
 #define WF_SHM_ATTACH_AGENT (WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD)
@@ -178,8 +203,9 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 			 const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
 			 void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag);
 
-/* Unmaps and releases; the last holder removes the region and its lock files (a holder without
- * write permission on the directory leaves them; the agent removes them later). Accepts NULL. */
+/* Unmaps and releases; the last holder removes the region and its lock files, unless the keep
+ * marker exists (a holder without write permission on the directory leaves them; the agent removes
+ * them later). Accepts NULL. */
 void wf_shm_region_detach(struct wf_shm_region *region);
 
 /* Unmaps and closes without the release protocol: the holders lock goes (as at process exit)
@@ -254,8 +280,11 @@ int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *
 /* Directory scan, for the agent's restart. */
 enum wf_shm_scan_class {
 	WF_SHM_SCAN_READY = 0,    /* region READY and valid (held or not) */
-	WF_SHM_SCAN_BROKEN = 1,   /* region file present but not READY or invalid: error says why */
-	WF_SHM_SCAN_ORPHAN = 2,   /* lock files without a region (a crash between unlinks) */
+	WF_SHM_SCAN_BROKEN = 1,   /* region file present but not READY or invalid, or one of its
+	                             files is not trusted (WF_EPERMISSION: not owned by our euid,
+	                             or writable by others): error says why */
+	WF_SHM_SCAN_ORPHAN = 2,   /* lock files or a keep marker without a region (a crash between
+	                             unlinks; a marker whose floor failed or was never made) */
 	WF_SHM_SCAN_BUSY = 3,     /* guard held: being attached, released or materialized now */
 	WF_SHM_SCAN_CLASS_MAX_
 };
@@ -264,6 +293,7 @@ struct wf_shm_scan_entry {
 	struct wf_digest digest;
 	enum wf_shm_scan_class cls;
 	bool has_region, has_guard, has_holders;
+	bool has_keep;            /* the keep marker exists (wf_shm_region_set_keep()) */
 	bool held;                /* some process holds the holders lock (not known when BUSY) */
 	int error;                /* BROKEN: the validation error */
 	uint32_t state;           /* header state if the header could be read, else 0 */
@@ -276,7 +306,7 @@ struct wf_shm_scan_entry {
 };
 
 /* Lists the regions in the directory, one entry per digest, sorted by digest; files that are not
- * "wf-<32 hex>[.guard|.holders]" are ignored. Takes each guard EX|NB (never blocks: a held guard
+ * "wf-<32 hex>[.guard|.holders|.keep]" are ignored. Takes each guard EX|NB (never blocks: a held guard
  * is BUSY) and never creates or removes anything. A missing directory is an empty list.
  * Returns 0 with *ret_entries (free() it; NULL when *ret_n is 0), or -errno. */
 int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **ret_entries,
@@ -284,12 +314,38 @@ int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **
 
 #define WF_SHM_REMOVE_BROKEN_ONLY 0x1u /* refuse (WF_ESTATE) to remove a READY, valid region */
 
-/* Removes a region and its lock files when nobody holds it: guard EX|NB (-EBUSY if held), holders
- * EX|NB (-EBUSY if anyone is attached), then unlink region, holders, guard. Also clears orphaned
- * lock files. Returns 0, -EBUSY, WF_ESTATE (BROKEN_ONLY and the region is valid), -ENOENT when
+/* Removes a region, its lock files and its keep marker (this is the agent's explicit removal) when
+ * nobody holds it: guard EX|NB (-EBUSY if held), holders EX|NB (-EBUSY if anyone is attached),
+ * then unlink region, keep, holders, guard. Also clears orphaned lock files and markers. Returns 0, -EBUSY, WF_ESTATE (BROKEN_ONLY and the region is valid), -ENOENT when
  * there was nothing to remove, or -errno. */
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
 			 unsigned flags, struct wf_diag *diag);
+
+/* Makes sure the floor directory can be trusted, for the agent at start: creates it if absent
+ * (mkdir -p, cfg's directory mode and group), then opens it O_DIRECTORY | O_NOFOLLOW and checks
+ * with fstat that it is a directory owned by this process's effective uid and not writable by
+ * group or others, and that no ancestor lets anyone else replace it (each one owned by root or by
+ * us, and not writable by others unless sticky, like /dev/shm; a symlink among them owned by root
+ * or us). Returns 0, or WF_EPERMISSION with diag naming the path, its owner or mode and what to
+ * do, or -errno (ELOOP: the directory is a symlink; ENOTDIR). Thread-safe. */
+int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag);
+
+/* Sets (keep) or clears (!keep) the keep marker of a floor, under guard EX (waits while the
+ * region is being attached or materialized). Idempotent; setting it for a region that does not
+ * exist yet is allowed (the agent sets it before materializing). A marker found that this process
+ * does not own (wf__shm_check_file) is replaced. While the marker exists, the last holder's detach
+ * leaves the region in place. Returns 0, -ENOENT when the directory does not exist, or -errno,
+ * with diag. */
+int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+			   bool keep, struct wf_diag *diag);
+
+/* Removes the region (and its lock files) iff nobody holds it and it has no keep marker: guard
+ * EX|NB, holders EX|NB, no marker, then unlink region, holders, guard. Returns 0 when removed,
+ * -EBUSY when the guard or the holders lock is held, WF_ESTATE when the keep marker exists,
+ * -ENOENT when there is no region (orphaned lock files are left to wf_shm_region_remove()), or
+ * -errno; with diag. */
+int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+		       struct wf_diag *diag);
 
 #ifdef __cplusplus
 }

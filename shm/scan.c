@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { KIND_REGION = 0, KIND_GUARD = 1, KIND_HOLDERS = 2 };
+enum { KIND_REGION = 0, KIND_GUARD = 1, KIND_HOLDERS = 2, KIND_KEEP = 3 };
 
 struct found {
 	struct wf_digest digest;
@@ -45,6 +45,8 @@ static bool parse_name(const char *name, struct found *ret)
 		ret->kind = KIND_GUARD;
 	else if (strcmp(sfx, ".holders") == 0)
 		ret->kind = KIND_HOLDERS;
+	else if (strcmp(sfx, ".keep") == 0)
+		ret->kind = KIND_KEEP;
 	else
 		return false;
 	return true;
@@ -96,6 +98,20 @@ out:
 	return rc;
 }
 
+/* A file of the entry that this process may not trust (wf__shm_check_file): 0, or
+ * WF_EPERMISSION with e->why naming it. Absent files are fine. */
+static int check_trust(struct wf_shm_scan_entry *e, const char *path, bool lock_file)
+{
+	struct stat st;
+	char why[96];
+	const char *name = strrchr(path, '/');
+
+	if (lstat(path, &st) != 0 || wf__shm_check_file(&st, lock_file, why, sizeof(why)) == 0)
+		return 0;
+	snprintf(e->why, sizeof(e->why), "%s is %s", name ? name + 1 : path, why);
+	return WF_EPERMISSION;
+}
+
 /* Is anyone attached? Only meaningful under the guard (nobody takes or drops SH meanwhile). */
 static bool held(const char *holders)
 {
@@ -110,13 +126,14 @@ static bool held(const char *holders)
 /* Classifies one digest; false if every file of it vanished meanwhile. */
 static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *e)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL;
+	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL;
 	struct wf_shm_header raw;
 	struct wf_diag why;
 	int gfd = -1, rc;
 	bool keep = true;
 
-	if (wf__shm_paths(cfg, &e->digest, &region, &guard, &holders) < 0) {
+	if (wf__shm_paths(cfg, &e->digest, &region, &guard, &holders) < 0 ||
+	    asprintf(&keepf, "%s.keep", region) < 0) {
 		e->cls = WF_SHM_SCAN_BROKEN;
 		e->error = -ENOMEM;
 		snprintf(e->why, sizeof(e->why), "out of memory");
@@ -131,8 +148,9 @@ static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *
 	e->has_guard = rc == 0;
 	e->has_region = exists(region);
 	e->has_holders = exists(holders);
+	e->has_keep = exists(keepf);
 	if (!e->has_region) {
-		keep = e->has_guard || e->has_holders;
+		keep = e->has_guard || e->has_holders || e->has_keep;
 		e->cls = WF_SHM_SCAN_ORPHAN;
 		goto out;
 	}
@@ -145,15 +163,25 @@ static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *
 		e->ready_ns = raw.ready_ns;
 		e->materializer_pid = raw.materializer_pid;
 	}
-	e->cls = rc == 0 ? WF_SHM_SCAN_READY : WF_SHM_SCAN_BROKEN;
-	if (rc < 0) {
-		e->error = rc;
+	if (rc < 0)
 		snprintf(e->why, sizeof(e->why), "%s", wf_diag_str(&why, rc));
-	}
+	/* A file planted by another user (or left writable to others) is never adopted. */
+	if (rc == 0)
+		rc = check_trust(e, region, false);
+	if (rc == 0)
+		rc = check_trust(e, guard, true);
+	if (rc == 0)
+		rc = check_trust(e, holders, true);
+	if (rc == 0)
+		rc = check_trust(e, keepf, false);
+	e->cls = rc == 0 ? WF_SHM_SCAN_READY : WF_SHM_SCAN_BROKEN;
+	if (rc < 0)
+		e->error = rc;
 	e->held = e->has_holders && held(holders);
 out:
 	if (gfd >= 0)
 		close(gfd);
+	free(keepf);
 	free(region);
 	free(guard);
 	free(holders);
@@ -242,7 +270,8 @@ out:
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
 			 unsigned flags, struct wf_diag *diag)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, name[WF_SHM_NAME_LEN + 1];
+	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
+	     name[WF_SHM_NAME_LEN + 1];
 	int gfd = -1, hfd = -1, rc;
 
 	if (!digest || (flags & ~WF_SHM_REMOVE_BROKEN_ONLY))
@@ -250,8 +279,13 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
 	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
 	if (rc < 0)
 		return rc;
+	if (asprintf(&keepf, "%s.keep", region) < 0) {
+		keepf = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
 	wf__shm_name(digest, name);
-	if (!exists(region) && !exists(guard) && !exists(holders)) {
+	if (!exists(region) && !exists(guard) && !exists(holders) && !exists(keepf)) {
 		rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", name, wf__shm_dir(cfg));
 		goto out;
 	}
@@ -285,6 +319,8 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
 	rc = 0;
 	if (unlink(region) != 0 && errno != ENOENT)
 		rc = wf_diag_set(diag, -errno, "remove %s: %s", region, strerror(errno));
+	if (rc == 0 && unlink(keepf) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", keepf, strerror(errno));
 	if (rc == 0 && unlink(holders) != 0 && errno != ENOENT)
 		rc = wf_diag_set(diag, -errno, "remove %s: %s", holders, strerror(errno));
 	if (rc == 0 && unlink(guard) != 0 && errno != ENOENT)
@@ -294,8 +330,222 @@ out:
 		close(hfd);
 	if (gfd >= 0)
 		close(gfd);
+	free(keepf);
 	free(region);
 	free(guard);
 	free(holders);
 	return rc;
+}
+
+int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+			   bool keep, struct wf_diag *diag)
+{
+	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL, why[96];
+	struct stat st;
+	int gfd = -1, fd, rc;
+
+	if (!digest)
+		return wf_diag_set(diag, WF_EINVAL, "set_keep: bad arguments");
+	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
+	if (rc < 0)
+		return rc;
+	if (asprintf(&keepf, "%s.keep", region) < 0) {
+		keepf = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = wf__shm_lock_path(guard, LOCK_EX, true, cfg, &gfd);
+	if (rc < 0) {
+		rc = wf_diag_set(diag, rc, "lock %s: %s", guard, strerror(-rc));
+		goto out;
+	}
+	/* Someone else's marker (or one writable by others) is not ours to honour: replace it. */
+	if (lstat(keepf, &st) == 0 && (!keep || wf__shm_check_file(&st, false, why, sizeof(why)) < 0) &&
+	    unlink(keepf) != 0 && errno != ENOENT) {
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", keepf, strerror(errno));
+		goto out;
+	}
+	if (keep) {
+		fd = open(keepf, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+			  wf__shm_region_mode(cfg));
+		if (fd < 0 && errno != EEXIST) {
+			rc = wf_diag_set(diag, -errno, "create %s: %s", keepf, strerror(errno));
+			goto out;
+		}
+		if (fd >= 0) {
+			rc = fchmod(fd, wf__shm_region_mode(cfg)) == 0 ? wf__shm_apply_group(fd, cfg)
+								       : -errno;
+			close(fd);
+			if (rc < 0) {
+				unlink(keepf);
+				rc = wf_diag_set(diag, rc, "set mode/group of %s: %s", keepf,
+						 strerror(-rc));
+				goto out;
+			}
+		}
+	}
+	/* A guard we created for a region that does not exist would be an orphan. */
+	if (!exists(region) && !exists(holders))
+		unlink(guard);
+	rc = 0;
+out:
+	if (gfd >= 0)
+		close(gfd);
+	free(keepf);
+	free(region);
+	free(guard);
+	free(holders);
+	return rc;
+}
+
+int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+		       struct wf_diag *diag)
+{
+	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
+	     name[WF_SHM_NAME_LEN + 1];
+	int gfd = -1, hfd = -1, rc;
+
+	if (!digest)
+		return wf_diag_set(diag, WF_EINVAL, "reap: bad arguments");
+	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
+	if (rc < 0)
+		return rc;
+	if (asprintf(&keepf, "%s.keep", region) < 0) {
+		keepf = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
+	wf__shm_name(digest, name);
+	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, false, NULL, &gfd);
+	if (rc == -EAGAIN) {
+		rc = wf_diag_set(diag, -EBUSY, "region %s is being attached or materialized", name);
+		goto out;
+	}
+	if (rc < 0 && rc != -ENOENT) {
+		rc = wf_diag_set(diag, rc, "lock %s: %s", guard, strerror(-rc));
+		goto out;
+	}
+	/* No guard file: nobody following the protocol is inside; a region without one is still
+	 * ours to look at. */
+	if (!exists(region)) {
+		rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", name, wf__shm_dir(cfg));
+		goto out;
+	}
+	rc = wf__shm_lockfile_open(holders, false, NULL, &hfd);
+	if (rc == 0 && wf__shm_flock(hfd, LOCK_EX | LOCK_NB) < 0) {
+		rc = wf_diag_set(diag, -EBUSY, "region %s is attached by some process", name);
+		goto out;
+	}
+	if (rc < 0 && rc != -ENOENT) {
+		rc = wf_diag_set(diag, rc, "open %s: %s", holders, strerror(-rc));
+		goto out;
+	}
+	if (exists(keepf)) {
+		rc = wf_diag_set(diag, WF_ESTATE, "region %s has a keep marker", name);
+		goto out;
+	}
+	rc = 0;
+	if (unlink(region) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", region, strerror(errno));
+	if (rc == 0 && unlink(holders) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", holders, strerror(errno));
+	if (rc == 0 && unlink(guard) != 0 && errno != ENOENT)
+		rc = wf_diag_set(diag, -errno, "remove %s: %s", guard, strerror(errno));
+out:
+	if (hfd >= 0)
+		close(hfd);
+	if (gfd >= 0)
+		close(gfd);
+	free(keepf);
+	free(region);
+	free(guard);
+	free(holders);
+	return rc;
+}
+
+/* An ancestor of the floor directory through which someone else could replace it. 0 or
+ * WF_EPERMISSION with diag. */
+static int check_ancestor(const char *p, struct wf_diag *diag)
+{
+	struct stat st;
+	uid_t me = geteuid();
+
+	if (lstat(p, &st) != 0)
+		return wf_diag_set(diag, -errno, "floor directory ancestor %s: %s", p,
+				   strerror(errno));
+	if (S_ISLNK(st.st_mode)) {
+		if (st.st_uid != 0 && st.st_uid != me)
+			return wf_diag_set(diag, WF_EPERMISSION,
+					   "floor directory ancestor %s is a symlink owned by uid %u",
+					   p, (unsigned)st.st_uid);
+		if (stat(p, &st) != 0)
+			return wf_diag_set(diag, -errno, "floor directory ancestor %s: %s", p,
+					   strerror(errno));
+	}
+	if (st.st_uid != 0 && st.st_uid != me)
+		return wf_diag_set(diag, WF_EPERMISSION,
+				   "floor directory ancestor %s is owned by uid %u (neither root nor "
+				   "us): its owner could replace the floor directory",
+				   p, (unsigned)st.st_uid);
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+		return wf_diag_set(diag, WF_EPERMISSION,
+				   "floor directory ancestor %s has mode %04o: writable by others "
+				   "without the sticky bit, so anyone could replace the floor "
+				   "directory",
+				   p, (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag)
+{
+	const char *dir = wf__shm_dir(cfg);
+	struct stat st;
+	char *p;
+	int fd, rc;
+
+	rc = wf__shm_make_dir(cfg, dir, diag);
+	if (rc < 0)
+		return rc;
+	p = strdup(dir);
+	if (!p)
+		return -ENOMEM;
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = '\0';
+		rc = check_ancestor(p, diag);
+		*s = '/';
+		if (rc < 0) {
+			free(p);
+			return rc;
+		}
+	}
+	free(p);
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		if (rc == -ELOOP)
+			return wf_diag_set(diag, rc,
+					   "floor directory %s is a symlink: refusing it (someone "
+					   "else may have made it); remove it or choose another "
+					   "directory",
+					   dir);
+		return wf_diag_set(diag, rc, "floor directory %s: %s", dir, strerror(-rc));
+	}
+	rc = fstat(fd, &st) == 0 ? 0 : -errno;
+	close(fd);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "floor directory %s: %s", dir, strerror(-rc));
+	if (st.st_uid != geteuid())
+		return wf_diag_set(diag, WF_EPERMISSION,
+				   "floor directory %s is owned by uid %u, not by this process's "
+				   "uid %u: someone else may have created it to plant floors; "
+				   "remove it or choose another directory",
+				   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+	if (st.st_mode & (S_IWGRP | S_IWOTH))
+		return wf_diag_set(diag, WF_EPERMISSION,
+				   "floor directory %s has mode %04o: it must not be writable by "
+				   "the group or others (chmod go-w it)",
+				   dir, (unsigned)(st.st_mode & 07777));
+	return 0;
 }

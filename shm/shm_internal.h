@@ -5,11 +5,14 @@
 
 #include "shm/region.h"
 
+#include <sys/stat.h>
+
 struct wf_shm_region {
 	char *dir;
 	char *path;
 	char *guard_path;
 	char *holders_path;
+	char *keep_path;
 	struct wf_digest digest;
 	int fd;         /* region file */
 	int holders_fd; /* holds the holders lock SH while attached */
@@ -66,6 +69,18 @@ int wf__shm_same_file(int fd, const char *path);
 
 /* Applies cfg's group to a file or directory this library created. 0 or -errno. */
 int wf__shm_apply_group(int fd, const struct wf_shm_config *cfg);
+
+/* Can a file of the floor directory be trusted (st from fstat or lstat)? It must be a regular file
+ * owned by our effective uid, and not writable by others; a region or keep marker not writable by
+ * the group either (lock files are group-writable by design: their bytes mean nothing). 0, or
+ * WF_EPERMISSION with the reason in why. */
+int wf__shm_check_file(const struct stat *st, bool lock_file, char *why, size_t why_len);
+
+/* mkdir -p of a floor directory; directories created get cfg's mode and group (region.c). */
+int wf__shm_make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf_diag *diag);
+
+/* True if the keep marker at path exists (lstat; any file type counts). */
+bool wf__shm_keep_exists(const char *path);
 
 /* "wf-" + wf_digest_hex(): the region's file name. */
 #define WF_SHM_NAME_LEN (3 + 32)
