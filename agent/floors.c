@@ -236,6 +236,10 @@ int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, 
 				 cfg->floor_dir, (unsigned)f->shm.gid, strerror(errno));
 		goto err;
 	}
+	/* Refuse a directory someone else made (or can write) before trusting anything in it. */
+	rc = wf_shm_dir_check(&f->shm, diag);
+	if (rc < 0)
+		goto err;
 	f->host_budget = cfg->host_budget ? cfg->host_budget : default_budget(cfg->floor_dir);
 
 	/* Probe the reader once so status and the log can say which backend runs and why. */
@@ -415,7 +419,9 @@ static void *materialize_thread(void *arg)
 	 * before the HOST or FAILED this thread announces. */
 	emit_state(f, e->name, WF_FLOOR_MATERIALIZING, NULL);
 	int rc = wf_shm_region_attach(&f->shm, &e->digest, e->model,
-				      WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM, fill_files,
+				      WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM |
+					      WF_SHM_ATTACH_OWNED,
+				      fill_files,
 				      &fc, &region, &diag);
 	enum wf_floor_state st;
 	pthread_mutex_lock(&f->mu);
@@ -745,7 +751,9 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 			struct wf_shm_region *r = NULL;
 			/* MUST_EXIST: validates against the model and repairs, never creates. */
 			int a = wf_shm_region_attach(&f->shm, &e->digest, e->model,
-						     WF_SHM_ATTACH_MUST_EXIST, fill_files,
+						     WF_SHM_ATTACH_MUST_EXIST |
+							     WF_SHM_ATTACH_VERIFY,
+						     fill_files,
 						     &(struct fill_ctx){.e = e, .f = f}, &r, &d);
 			if (a == 0) {
 				e->region = r;
