@@ -54,6 +54,7 @@ void wf_agent_config_fini(struct wf_agent_config *cfg)
 	free(cfg->allowed_uids);
 	free(cfg->allowed_gids);
 	free(cfg->io_backend);
+	free(cfg->state_file);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		free(cfg->models[i].name);
 		free(cfg->models[i].path);
@@ -307,6 +308,8 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->socket_url, diag);
 		else if (strcmp(key, "events") == 0)
 			rc = get_string(v, key, &cfg->events_url, diag);
+		else if (strcmp(key, "state_file") == 0)
+			rc = get_string(v, key, &cfg->state_file, diag);
 		else if (strcmp(key, "allowed_uids") == 0)
 			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_uids, &cfg->n_allowed_uids, diag);
 		else if (strcmp(key, "allowed_gids") == 0)
@@ -327,6 +330,10 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 	if (cfg->floor_dir[0] != '/')
 		return wf_diag_set(diag, WF_EINVAL, "config: floor_dir '%s' is not absolute",
 				   cfg->floor_dir);
+	if (cfg->state_file && cfg->state_file[0] != '/' && strcmp(cfg->state_file, "none") != 0)
+		return wf_diag_set(diag, WF_EINVAL,
+				   "config: state_file '%s' is neither absolute nor \"none\"",
+				   cfg->state_file);
 	return 0;
 }
 
@@ -350,6 +357,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 {
 	*dst = *src;
 	dst->floor_dir = dst->group = dst->socket_url = dst->events_url = dst->io_backend = NULL;
+	dst->state_file = NULL;
 	dst->model_roots = NULL;
 	dst->allowed_uids = NULL;
 	dst->allowed_gids = NULL;
@@ -363,6 +371,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	DUP(socket_url);
 	DUP(events_url);
 	DUP(io_backend);
+	DUP(state_file);
 #undef DUP
 	if (dup_strv(src->model_roots, src->n_model_roots, &dst->model_roots) < 0)
 		goto oom;
@@ -504,6 +513,25 @@ int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
 		return wf_diag_set(diag, WF_ENOT_FOUND, "config: group '%s' does not exist", cfg->group);
 	cfg->gid = res->gr_gid;
 	return allow_gid(cfg, cfg->gid);
+}
+
+int wf_agent_config_state_path(const struct wf_agent_config *cfg, char **ret_path)
+{
+	*ret_path = NULL;
+	if (cfg->state_file)
+		return strcmp(cfg->state_file, "none") == 0
+			       ? 0
+			       : ((*ret_path = strdup(cfg->state_file)) ? 0 : -ENOMEM);
+	const char *sock = cfg->socket_url;
+	const char *slash = strncmp(sock, "ipc://", 6) == 0 ? strrchr(sock + 6, '/') : NULL;
+	char *p = NULL;
+	int n = slash && sock[6] == '/'
+			? asprintf(&p, "%.*s/agent-state.json", (int)(slash - (sock + 6)), sock + 6)
+			: asprintf(&p, "%s", WF_AGENT_DEFAULT_STATE_FILE);
+	if (n < 0)
+		return -ENOMEM;
+	*ret_path = p;
+	return 0;
 }
 
 /* Is the resolved path res under one of the model roots? (A root that cannot be resolved admits

@@ -10,7 +10,9 @@
  *     "allowed_uids": [1000], "allowed_gids": [1000],   ipc peers besides root and the agent's uid
  *     "max_message": "4M",
  *     "io": {"backend": "auto|uring|pread", "queue_depth": 64, "chunk": "1M", "parallel_files": 4},
- *     "models": [ {"name": "qwen", "path": "/models/q.gguf", "pin_host": true, "preload": true} ]
+ *     "models": [ {"name": "qwen", "path": "/models/q.gguf", "pin_host": true, "preload": true} ],
+ *     "state_file": "/var/lib/weightfloor/agent-state.json"   API registrations and pins; "none"
+ *                                             disables; default: beside an ipc:// socket
  *   }
  *
  * Every key is optional; unknown keys are errors (a typo must not silently fall back to a
@@ -29,6 +31,7 @@
 #define WF_AGENT_DEFAULT_FLOOR_DIR "/dev/shm/weightfloor"
 #define WF_AGENT_DEFAULT_SOCKET "ipc:///run/weightfloor/agent.sock"
 #define WF_AGENT_DEFAULT_EVENTS "ipc:///run/weightfloor/events.sock"
+#define WF_AGENT_DEFAULT_STATE_FILE "/var/lib/weightfloor/agent-state.json"
 #define WF_AGENT_MAX_MODELS 4096
 
 struct wf_agent_model_cfg {
@@ -58,6 +61,7 @@ struct wf_agent_config {
 	uint32_t io_parallel_files;
 	struct wf_agent_model_cfg *models;
 	size_t n_models;
+	char *state_file; /* NULL: the default (wf_agent_config_state_path); "none": off */
 };
 
 /* Fills defaults (no file). */
@@ -71,6 +75,11 @@ int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t 
 /* Resolves the group name to cfg->gid. */
 int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag);
 void wf_agent_config_fini(struct wf_agent_config *cfg);
+
+/* The state file to use (agent/state.h): state_file when set, none for "none" (*ret_path NULL),
+ * else agent-state.json in the directory of an ipc:// control socket (so that agents with
+ * private sockets have private state), else WF_AGENT_DEFAULT_STATE_FILE. 0 or -ENOMEM. */
+int wf_agent_config_state_path(const struct wf_agent_config *cfg, char **ret_path);
 
 /* Resolves path (realpath) and checks that it lies under one of the model roots. With no roots
  * configured every path is allowed. Returns 0 and a malloc'ed resolved path, WF_EPERMISSION if

@@ -1,5 +1,6 @@
 /* The agent's floor manager: the model registry, materialization, the host budget with LRU
- * eviction, pinning, and re-adoption of regions left by an earlier agent.
+ * eviction, pinning, re-adoption of regions left by an earlier agent, the persistent state
+ * (agent/state.h) and a janitor that reaps floors nobody holds.
  *
  * States of a registered model (FloorState in the protocol):
  *   DISK          registered; the agent holds no region for it
@@ -8,14 +9,18 @@
  *   PINNED_HOST   the same, never evicted
  *   FAILED        the last materialization failed (last_error says why); ensure retries
  *
- * The agent holds one attachment (a holders SH lock) on every HOST/PINNED_HOST floor, so a floor
- * lives as long as the agent wants it, whatever workers do. Eviction drops that attachment: the
- * region goes when its last holder goes. Stopping the agent does not drop floors (its flocks go
- * with the process; regions stay READY) so that a restarted agent re-adopts them at once.
+ * The agent holds one attachment (a holders SH lock) on every HOST/PINNED_HOST floor and, so that
+ * its intent outlives the process, a keep marker (shm/region.h): while the marker exists no last
+ * holder unlinks the region, whatever the order in which the agent and its workers stop. Release
+ * and eviction clear the marker and drop the attachment; the region then goes with its last
+ * holder, or, when nobody holds it any more (a worker was killed, the agent was the last), the
+ * janitor removes it within one interval. A restarted agent re-adopts the floors it kept (their
+ * checksums verified) and the registrations and pins of its state file.
  *
- * Thread-safety: every function may be called from any thread (the control server calls them
- * from several). One mutex guards the registry; materializations run in their own threads and
- * block no request. */
+ * Thread-safety and locking: every function may be called from any thread (the control server
+ * calls them from several). One mutex guards the registry's memory and nothing else: no file is
+ * opened, no flock taken, no region mapped or unmapped, no remote call made while it is held.
+ * Materializations run in detached threads of their own; the registry never joins a thread. */
 #ifndef WF_AGENT_FLOORS_H
 #define WF_AGENT_FLOORS_H
 
@@ -43,6 +48,7 @@ enum wf_floor_event_kind {
 	WF_FLOOR_EV_STATE = 1,
 	WF_FLOOR_EV_PROGRESS = 2,
 	WF_FLOOR_EV_ERROR = 3,
+	WF_FLOOR_EV_STALE = 4, /* a model file changed under a floor the agent holds */
 };
 struct wf_floor_event {
 	enum wf_floor_event_kind kind;
@@ -77,14 +83,33 @@ struct wf_floor_snapshot {
 	int64_t started_unix_ms;
 	char last_error[256];
 	int64_t last_used_unix_ms, registered_unix_ms;
-	uint32_t holder_count; /* processes holding the region, the agent included */
+	uint32_t holder_count; /* processes holding the region now, the agent included */
 	uint32_t n_holder_pids;
 	pid_t holder_pids[WF_FLOOR_MAX_PIDS];
+	bool region_present;     /* a region file for the model's digest exists */
+	uint64_t resident_bytes; /* its pages in RAM (allocated blocks of the region file) */
+	bool stale;              /* a model file changed since this floor was materialized */
 };
 void wf_floor_snapshot_fini(struct wf_floor_snapshot *s);
 
+/* A region in the floor directory that no registered model points to (a model released while
+ * workers still hold it, a floor of an unregistered model a process still maps). */
+struct wf_floor_orphan {
+	char digest_hex[WF_DIGEST_HEX_LEN];
+	uint64_t resident_bytes;
+	uint32_t holder_count;
+	bool kept; /* a keep marker is present (an agent meant to keep it) */
+};
+
+#define WF_FLOORS_MAX_ORPHANS 64
+
 struct wf_floors_status {
-	uint64_t host_budget, host_used;
+	uint64_t host_budget;
+	uint64_t host_used;   /* floors the agent holds or materializes, plus orphans' bytes */
+	uint64_t orphan_bytes;
+	uint32_t n_orphans;   /* may exceed WF_FLOORS_MAX_ORPHANS; orphans[] holds the first ones */
+	struct wf_floor_orphan orphans[WF_FLOORS_MAX_ORPHANS];
+	uint32_t reaped;      /* regions the janitor removed since start */
 	const char *reader_backend; /* "io_uring" or "pread" (static) */
 	bool o_direct;
 	int uring_err;              /* why io_uring is not used, 0 if it is */
@@ -98,25 +123,31 @@ struct wf_floors_opts {
 	const struct wf_agent_config *cfg; /* kept by reference: must outlive the manager */
 	wf_floor_event_fn on_event;         /* optional */
 	void *event_ctx;
+	const char *state_file;             /* NULL: registrations and pins are not persisted */
+	uint32_t janitor_interval_ms;       /* 0: 2000 */
 };
 
-/* Creates the manager: checks the floor directory, probes the io backend, registers the config's
- * models (a model that fails to open is logged by the caller through the returned per-model
- * errors? no: it fails creation, naming the model, since a config is the operator's intent). */
+/* Creates the manager: checks the floor directory (owned by us, not group- or world-writable),
+ * probes the io backend, registers the config's models (one that fails to open fails creation,
+ * naming it: a config is the operator's intent), then the state file's API models (one whose
+ * file is gone is reported through on_event as an ERROR and dropped) and pins. An unreadable or
+ * invalid state file fails creation. */
 int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, struct wf_diag *diag);
 
-/* Scans the floor directory: re-adopts READY regions of registered models, removes broken ones,
- * unheld unknown ones and orphaned lock files, and leaves alone what another process holds. Call
- * once after create. *ret_adopted / *ret_removed count what it did. */
+/* Scans the floor directory: re-adopts READY regions of registered models whose checksums verify,
+ * removes broken ones, unheld unknown ones and orphaned lock files, and never removes what any
+ * process holds. Then starts the janitor. Call once after create. *ret_adopted / *ret_removed
+ * count what it did. */
 int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_removed,
 		    struct wf_diag *diag);
 
 /* Starts materializing every config model marked preload (or pin_host). */
 void wf_floors_preload(struct wf_floors *f);
 
-/* Registers a model by name and path (checked against the model roots, then inventoried).
- * WF_EINVAL bad name; WF_EPERMISSION path outside the roots; the reader's error for a bad file;
- * WF_ESTATE if the name exists with other files (same files: succeeds, idempotent). */
+/* Registers a model by name and absolute path (checked against the model roots, then
+ * inventoried, outside the registry lock) and persists it. WF_EINVAL bad name or relative path;
+ * WF_EPERMISSION path outside the roots; the reader's error for a bad file; WF_ESTATE if the name
+ * exists with other files (same files: succeeds, idempotent). */
 int wf_floors_register(struct wf_floors *f, const char *name, const char *path, bool pin_host,
 		       struct wf_diag *diag);
 
@@ -131,7 +162,8 @@ int wf_floors_ensure(struct wf_floors *f, const char *name, bool wait, uint32_t 
  * last other holder detaches. WF_ENOT_FOUND for an unknown model. Unpins too. */
 int wf_floors_release(struct wf_floors *f, const char *name, struct wf_diag *diag);
 
-/* Pins (materializing first if needed; never evicted) or unpins. */
+/* Pins (materializing first if needed; never evicted) or unpins, and persists it. A pin that
+ * cannot start (no room, a bad file) fails and leaves the model as it was, unpinned. */
 int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_diag *diag);
 
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,

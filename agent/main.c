@@ -47,6 +47,9 @@ static void usage(FILE *out)
 		"      --io-backend B       auto, uring or pread\n"
 		"      --allow-uid UID      ipc peer allowed besides root and the agent's uid (repeatable)\n"
 		"      --daemonize          detach once serving (the parent exits 0 when ready)\n"
+		"      --state-file PATH    registrations and pins kept across restarts (\"none\": off;\n"
+		"                           default: agent-state.json beside an ipc:// socket)\n"
+		"      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
 		"      --check-config       validate the configuration and the models, then exit\n"
 		"  -v, --verbose            debug logging\n"
 		"  -h, --help\n");
@@ -54,7 +57,8 @@ static void usage(FILE *out)
 
 /* Config-file values first, then flags on top: flags are collected and applied afterwards. */
 struct overrides {
-	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend;
+	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
+	uint32_t janitor_ms;
 	char **models;
 	size_t n_models;
 	bool *preload;
@@ -82,7 +86,7 @@ static int add_model_flag(struct overrides *o, const char *arg, bool preload)
 static int parse_args(int argc, char **argv, struct overrides *o)
 {
 	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
-	       O_UID, O_DAEMON, O_CHECK };
+	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"floor-dir", required_argument, NULL, O_FLOOR},
@@ -96,6 +100,8 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		{"allow-uid", required_argument, NULL, O_UID},
 		{"daemonize", no_argument, NULL, O_DAEMON},
 		{"check-config", no_argument, NULL, O_CHECK},
+		{"state-file", required_argument, NULL, O_STATE},
+		{"janitor-interval", required_argument, NULL, O_JANITOR},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
@@ -110,6 +116,19 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		case O_BUDGET: o->budget = optarg; break;
 		case O_GROUP: o->group = optarg; break;
 		case O_IO: o->io_backend = optarg; break;
+		case O_STATE: o->state_file = optarg; break;
+		case O_JANITOR: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (*end || end == optarg || v < 10 || v > 3600000) {
+				fprintf(stderr, "wf-agent: --janitor-interval: '%s' is not a number of "
+						"milliseconds in [10, 3600000]\n",
+					optarg);
+				return 2;
+			}
+			o->janitor_ms = (uint32_t)v;
+			break;
+		}
 		case O_MODEL:
 		case O_PRELOAD:
 			if (!strchr(optarg, '=') || optarg[0] == '=') {
@@ -174,6 +193,7 @@ static int build_config(struct agent *a, const struct overrides *o)
 	SET_STR(socket_url, o->socket);
 	SET_STR(events_url, o->events);
 	SET_STR(group, o->group);
+	SET_STR(state_file, o->state_file);
 	if (o->io_backend) {
 		if (strcmp(o->io_backend, "auto") && strcmp(o->io_backend, "uring") &&
 		    strcmp(o->io_backend, "pread")) {
@@ -185,6 +205,11 @@ static int build_config(struct agent *a, const struct overrides *o)
 #undef SET_STR
 	if (a->cfg.floor_dir[0] != '/') {
 		wf_log_error("--floor-dir %s is not an absolute path", a->cfg.floor_dir);
+		return WF_EINVAL;
+	}
+	if (a->cfg.state_file && a->cfg.state_file[0] != '/' && strcmp(a->cfg.state_file, "none")) {
+		wf_log_error("--state-file %s is neither an absolute path nor \"none\"",
+			     a->cfg.state_file);
 		return WF_EINVAL;
 	}
 	if (o->budget) {
@@ -259,6 +284,10 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 		e.bytes_total = ev->bytes_total;
 		e.rate_bytes_per_s = ev->rate_bytes_per_s;
 		break;
+	case WF_FLOOR_EV_STALE:
+		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE;
+		wf_log_warn("model %s: %s", ev->model, ev->message ? ev->message : "stale floor");
+		break;
 	case WF_FLOOR_EV_ERROR:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
 		e.code = wf_proto_status_from_err(ev->code);
@@ -279,6 +308,20 @@ static void on_worker_event(void *ctx, const char *worker_id, const char *messag
 	e.message = (char *)message;
 	if (a->pub)
 		wf_ctl_pub_publish(a->pub, &e, NULL);
+}
+
+#define STOP_GRACE_S 10
+
+static void *stop_deadline(void *arg)
+{
+	(void)arg;
+	sleep(STOP_GRACE_S);
+	static const char msg[] = "wf-agent: requests still running " "10 s after the stop signal; "
+				  "exiting without waiting for them\n";
+	ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+	(void)w;
+	_exit(1);
+	return NULL;
 }
 
 static int start_services(struct agent *a)
@@ -384,8 +427,17 @@ int main(int argc, char **argv)
 	if (build_config(&a, &o) < 0)
 		goto out;
 
-	struct wf_floors_opts fo = {.cfg = &a.cfg, .on_event = on_floor_event, .event_ctx = &a};
-	if ((rc = wf_floors_create(&fo, &a.floors, &d)) < 0) {
+	char *state_file = NULL;
+	if (wf_agent_config_state_path(&a.cfg, &state_file) < 0)
+		goto out;
+	struct wf_floors_opts fo = {.cfg = &a.cfg,
+				    .on_event = on_floor_event,
+				    .event_ctx = &a,
+				    .state_file = state_file,
+				    .janitor_interval_ms = o.janitor_ms};
+	rc = wf_floors_create(&fo, &a.floors, &d);
+	free(state_file);
+	if (rc < 0) {
 		wf_log_error("%s", wf_diag_str(&d, rc));
 		goto out;
 	}
@@ -452,6 +504,11 @@ int main(int argc, char **argv)
 		wf_log_info("signal %d: stopping (floors stay for the next agent)", sig);
 		break;
 	}
+	/* Stopping must not depend on every request finishing: past the grace period the process
+	 * exits anyway (floors, markers and the state file are consistent at every moment). */
+	pthread_t stopper;
+	if (pthread_create(&stopper, NULL, stop_deadline, NULL) == 0)
+		pthread_detach(stopper);
 	wf_sd_notify("STOPPING=1");
 	exit_code = 0;
 out:

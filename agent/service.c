@@ -78,6 +78,9 @@ static Weightfloor__V1__ModelInfo *model_info(struct wf_ctl_call *call,
 	mi->last_used_unix_ms = s->last_used_unix_ms;
 	mi->registered_unix_ms = s->registered_unix_ms;
 	mi->pin_host = s->pin_host;
+	mi->region_present = s->region_present;
+	mi->resident_bytes = s->resident_bytes;
+	mi->stale = s->stale;
 	return mi;
 }
 
@@ -178,6 +181,29 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 	ms->pinned_host = st.n_pinned;
 	ms->failed = st.n_failed;
 	ar->models = ms;
+	uint32_t listed = st.n_orphans < WF_FLOORS_MAX_ORPHANS ? st.n_orphans : WF_FLOORS_MAX_ORPHANS;
+	if (listed) {
+		ar->orphan_floors = wf_ctl_call_calloc(call, listed, sizeof(*ar->orphan_floors));
+		if (!ar->orphan_floors)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < listed; i++) {
+			Weightfloor__V1__OrphanFloor *o = wf_ctl_call_alloc(call, sizeof(*o));
+			if (!o)
+				return -ENOMEM;
+			weightfloor__v1__orphan_floor__init(o);
+			o->digest_hex = wf_ctl_call_strdup(call, st.orphans[i].digest_hex);
+			if (!o->digest_hex)
+				return -ENOMEM;
+			o->resident_bytes = st.orphans[i].resident_bytes;
+			o->holder_count = st.orphans[i].holder_count;
+			o->kept = st.orphans[i].kept;
+			ar->orphan_floors[i] = o;
+		}
+		ar->n_orphan_floors = listed;
+	}
+	ar->orphan_bytes = st.orphan_bytes;
+	ar->orphan_count = st.n_orphans;
+	ar->reaped_count = st.reaped;
 	ar->worker_count = svc->worker_count ? svc->worker_count(svc->worker_ctx) : 0;
 	ar->pid = (uint32_t)getpid();
 	ar->started_unix_ms = svc->started_unix_ms;
@@ -213,8 +239,19 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 		return reply_model(svc, req->model_status->name, reply, call);
 	case WEIGHTFLOOR__V1__REQUEST__BODY_ENSURE_FLOOR: {
 		const Weightfloor__V1__EnsureFloor *m = req->ensure_floor;
-		rc = wf_floors_ensure(svc->floors, m->name, m->wait, m->wait_timeout_ms, call_closing,
-				      call, &d);
+		/* A wait never outlasts the client: it ends a little before the client's deadline
+		 * so that the reply (UNAVAILABLE, still materializing) reaches it. */
+		uint32_t wait_ms = m->wait_timeout_ms;
+		if (m->wait) {
+			int left = wf_ctl_call_time_left_ms(call, INT32_MAX);
+			int margin = left / 20 < 200 ? left / 20 : 200;
+			if (left - margin <= 0)
+				return fail(reply, call, WF_ETIMEOUT,
+					    &(struct wf_diag){"the request's deadline has passed"});
+			if (left != INT32_MAX && (wait_ms == 0 || (uint32_t)(left - margin) < wait_ms))
+				wait_ms = (uint32_t)(left - margin);
+		}
+		rc = wf_floors_ensure(svc->floors, m->name, m->wait, wait_ms, call_closing, call, &d);
 		if (rc < 0)
 			return fail(reply, call, rc, &d);
 		return reply_model(svc, m->name, reply, call);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -91,6 +92,25 @@ int wf__shm_flock(int fd, int op)
 		if (errno == EINTR)
 			continue;
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	}
+}
+
+int wf__shm_flock_timed(int fd, int op, int wait_ms)
+{
+	if (wait_ms < 0 || (op & LOCK_NB))
+		return wf__shm_flock(fd, op);
+	/* flock has no timeout: poll, backing off from 1 to 10 ms. */
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (long nap_us = 1000;; nap_us = nap_us < 10000 ? nap_us * 2 : 10000) {
+		int rc = wf__shm_flock(fd, op | LOCK_NB);
+		if (rc != -EAGAIN)
+			return rc;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		long spent = (t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L;
+		if (spent >= wait_ms)
+			return -EAGAIN;
+		usleep((useconds_t)nap_us);
 	}
 }
 
@@ -178,12 +198,18 @@ int wf__shm_lockfile_open(const char *path, bool create, const struct wf_shm_con
 int wf__shm_lock_path(const char *path, int op, bool create, const struct wf_shm_config *cfg,
 		      int *ret_fd)
 {
+	return wf__shm_lock_path_timed(path, op, create, cfg, -1, ret_fd);
+}
+
+int wf__shm_lock_path_timed(const char *path, int op, bool create,
+			    const struct wf_shm_config *cfg, int wait_ms, int *ret_fd)
+{
 	for (int tries = 0; tries < LOCK_MAX_RETRIES; tries++) {
 		int fd, rc;
 		rc = wf__shm_lockfile_open(path, create, cfg, &fd);
 		if (rc < 0)
 			return rc;
-		rc = wf__shm_flock(fd, op);
+		rc = wf__shm_flock_timed(fd, op, wait_ms);
 		if (rc < 0) {
 			close(fd);
 			return rc;

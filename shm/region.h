@@ -330,12 +330,14 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
  * do, or -errno (ELOOP: the directory is a symlink; ENOTDIR). Thread-safe. */
 int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag);
 
-/* Sets (keep) or clears (!keep) the keep marker of a floor, under guard EX (waits while the
- * region is being attached or materialized). Idempotent; setting it for a region that does not
+#define WF_SHM_KEEP_WAIT_MS 250
+
+/* Sets (keep) or clears (!keep) the keep marker of a floor, under guard EX, waiting at most
+ * WF_SHM_KEEP_WAIT_MS for it (-EBUSY then: call again later). Idempotent; setting it for a region that does not
  * exist yet is allowed (the agent sets it before materializing). A marker found that this process
  * does not own (wf__shm_check_file) is replaced. While the marker exists, the last holder's detach
  * leaves the region in place. Returns 0, -ENOENT when the directory does not exist, or -errno,
- * with diag. */
+ * -EBUSY, with diag. */
 int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
 			   bool keep, struct wf_diag *diag);
 

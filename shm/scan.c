@@ -354,9 +354,12 @@ int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_dige
 		rc = -ENOMEM;
 		goto out;
 	}
-	rc = wf__shm_lock_path(guard, LOCK_EX, true, cfg, &gfd);
+	/* Bounded: a peer may sit on the guard as long as it likes (the lock file is readable by
+	 * the floor group); the agent retries from its janitor rather than hang a request. */
+	rc = wf__shm_lock_path_timed(guard, LOCK_EX, true, cfg, WF_SHM_KEEP_WAIT_MS, &gfd);
 	if (rc < 0) {
-		rc = wf_diag_set(diag, rc, "lock %s: %s", guard, strerror(-rc));
+		rc = wf_diag_set(diag, rc == -EAGAIN ? -EBUSY : rc, "lock %s: %s", guard,
+				 rc == -EAGAIN ? "held by another process" : strerror(-rc));
 		goto out;
 	}
 	/* Someone else's marker (or one writable by others) is not ours to honour: replace it. */

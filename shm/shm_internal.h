@@ -53,12 +53,17 @@ void wf__shm_set_reserve_fault(uint64_t from, int err);
 
 /* flock() retried on EINTR. 0, -EAGAIN (LOCK_NB and held), or -errno. */
 int wf__shm_flock(int fd, int op);
+/* The same, giving up with -EAGAIN after wait_ms (< 0: waits forever). */
+int wf__shm_flock_timed(int fd, int op, int wait_ms);
 
 /* Opens path (O_RDONLY: flock needs no more) and takes op on it, retrying until the locked file is
  * the one path names (the unlink race). With create, makes the file with cfg's lock mode and group
  * if absent. Returns 0 and *ret_fd, -ENOENT (no file and !create), -EAGAIN, or -errno. */
 int wf__shm_lock_path(const char *path, int op, bool create, const struct wf_shm_config *cfg,
 		      int *ret_fd);
+/* lock_path with a bounded wait for the lock (< 0: forever): -EAGAIN when it passed. */
+int wf__shm_lock_path_timed(const char *path, int op, bool create,
+			    const struct wf_shm_config *cfg, int wait_ms, int *ret_fd);
 
 /* Opens a lock file without locking it (creating it as above when asked). */
 int wf__shm_lockfile_open(const char *path, bool create, const struct wf_shm_config *cfg,

@@ -3,6 +3,7 @@
 #include "base/error.h"
 #include "common/wftest.h"
 #include "proto/status.h"
+#include "shm/region.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -563,4 +564,83 @@ struct wf_ctl_sub *agt_sub_synced(struct agt *a, const char *ping_name, const ch
 	}
 	cr_assert_fail("the event subscription never received a ping");
 	return NULL;
+}
+
+/* ---- assertions shared by the agent suites ---- */
+
+void agt_expect_code(const Weightfloor__V1__Reply *r, Weightfloor__V1__Status want,
+		     const char *what)
+{
+	cr_assert_eq(r->code, want, "%s: got %s (%s), want %s", what, wf_proto_status_name(r->code),
+		     r->message ? r->message : "", wf_proto_status_name(want));
+}
+
+void agt_ensure_ok(struct agt *a, const char *name)
+{
+	Weightfloor__V1__Reply *r = agt_ensure(a, name, true);
+	agt_expect_code(r, AGT_ST(OK), name);
+	cr_assert(agt_state(r) == AGT_FS(HOST) || agt_state(r) == AGT_FS(PINNED_HOST));
+	wf_ctl_reply_free(r);
+}
+
+char *agt_digest_of(struct agt *a, const char *name)
+{
+	Weightfloor__V1__Reply *r = agt_model(a, name);
+	agt_expect_code(r, AGT_ST(OK), name);
+	char *hex = strdup(r->model_info->digest_hex);
+	wf_ctl_reply_free(r);
+	cr_assert_not_null(hex);
+	return hex;
+}
+
+struct wf_shm_region *agt_attach_reader(struct agt *a, const char *hex, int *ret_rc)
+{
+	struct wf_shm_config cfg = {.dir = a->floor};
+	struct wf_digest dg;
+	cr_assert_eq(wf_digest_parse(hex, &dg), 0, "digest '%s'", hex);
+	struct wf_shm_region *r = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &d);
+	if (ret_rc)
+		*ret_rc = rc;
+	else
+		cr_assert_eq(rc, 0, "reader attach %s: %s", hex, wf_diag_str(&d, rc));
+	return rc == 0 ? r : NULL;
+}
+
+pid_t agt_hold_floor(struct agt *a, const char *hex)
+{
+	int p[2];
+	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		struct wf_shm_config cfg = {.dir = a->floor};
+		struct wf_digest dg;
+		struct wf_shm_region *r = NULL;
+		char ok = wf_digest_parse(hex, &dg) == 0 &&
+				  wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL,
+						       NULL, &r, NULL) == 0
+			  ? 'y'
+			  : 'n';
+		if (write(p[1], &ok, 1) != 1 || ok != 'y')
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	char ok = 0;
+	ssize_t n = read(p[0], &ok, 1);
+	close(p[0]);
+	agt_track_pid(pid);
+	cr_assert(n == 1 && ok == 'y', "the holder process could not attach floor %s", hex);
+	return pid;
+}
+
+int64_t agt_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }

@@ -106,4 +106,23 @@ int agt_event_peers(struct agt *a);
 int agt_count(const char *hay, const char *needle);
 void agt_sleep_ms(int ms);
 
+/* ---- assertions shared by the agent suites ---- */
+#define AGT_ST(x) WEIGHTFLOOR__V1__STATUS__STATUS_##x
+#define AGT_FS(x) WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_##x
+
+/* Asserts the reply's status code, naming what and the reply's message on failure. */
+void agt_expect_code(const Weightfloor__V1__Reply *r, Weightfloor__V1__Status want,
+		     const char *what);
+/* EnsureFloor with wait; asserts OK and HOST or PINNED_HOST. */
+void agt_ensure_ok(struct agt *a, const char *name);
+/* The model's digest (malloc'ed); asserts the model exists. */
+char *agt_digest_of(struct agt *a, const char *name);
+/* Attaches the model's floor read-only as a worker would (in this process). With ret_rc NULL it
+ * asserts success; else *ret_rc is the attach's code and NULL is returned on failure. */
+struct wf_shm_region *agt_attach_reader(struct agt *a, const char *hex, int *ret_rc);
+/* A child process (fork, shm only: no nng) that attaches the floor as a reader and holds it
+ * until killed. Returns its pid once it holds the floor (asserts). Tracked for cleanup. */
+pid_t agt_hold_floor(struct agt *a, const char *hex);
+int64_t agt_now_ms(void);
+
 #endif
