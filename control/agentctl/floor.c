@@ -31,14 +31,18 @@ static const char *state_name(Weightfloor__V1__FloorState s)
 
 static void models_table(Weightfloor__V1__ModelInfo **m, size_t n)
 {
-	char b1[32], b2[32];
-	printf("%-24s %-13s %10s %10s %8s %7s  %-10s %s\n", "MODEL", "STATE", "SIZE", "EXPERTS",
-	       "TENSORS", "HOLDERS", "ARCH", "DIGEST");
+	char b1[32], b2[32], b3[32];
+	printf("%-24s %-13s %10s %10s %10s %8s %7s  %-10s %s\n", "MODEL", "STATE", "SIZE", "IN RAM",
+	       "EXPERTS", "TENSORS", "HOLDERS", "ARCH", "DIGEST");
 	for (size_t i = 0; i < n; i++) {
-		printf("%-24s %-13s %10s %10s %8" PRIu64 " %7u  %-10s %.12s\n", m[i]->name,
+		/* IN RAM and HOLDERS are what the floor directory holds now, whatever the state:
+		 * a released floor that workers still map is DISK with bytes in RAM. */
+		printf("%-24s %-13s %10s %10s %10s %8" PRIu64 " %7u  %-10s %.12s%s\n", m[i]->name,
 		       state_name(m[i]->floor_state), cli_fmt_bytes(m[i]->total_bytes, b1, sizeof b1),
+		       m[i]->region_present ? cli_fmt_bytes(m[i]->resident_bytes, b3, sizeof b3) : "-",
 		       cli_fmt_bytes(m[i]->expert_bytes, b2, sizeof b2), m[i]->tensor_count,
-		       m[i]->holder_count, m[i]->arch, m[i]->digest_hex);
+		       m[i]->holder_count, m[i]->arch, m[i]->digest_hex,
+		       m[i]->stale ? "  STALE: a file changed; release and ensure to reload" : "");
 		if (m[i]->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED &&
 		    m[i]->last_error && *m[i]->last_error)
 			printf("  error: %s\n", m[i]->last_error);
@@ -142,7 +146,18 @@ int cmd_status(struct cli *cli, int argc, char **argv)
 			       "failed\n",
 			       ms->total, ms->pinned_host, ms->host, ms->materializing, ms->disk,
 			       ms->failed);
-		printf("workers     %u\n\n", s->worker_count);
+		printf("workers     %u\n", s->worker_count);
+		if (s->orphan_count) {
+			printf("orphans     %u floors no model points to, %s in RAM\n", s->orphan_count,
+			       cli_fmt_bytes(s->orphan_bytes, b1, sizeof b1));
+			for (size_t i = 0; i < s->n_orphan_floors; i++)
+				printf("            wf-%s  %s, %u holders%s\n",
+				       s->orphan_floors[i]->digest_hex,
+				       cli_fmt_bytes(s->orphan_floors[i]->resident_bytes, b1, sizeof b1),
+				       s->orphan_floors[i]->holder_count,
+				       s->orphan_floors[i]->kept ? ", kept" : "");
+		}
+		printf("\n");
 		models_table(models->model_list->models, models->model_list->n_models);
 	}
 	wf_ctl_reply_free(models);

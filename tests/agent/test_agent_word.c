@@ -226,6 +226,9 @@ Test(agent_word, orphan_floors_are_listed)
 	cr_assert_gt(st->orphan_bytes, 0);
 	cr_assert_geq(st->host_used_bytes, st->orphan_bytes);
 	wf_ctl_reply_free(r);
+	char *out = NULL, *err = NULL;
+	cr_assert_eq(agt_ctl(a, &out, &err, (const char *[]){"status", NULL}), 0, "%s", err);
+	cr_assert(strstr(out, "orphans     1 floors") && strstr(out, hm), "agentctl status:\n%s", out);
 	kill(w, SIGKILL);
 	waitpid(w, NULL, 0);
 	char *region = agt_region_path(a, hm, NULL);
