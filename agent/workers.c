@@ -284,12 +284,16 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 	if (r->worker_id && *r->worker_id) {
 		k = find_locked(w, r->worker_id);
 		/* An id is a worker's name: a second process claiming it (other pid, other endpoint)
-		 * is refused, but the same worker re-registering after an agent restart is not. */
+		 * is refused (FAILED_PRECONDITION; the worker exits), but the same worker
+		 * re-registering after an agent restart is not. A stale holder (no heartbeat for
+		 * WF_WORKERS_EXPIRE_MS, or its pid gone) was dropped by expire_locked above. */
 		if (k && k->pid != r->pid && strcmp(k->endpoint, r->endpoint) != 0) {
+			reply->message = wf_ctl_call_printf(
+			    call, "worker id '%s' is already registered by a live worker (pid %u, %s): "
+				  "give this one another --id",
+			    r->worker_id, k->pid, k->endpoint);
 			pthread_mutex_unlock(&w->mu);
 			notify_dropped(w, dropped, nd);
-			reply->message = wf_ctl_call_printf(call, "worker id '%s' is taken by pid %u",
-							    r->worker_id, k->pid);
 			return WF_ESTATE;
 		}
 	} else {
