@@ -443,6 +443,38 @@ int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t 
 	return 0;
 }
 
+/* Makes *p absolute against dir (the config file's directory) when it is relative. */
+static int absolutize(char **p, const char *dir)
+{
+	if (!*p || (*p)[0] == '/')
+		return 0;
+	char *abs = NULL;
+	if (asprintf(&abs, "%s/%s", dir, *p) < 0)
+		return -ENOMEM;
+	free(*p);
+	*p = abs;
+	return 0;
+}
+
+/* Relative model paths in a config file mean "beside the config file", never the
+ * agent's working directory (which depends on how it was started). */
+static int resolve_relative(struct wf_agent_config *cfg, const char *config_path)
+{
+	char *abs = realpath(config_path, NULL);
+	if (!abs)
+		return -errno;
+	char *slash = strrchr(abs, '/');
+	if (slash == abs)
+		slash[1] = '\0'; /* "/agent.json": the root */
+	else
+		*slash = '\0';
+	int rc = 0;
+	for (size_t i = 0; rc == 0 && i < cfg->n_models; i++)
+		rc = absolutize(&cfg->models[i].path, abs);
+	free(abs);
+	return rc;
+}
+
 int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct wf_diag *diag)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -476,7 +508,9 @@ int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct w
 		/* "config: ..." becomes "config /etc/weightfloor/agent.json: ..." */
 		return wf_diag_set(diag, rc, "config %s:%s", path,
 				   strncmp(inner.msg, "config:", 7) == 0 ? inner.msg + 7 : inner.msg);
-	return rc;
+	if ((rc = resolve_relative(cfg, path)) < 0)
+		return wf_diag_set(diag, rc, "config %s: %s", path, strerror(-rc));
+	return 0;
 }
 
 /* The configured group is the one that may use the floors and the sockets: its members are

@@ -576,11 +576,6 @@ err:
 int wf_floors_register(struct wf_floors *f, const char *name, const char *path, bool pin_host,
 		       struct wf_diag *diag)
 {
-	if (!path || path[0] != '/')
-		return wf_diag_set(diag, WF_EINVAL,
-				   "register: path '%s' is not absolute (the agent does not resolve "
-				   "paths against its own working directory)",
-				   path ? path : "");
 	bool is_new = false;
 	int rc = do_register(f, name, path, pin_host, true, &is_new, diag);
 	if (rc == 0 && is_new) {

@@ -144,8 +144,9 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 /* Starts materializing every config model marked preload (or pin_host). */
 void wf_floors_preload(struct wf_floors *f);
 
-/* Registers a model by name and absolute path (checked against the model roots, then
- * inventoried, outside the registry lock) and persists it. WF_EINVAL bad name or relative path;
+/* Registers a model by name and path (checked against the model roots, then inventoried,
+ * outside the registry lock) and persists it. The API refuses relative paths before this (the
+ * agent's working directory means nothing to a client). WF_EINVAL bad name;
  * WF_EPERMISSION path outside the roots; the reader's error for a bad file; WF_ESTATE if the name
  * exists with other files (same files: succeeds, idempotent). */
 int wf_floors_register(struct wf_floors *f, const char *name, const char *path, bool pin_host,

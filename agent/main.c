@@ -324,6 +324,10 @@ static void *stop_deadline(void *arg)
 	return NULL;
 }
 
+/* Concurrent requests. Relays to workers may take half (agent/workers.h), so a hung worker
+ * never takes the threads that status, listing and EnsureFloor need. */
+#define AGENT_REQUEST_THREADS 8
+
 static int start_services(struct agent *a)
 {
 	struct wf_diag d = {{0}};
@@ -352,6 +356,7 @@ static int start_services(struct agent *a)
 		.max_request_size = a->cfg.max_message,
 		.handle = wf_agent_service_handle,
 		.ctx = &a->svc,
+		.nworkers = AGENT_REQUEST_THREADS,
 	};
 	so.listen.url = a->cfg.socket_url;
 	if ((rc = wf_ctl_server_create(&so, &a->srv, &d)) < 0) {
@@ -468,6 +473,11 @@ int main(int argc, char **argv)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	if ((rc = wf_workers_create(on_worker_event, &a, &a.workers)) < 0) {
+		wf_log_error("worker registry: %s", wf_strerror(rc));
+		goto out;
+	}
+	if ((rc = wf_workers_set_self(a.workers, a.cfg.socket_url, a.cfg.events_url,
+				      AGENT_REQUEST_THREADS)) < 0) {
 		wf_log_error("worker registry: %s", wf_strerror(rc));
 		goto out;
 	}

@@ -226,6 +226,13 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 				    &(struct wf_diag){"register: give exactly one path (a GGUF file "
 						      "or any shard of a split model, a safetensors "
 						      "file, index.json or directory)"});
+		/* A relative path would resolve against the agent's working directory, which the
+		 * client knows nothing about: it would silently name another file. */
+		if (!m->paths[0] || m->paths[0][0] != '/')
+			return fail(reply, call, WF_EINVAL,
+				    &(struct wf_diag){"register: the path must be absolute (the "
+						      "agent's working directory is not the "
+						      "client's; agentctl sends absolute paths)"});
 		rc = wf_floors_register(svc->floors, m->name, m->paths[0], m->pin_host, &d);
 		if (rc < 0)
 			return fail(reply, call, rc, &d);

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 
 struct worker {
@@ -19,6 +21,7 @@ struct worker {
 	int32_t device_index;
 	uint64_t device_total, device_budget, pinned_host_budget;
 	int64_t registered_ms, last_seen_ms;
+	unsigned relays; /* in flight to it */
 };
 
 struct wf_workers {
@@ -28,6 +31,9 @@ struct wf_workers {
 	uint64_t next_id;
 	wf_workers_event_fn on_change;
 	void *ctx;
+	char *self[2];       /* the agent's request and events urls */
+	unsigned relays;     /* in flight, all workers */
+	unsigned relay_max;  /* half the server's request threads */
 };
 
 static int64_t unix_ms(void)
@@ -54,6 +60,7 @@ int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_worker
 	w->on_change = on_change;
 	w->ctx = ctx;
 	w->next_id = 1;
+	w->relay_max = 2; /* half the server's default 4 threads, until told */
 	*ret = w;
 	return 0;
 }
@@ -64,8 +71,24 @@ void wf_workers_destroy(struct wf_workers *w)
 		return;
 	for (size_t i = 0; i < w->n; i++)
 		worker_fini(&w->v[i]);
+	free(w->self[0]);
+	free(w->self[1]);
 	pthread_mutex_destroy(&w->mu);
 	free(w);
+}
+
+int wf_workers_set_self(struct wf_workers *w, const char *request_url, const char *events_url,
+			unsigned server_threads)
+{
+	const char *urls[2] = {request_url, events_url};
+	for (int i = 0; i < 2; i++) {
+		free(w->self[i]);
+		w->self[i] = NULL;
+		if (urls[i] && !(w->self[i] = strdup(urls[i])))
+			return -ENOMEM;
+	}
+	w->relay_max = server_threads / 2 ? server_threads / 2 : 1;
+	return 0;
 }
 
 /* Drops workers not heard from in time or whose process is gone (pid checks work in the agent's
@@ -155,6 +178,87 @@ static bool valid_id(const char *s)
 	return true;
 }
 
+/* "host:port" (host a name, an IPv4 address or a [bracketed] IPv6 address) into host and port. */
+static bool split_hostport(const char *s, char *host, size_t cap, unsigned *ret_port)
+{
+	const char *colon = strrchr(s, ':');
+	if (!colon || colon == s || (size_t)(colon - s) >= cap)
+		return false;
+	if (s[0] == '[' ? colon[-1] != ']' : memchr(s, ':', (size_t)(colon - s)) != NULL)
+		return false;
+	char *end;
+	unsigned long port = strtoul(colon + 1, &end, 10);
+	if (*end || end == colon + 1 || port == 0 || port > 65535)
+		return false;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	*ret_port = (unsigned)port;
+	return true;
+}
+
+static bool wildcard_host(const char *h)
+{
+	return !*h || strcmp(h, "*") == 0 || strcmp(h, "0.0.0.0") == 0 || strcmp(h, "[::]") == 0;
+}
+
+static bool loopback_host(const char *h)
+{
+	return strcmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 || strcmp(h, "[::1]") == 0;
+}
+
+/* Whether a (well-formed) worker endpoint is the agent's own url self: the same text, the same
+ * socket file (by inode: other spellings of the path), or the same tls port on this host. */
+static bool is_self(const char *ep, const char *self)
+{
+	if (!self)
+		return false;
+	if (strcmp(ep, self) == 0)
+		return true;
+	if (strncmp(ep, "ipc://", 6) == 0 && strncmp(self, "ipc://", 6) == 0) {
+		struct stat a, b;
+		return stat(ep + 6, &a) == 0 && stat(self + 6, &b) == 0 && a.st_dev == b.st_dev &&
+		       a.st_ino == b.st_ino;
+	}
+	const char *sp = strstr(self, "://"), *ep_rest = strstr(ep, "://");
+	char h1[256], h2[256];
+	unsigned p1, p2;
+	if (!sp || !ep_rest || !split_hostport(ep_rest + 3, h1, sizeof h1, &p1) ||
+	    !split_hostport(sp + 3, h2, sizeof h2, &p2) || p1 != p2)
+		return false;
+	/* Other aliases (a name of this host) are not caught here: the relay limits stop the loop
+	 * they would make. */
+	return strcmp(h1, h2) == 0 || wildcard_host(h2) || (loopback_host(h1) && loopback_host(h2));
+}
+
+/* Why endpoint cannot be a worker's (a static message), or NULL. The relay dials it, so it must
+ * be a transport the relay can use, and never the agent itself: a relay to its own socket would
+ * relay again, until every request thread is waiting on another. */
+static const char *endpoint_problem(const struct wf_workers *w, const char *ep)
+{
+	for (const char *p = ep; *p; p++)
+		if ((unsigned char)*p <= ' ' || *p == 0x7f)
+			return "the endpoint url has spaces or control characters";
+	if (strncmp(ep, "ipc://", 6) == 0) {
+		if (ep[6] != '/')
+			return "an ipc:// endpoint needs an absolute path (ipc:///run/weightfloor/w.sock)";
+		if (strlen(ep + 6) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+			return "the ipc:// endpoint's path is longer than a unix socket path can be";
+	} else if (strncmp(ep, "tls+tcp://", 10) == 0) {
+		char host[256];
+		unsigned port;
+		if (!split_hostport(ep + 10, host, sizeof host, &port))
+			return "a tls+tcp:// endpoint needs host:port";
+	} else if (strncmp(ep, "tcp://", 6) == 0) {
+		return "plain tcp:// is unauthenticated: the agent relays to ipc:// and tls+tcp:// "
+		       "endpoints only";
+	} else {
+		return "the endpoint must be an ipc:///absolute/path or tls+tcp://host:port url";
+	}
+	if (is_self(ep, w->self[0]) || is_self(ep, w->self[1]))
+		return "the endpoint is the agent's own socket: a worker needs its own endpoint";
+	return NULL;
+}
+
 static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWorker *r,
 		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -166,6 +270,11 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 		reply->message = "worker_id must be 1-63 of [A-Za-z0-9._:-]";
 		return WF_EINVAL;
 	}
+	const char *why = endpoint_problem(w, r->endpoint);
+	if (why) {
+		reply->message = wf_ctl_call_printf(call, "endpoint %s: %s", r->endpoint, why);
+		return WF_EINVAL;
+	}
 	char dropped[8][64];
 	bool is_new = false;
 	char id[64];
@@ -175,12 +284,16 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 	if (r->worker_id && *r->worker_id) {
 		k = find_locked(w, r->worker_id);
 		/* An id is a worker's name: a second process claiming it (other pid, other endpoint)
-		 * is refused, but the same worker re-registering after an agent restart is not. */
+		 * is refused (FAILED_PRECONDITION; the worker exits), but the same worker
+		 * re-registering after an agent restart is not. A stale holder (no heartbeat for
+		 * WF_WORKERS_EXPIRE_MS, or its pid gone) was dropped by expire_locked above. */
 		if (k && k->pid != r->pid && strcmp(k->endpoint, r->endpoint) != 0) {
+			reply->message = wf_ctl_call_printf(
+			    call, "worker id '%s' is already registered by a live worker (pid %u, %s): "
+				  "give this one another --id",
+			    r->worker_id, k->pid, k->endpoint);
 			pthread_mutex_unlock(&w->mu);
 			notify_dropped(w, dropped, nd);
-			reply->message = wf_ctl_call_printf(call, "worker id '%s' is taken by pid %u",
-							    r->worker_id, k->pid);
 			return WF_ESTATE;
 		}
 	} else {
@@ -282,11 +395,27 @@ static void arena_free(void *ctx, void *p)
 	(void)p;
 }
 
+/* Gives back the relay slots taken for worker id (which may have gone meanwhile). */
+static void relay_done(struct wf_workers *w, const char *id)
+{
+	pthread_mutex_lock(&w->mu);
+	struct worker *k = find_locked(w, id);
+	if (k && k->relays)
+		k->relays--;
+	if (w->relays)
+		w->relays--;
+	pthread_mutex_unlock(&w->mu);
+}
+
 static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	const char *id = target_id(req);
-	char endpoint[1025] = "";
+	char endpoint[1025] = "", wid[64] = "";
+	if (wf_ctl_call_time_left_ms(call, WF_WORKERS_RELAY_MAX_MS) == 0) {
+		reply->message = "the request's deadline passed before it could be relayed";
+		return WF_ETIMEOUT;
+	}
 	pthread_mutex_lock(&w->mu);
 	char dropped[8][64];
 	size_t nd = expire_locked(w, dropped, 8);
@@ -295,8 +424,24 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		k = find_locked(w, id);
 	else if (w->n == 1)
 		k = &w->v[0];
-	if (k)
+	int busy = 0;
+	unsigned in_flight = 0;
+	if (k) {
 		snprintf(endpoint, sizeof endpoint, "%s", k->endpoint);
+		memcpy(wid, k->id, sizeof wid);
+		in_flight = k->relays;
+		/* Refused at once rather than queued: a waiting relay would hold a request thread
+		 * as surely as a running one. */
+		if (k->relays >= WF_WORKERS_RELAY_PER_WORKER) {
+			busy = WF_EUNAVAILABLE;
+		} else if (w->relays >= w->relay_max) {
+			busy = WF_ELIMIT;
+			in_flight = w->relays;
+		} else {
+			k->relays++;
+			w->relays++;
+		}
+	}
 	size_t n = w->n;
 	pthread_mutex_unlock(&w->mu);
 	notify_dropped(w, dropped, nd);
@@ -306,32 +451,62 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 					   : "several workers are registered: name one (worker_id)";
 		return id && *id ? WF_ENOT_FOUND : (n == 0 ? WF_ENOT_FOUND : WF_EINVAL);
 	}
+	if (busy == WF_EUNAVAILABLE) {
+		reply->message = wf_ctl_call_printf(
+		    call, "worker '%s' already has %u requests in progress (slow or hung): retry later",
+		    wid, in_flight);
+		return busy;
+	}
+	if (busy) {
+		reply->message = wf_ctl_call_printf(
+		    call, "the agent is relaying %u requests to workers already (its limit): retry "
+			  "later", in_flight);
+		return busy;
+	}
+
 	struct wf_ctl_client *c = NULL;
 	struct wf_diag d = {{0}};
-	/* Residency changes can take as long as a load: allow minutes, not the default 10 s. */
-	int rc = wf_ctl_client_open(endpoint, 600000, NULL, &c, &d);
-	Weightfloor__V1__Reply *wr = NULL;
-	if (rc == 0)
-		rc = wf_ctl_client_call(c, req, &wr, &d);
+	Weightfloor__V1__Reply *wr = NULL, *copy = NULL;
+	int left = wf_ctl_call_time_left_ms(call, WF_WORKERS_RELAY_MAX_MS);
+	/* Dial without blocking (a blocking dial waits out nng's 10 s handshake time-out on a
+	 * worker that is stopped), then give the connection a short budget of its own: a worker
+	 * that is not there fails fast, whatever the client's deadline. */
+	struct wf_ctl_client_opts co = {.client_name = "wf-agent relay", .wait_for_server = true};
+	int rc = wf_ctl_client_open(endpoint, left, &co, &c, &d);
+	if (rc == 0 && (rc = wf_ctl_client_wait_connected(
+			    c, left < WF_WORKERS_CONNECT_MS ? left : WF_WORKERS_CONNECT_MS)) < 0)
+		wf_diag_set(&d, rc, "no connection (not running, stopped or hung)");
+	if (rc == 0) {
+		/* Keep a tenth of what is left for our own reply to reach the client in time. */
+		left = wf_ctl_call_time_left_ms(call, WF_WORKERS_RELAY_MAX_MS);
+		left -= left / 10;
+		rc = left > 0 ? wf_ctl_client_call_timeout(c, req, left, &wr, &d) : WF_ETIMEOUT;
+		if (rc == WF_ETIMEOUT) {
+			reply->message = wf_ctl_call_printf(
+			    call, "worker '%s' at %s: no answer within %d ms (what was left of the "
+				  "request's deadline)", wid, endpoint, left);
+			rc = WF_EUNAVAILABLE;
+			goto out;
+		}
+	}
 	if (rc < 0) {
-		wf_ctl_client_close(c);
-		reply->message = wf_ctl_call_printf(call, "worker at %s: %s", endpoint,
+		reply->message = wf_ctl_call_printf(call, "worker '%s' at %s: %s", wid, endpoint,
 						    wf_diag_str(&d, rc));
-		return WF_EUNAVAILABLE;
+		rc = WF_EUNAVAILABLE;
+		goto out;
 	}
 	/* Copy the worker's reply into the call arena: pack, then unpack with the arena. */
 	size_t len = weightfloor__v1__reply__get_packed_size(wr);
 	uint8_t *buf = wf_ctl_call_alloc(call, len ? len : 1);
-	Weightfloor__V1__Reply *copy = NULL;
 	if (buf) {
 		weightfloor__v1__reply__pack(wr, buf);
 		ProtobufCAllocator a = {.alloc = arena_alloc, .free = arena_free, .allocator_data = call};
 		copy = weightfloor__v1__reply__unpack(&a, len, buf);
 	}
-	wf_ctl_reply_free(wr);
-	wf_ctl_client_close(c);
-	if (!copy)
-		return -ENOMEM;
+	if (!copy) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	reply->code = copy->code;
 	reply->message = copy->message;
 	reply->body_case = (Weightfloor__V1__Reply__BodyCase)copy->body_case;
@@ -341,7 +516,12 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	case WEIGHTFLOOR__V1__REPLY__BODY_COMPACT: reply->compact = copy->compact; break;
 	default: reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET; break;
 	}
-	return 0;
+	rc = 0;
+out:
+	wf_ctl_reply_free(wr);
+	wf_ctl_client_close(c);
+	relay_done(w, wid);
+	return rc;
 }
 
 int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,

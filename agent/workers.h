@@ -8,6 +8,14 @@
  * naming none when exactly one worker is registered, are forwarded to that worker's endpoint and
  * its reply is returned as the agent's.
  *
+ * Relays never take the agent down with a worker. Each is bounded by the client's deadline
+ * (Request.deadline_ms, what is left of it when the relay starts, at most WF_WORKERS_RELAY_MAX_MS);
+ * at most WF_WORKERS_RELAY_PER_WORKER run at once per worker (more: UNAVAILABLE at once) and at
+ * most half the server's request threads in all (more: RESOURCE_EXHAUSTED at once), so a hung
+ * worker, or a relay loop, always leaves threads for the agent's own requests. RegisterWorker
+ * refuses (INVALID_ARGUMENT) an endpoint that is not ipc:///absolute/path or tls+tcp://host:port,
+ * or that is one of the agent's own sockets.
+ *
  * Thread-safe. */
 #ifndef WF_AGENT_WORKERS_H
 #define WF_AGENT_WORKERS_H
@@ -18,6 +26,10 @@
 
 #define WF_WORKERS_EXPIRE_MS 15000
 #define WF_WORKERS_MAX 256
+#define WF_WORKERS_RELAY_MAX_MS (10 * 60 * 1000)
+#define WF_WORKERS_RELAY_PER_WORKER 2
+/* Connecting to a worker: one that does not complete the handshake in this time is not there. */
+#define WF_WORKERS_CONNECT_MS 2000
 
 struct wf_workers;
 
@@ -27,6 +39,12 @@ typedef void (*wf_workers_event_fn)(void *ctx, const char *worker_id, const char
 int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_workers **ret);
 void wf_workers_destroy(struct wf_workers *w);
 uint32_t wf_workers_count(void *w);
+
+/* The agent's own request and events urls (either may be NULL), refused as worker endpoints, and
+ * the number of request threads of its server (relays may use half of them, at least one).
+ * Call before the server starts. Returns 0 or -ENOMEM. */
+int wf_workers_set_self(struct wf_workers *w, const char *request_url, const char *events_url,
+			unsigned server_threads);
 
 /* wf_ctl_handle_fn for the worker slice and RegisterWorker/ListWorkers; ctx is the registry. */
 int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,

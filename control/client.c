@@ -9,9 +9,11 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct wf_ctl_client {
 	nng_socket sock;
@@ -22,6 +24,11 @@ struct wf_ctl_client {
 	size_t max_reply;
 	int timeout_ms;
 	atomic_uint_fast64_t next_id;
+	/* The id of the connection (pipe) in use, 0 while there is none; under mu, with cv
+	 * signalled when one comes up. */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint32_t pipe_id;
 };
 
 struct wf_ctl_sub {
@@ -33,6 +40,23 @@ struct wf_ctl_sub {
 
 /* Unpacked peer bytes may take this many times their packed size before we give up. */
 #define UNPACK_FACTOR 8
+
+/* nng calls this on its own threads. A client has one dialer, so one pipe at a time; a removal
+ * is matched by id because nng may report the removal of a pipe it never finished adding. */
+static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	struct wf_ctl_client *c = arg;
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+
+	pthread_mutex_lock(&c->mu);
+	if (ev == NNG_PIPE_EV_ADD_POST) {
+		c->pipe_id = id;
+		pthread_cond_broadcast(&c->cv);
+	} else if (ev == NNG_PIPE_EV_REM_POST && c->pipe_id == id) {
+		c->pipe_id = 0;
+	}
+	pthread_mutex_unlock(&c->mu);
+}
 
 int wf_ctl_client_open(const char *url, int timeout_ms, const struct wf_ctl_client_opts *opts,
                        struct wf_ctl_client **ret_client, struct wf_diag *diag)
@@ -49,6 +73,12 @@ int wf_ctl_client_open(const char *url, int timeout_ms, const struct wf_ctl_clie
 	if (!c)
 		return wf_diag_set(diag, -ENOMEM, "out of memory");
 	atomic_init(&c->next_id, 1);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	c->timeout_ms = timeout_ms > 0 ? timeout_ms : WF_CTL_TIMEOUT_DEFAULT_MS;
 	c->max_request =
 	    opts->max_request_size ? opts->max_request_size : WF_CTL_MAX_REQUEST_DEFAULT;
@@ -77,6 +107,11 @@ int wf_ctl_client_open(const char *url, int timeout_ms, const struct wf_ctl_clie
 		rv = wf__ctl_nng_err(rv, diag, "req socket options");
 		goto err;
 	}
+	if ((rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, pipe_event, c)) != 0 ||
+	    (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, pipe_event, c)) != 0) {
+		rv = wf__ctl_nng_err(rv, diag, "pipe notifications");
+		goto err;
+	}
 	if ((rv = wf__ctl_dial(c->sock, url, &opts->tls, opts->allow_insecure_tcp,
 	                       !opts->wait_for_server, diag)) < 0)
 		goto err;
@@ -91,11 +126,34 @@ void wf_ctl_client_close(struct wf_ctl_client *c)
 {
 	if (!c)
 		return;
+	/* nng_close waits for callbacks in progress, so mu is unused afterwards. */
 	if (c->sock_open)
 		nng_close(c->sock);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
 	free(c->url);
 	free(c->name);
 	free(c);
+}
+
+int wf_ctl_client_wait_connected(struct wf_ctl_client *c, int timeout_ms)
+{
+	struct timespec ts;
+	int rv = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&c->mu);
+	while (c->pipe_id == 0 && rv == 0 && timeout_ms > 0)
+		rv = pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+	bool up = c->pipe_id != 0;
+	pthread_mutex_unlock(&c->mu);
+	return up ? 0 : WF_EUNAVAILABLE;
 }
 
 void wf_ctl_reply_free(Weightfloor__V1__Reply *reply)

@@ -64,6 +64,13 @@ int wf_ctl_client_call_timeout(struct wf_ctl_client *client, const Weightfloor__
                                int timeout_ms, Weightfloor__V1__Reply **ret_reply,
                                struct wf_diag *diag);
 
+/* Waits up to timeout_ms (0: not at all) for the client to have a connection to the server.
+ * Returns 0 when it has one, WF_EUNAVAILABLE when it has none (nothing listens, or the server
+ * does not complete the handshake: stopped or hung). For callers that must not spend a
+ * request's whole budget on a server that is not there (a call waits for the connection within
+ * its timeout). Thread-safe. */
+int wf_ctl_client_wait_connected(struct wf_ctl_client *client, int timeout_ms);
+
 /* Frees a reply from wf_ctl_client_call(). Accepts NULL. */
 void wf_ctl_reply_free(Weightfloor__V1__Reply *reply);
 

@@ -69,6 +69,35 @@ static int fail(cudaError_t e, struct wf_diag *diag, const char *what)
 	                   cudaGetErrorString(e));
 }
 
+/* The first call on a machine without a usable GPU: say so in plain words. The static runtime
+ * loads libcuda.so.1 itself and reports a missing library as cudaErrorInsufficientDriver, the
+ * same code as a driver too old for it; cudaDriverGetVersion tells the two apart (0: none). */
+static int no_device(cudaError_t e, struct wf_diag *diag)
+{
+	int drv = 0;
+
+	(void)cudaGetLastError();
+	switch (e) {
+	case cudaErrorInsufficientDriver:
+		if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0)
+			return wf_diag_set(diag, -ENODEV,
+			                   "no CUDA driver found (libcuda.so.1 is not installed or "
+			                   "cannot be loaded): is there an NVIDIA GPU and its driver? "
+			                   "(--device host runs without one)");
+		return wf_diag_set(diag, -ENODEV,
+		                   "the CUDA driver (%d.%d) is older than the CUDA %d.%d runtime this "
+		                   "worker was built with: update the driver",
+		                   drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000,
+		                   CUDART_VERSION % 1000 / 10);
+	case cudaErrorNoDevice:
+		return wf_diag_set(diag, -ENODEV,
+		                   "no CUDA GPU found (the driver sees no device: check "
+		                   "CUDA_VISIBLE_DEVICES and nvidia-smi)");
+	default:
+		return fail(e, diag, "cudaGetDeviceCount");
+	}
+}
+
 static int use(struct cuda_dev *d, struct wf_diag *diag)
 {
 	cudaError_t e = cudaSetDevice(d->ordinal);
@@ -123,7 +152,9 @@ static int cuda_open(const char *args, void **ret_impl, char *name, size_t name_
 		return wf_diag_set(diag, WF_EINVAL, "cuda device spec: bad ordinal '%s'", args);
 	e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess)
-		return fail(e, diag, "cudaGetDeviceCount");
+		return no_device(e, diag);
+	if (count == 0)
+		return no_device(cudaErrorNoDevice, diag);
 	if (ordinal >= count)
 		return wf_diag_set(diag, -ENODEV, "cuda:%d: only %d CUDA device(s)", ordinal,
 		                   count);

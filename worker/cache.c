@@ -713,6 +713,44 @@ static bool cancel_requested(struct wf_cache *c)
 	return __atomic_load_n(&c->cancel_flag, __ATOMIC_RELAXED) != 0;
 }
 
+/* Fails a load that could not fit even after every evictable model went, before anything is
+ * evicted: emptying the device for a model that then fails anyway would leave nothing but a
+ * colder cache. The limits are the arena less the pinned bytes (policy) and the device's free
+ * memory plus what the evictable models hold (fact). Over-budget loads that do fit still go on. */
+static int check_fits(struct wf_cache *c, const struct model *target, uint64_t bytes,
+                      struct wf_diag *diag)
+{
+	size_t mem_free = 0;
+	uint64_t evictable = 0, pinned = 0, arena;
+
+	if (wf_device_mem_info(c->dev, &mem_free, NULL, NULL) < 0)
+		return 0; /* unknown: the allocation decides */
+	pthread_mutex_lock(&c->lock);
+	arena = c->bin.arena;
+	for (size_t i = 0; i < c->n_models; i++) {
+		const struct model *m = c->models[i];
+		if (m == target)
+			continue;
+		if (m->state == WF_RESIDENCY_PINNED_DEVICE)
+			pinned += m->device_bytes;
+		else if (m->state == WF_RESIDENCY_DEVICE && !m->acquired)
+			evictable += m->device_bytes;
+	}
+	pthread_mutex_unlock(&c->lock);
+	uint64_t room = arena > pinned ? arena - pinned : 0;
+	if (bytes > room)
+		return wf_diag_set(diag, WF_ENO_SPACE,
+		                   "model '%s': %" PRIu64 " bytes can never fit: the arena is %" PRIu64
+		                   " bytes, %" PRIu64 " of them pinned (nothing was evicted)",
+		                   target->name, bytes, arena, pinned);
+	if (bytes > (uint64_t)mem_free + evictable)
+		return wf_diag_set(diag, WF_ENO_SPACE,
+		                   "model '%s': %" PRIu64 " bytes do not fit: the device has %zu bytes "
+		                   "free and evictable models hold %" PRIu64 " (nothing was evicted)",
+		                   target->name, bytes, mem_free, evictable);
+	return 0;
+}
+
 /* Loads m (pin: as PINNED_DEVICE; acquire: count a holder in the same step that publishes it).
  * allow_evict: LRU victims may go (self-managed). A resident model is only converted. */
 static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquire, bool allow_evict,
@@ -749,6 +787,9 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 		(void)floor_attach(c, m, NULL);
 	d.from_floor = m->region != NULL;
 	ret = layout(c, m, &d, diag);
+	if (ret < 0)
+		goto fail;
+	ret = check_fits(c, m, d.bytes, diag);
 	if (ret < 0)
 		goto fail;
 	if (pin)

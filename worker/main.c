@@ -202,13 +202,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 struct heartbeat {
 	struct wf_worker_svc *svc;
 	atomic_bool stop;
+	atomic_bool refused; /* the agent refused us for good: main exits non-zero */
 	pthread_t thread;
 	bool running;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 };
 
-static int register_once(struct wf_worker_svc *s)
+/* Registers (or heartbeats) once. Returns 0, the agent's refusal as a WF_E* code with its
+ * message in diag, or the transport error. */
+static int register_once(struct wf_worker_svc *s, struct wf_diag *diag)
 {
 	struct wf_cache_status *st = NULL;
 	if (wf_cache_status(s->cache, &st) < 0)
@@ -226,15 +229,23 @@ static int register_once(struct wf_worker_svc *s)
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_WORKER;
 	req.register_worker = &rw;
 	Weightfloor__V1__Reply *rep = NULL;
-	struct wf_diag d = {{0}};
-	int rc = wf_ctl_client_call_timeout(s->agent, &req, 3000, &rep, &d);
+	int rc = wf_ctl_client_call_timeout(s->agent, &req, 3000, &rep, diag);
 	if (rc == 0) {
 		rc = wf_proto_status_to_err(rep->code);
 		if (rc < 0)
-			wf_log_warn("agent refused the registration: %s", rep->message);
+			wf_diag_set(diag, rc, "%s", rep->message);
 		wf_ctl_reply_free(rep);
 	}
 	return rc;
+}
+
+/* Refusals that retrying cannot change: the id belongs to another live worker
+ * (FAILED_PRECONDITION), or the agent will not take our id or endpoint (INVALID_ARGUMENT). A
+ * worker that stayed up unregistered would be unreachable through the agent while looking
+ * healthy. */
+static bool refusal_is_final(int rc)
+{
+	return rc == WF_ESTATE || rc == WF_EINVAL;
 }
 
 /* Registers at once and then every HEARTBEAT_MS: a restarted agent knows us again within one
@@ -244,7 +255,19 @@ static void *heartbeat_main(void *arg)
 	struct heartbeat *hb = arg;
 	bool was_up = false, first = true;
 	while (!atomic_load(&hb->stop)) {
-		bool up = register_once(hb->svc) == 0;
+		struct wf_diag d = {{0}};
+		int rc = register_once(hb->svc, &d);
+		bool up = rc == 0;
+		if (refusal_is_final(rc)) {
+			wf_log_error("the agent refused worker '%s': %s; stopping",
+				     hb->svc->worker_id, wf_diag_str(&d, rc));
+			atomic_store(&hb->refused, true);
+			kill(getpid(), SIGTERM); /* main's sigwait takes it */
+			break;
+		}
+		if (rc < 0 && wf_proto_status_from_err(rc) != WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE &&
+		    rc != WF_ETRANSPORT)
+			wf_log_warn("agent refused the registration: %s", wf_diag_str(&d, rc));
 		if (up != was_up || first) {
 			if (up)
 				wf_log_info("registered with the agent as '%s'", hb->svc->worker_id);
@@ -413,7 +436,7 @@ int main(int argc, char **argv)
 		const char *name = pin ? o.pins[i] : o.prefetch[i - o.n_pins];
 		uint32_t mid;
 		wf_diag_clear(&d);
-		rc = wf_worker_svc_resolve(&svc, name, &mid, &d);
+		rc = wf_worker_svc_resolve(&svc, name, WF_WORKER_AGENT_MAX_MS, &mid, &d);
 		if (rc == 0)
 			rc = pin ? wf_cache_pin(cache, mid, &d) : wf_cache_prefetch(cache, mid, true, &d);
 		if (rc < 0)
@@ -425,10 +448,11 @@ int main(int argc, char **argv)
 		int sig = 0;
 		if (sigwait(&sigs, &sig) != 0 || sig == SIGHUP)
 			continue;
-		wf_log_info("signal %d: stopping", sig);
+		if (!atomic_load(&hb.refused))
+			wf_log_info("signal %d: stopping", sig);
 		break;
 	}
-	exit_code = 0;
+	exit_code = atomic_load(&hb.refused) ? 1 : 0;
 out:
 	if (hb.running) {
 		atomic_store(&hb.stop, true);

@@ -71,20 +71,34 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
 	return rc;
 }
 
-/* Asks the agent where the model's files are, and to make sure its floor exists. */
-static int ask_agent(struct wf_worker_svc *s, const char *name, char **ret_path,
+/* Asks the agent where the model's files are, and to make sure its floor exists, within
+ * timeout_ms. An agent that is not connected (not running: the client keeps redialling) gets a
+ * second at most to come up, so a worker without its agent answers at once instead of spending
+ * the request's whole budget waiting for a connection. */
+static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms, char **ret_path,
 		     struct wf_diag *diag)
 {
+	if (timeout_ms <= 0)
+		return wf_diag_set(diag, WF_ETIMEOUT, "agent: no time left to ask for model '%s'",
+				   name);
+	int rc = wf_ctl_client_wait_connected(
+	    s->agent, timeout_ms < WF_WORKER_AGENT_CONNECT_MS ? timeout_ms
+							      : WF_WORKER_AGENT_CONNECT_MS);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "agent: not connected (not running?)");
 	Weightfloor__V1__EnsureFloor ef = WEIGHTFLOOR__V1__ENSURE_FLOOR__INIT;
 	ef.name = (char *)name;
 	ef.wait = true;
+	/* The agent gives up waiting first, so its answer arrives within our time. */
+	ef.wait_timeout_ms = (uint32_t)(timeout_ms - timeout_ms / 10);
+	if (ef.wait_timeout_ms == 0)
+		ef.wait_timeout_ms = 1;
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.client = (char *)s->worker_id;
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_ENSURE_FLOOR;
 	req.ensure_floor = &ef;
 	Weightfloor__V1__Reply *rep = NULL;
-	/* A materialization takes as long as reading the files: allow it. */
-	int rc = wf_ctl_client_call_timeout(s->agent, &req, 30 * 60 * 1000, &rep, diag);
+	rc = wf_ctl_client_call_timeout(s->agent, &req, timeout_ms, &rep, diag);
 	if (rc < 0)
 		return wf_diag_set(diag, rc, "agent: %s", wf_diag_str(diag, rc));
 	rc = wf_proto_status_to_err(rep->code);
@@ -100,28 +114,39 @@ static int ask_agent(struct wf_worker_svc *s, const char *name, char **ret_path,
 	return rc;
 }
 
-int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, uint32_t *ret_id,
-			  struct wf_diag *diag)
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms,
+			  uint32_t *ret_id, struct wf_diag *diag)
 {
 	if (!name || !*name)
 		return wf_diag_set(diag, WF_EINVAL, "no model named");
 	if (wf_cache_model_find(s->cache, name, ret_id) == 0)
 		return 0;
-	/* Serialized: two requests for a new model must not both add it. */
 	pthread_mutex_lock(&s->mu);
+	struct wf_worker_model *m = find_locked(s, name);
+	bool in_cache = m && m->in_cache, has_path = m && m->path;
+	uint32_t id = m ? m->id : 0;
+	pthread_mutex_unlock(&s->mu);
+	if (in_cache) {
+		*ret_id = id;
+		return 0;
+	}
 	int rc = 0;
 	char *agent_path = NULL;
-	struct wf_worker_model *m = find_locked(s, name);
-	if (m && m->in_cache) {
+	if (s->agent) {
+		/* Even a model declared with --model: the agent ensures the node's floor. Not under
+		 * mu: a slow or absent agent must not hold up requests for other models. Two
+		 * requests for the same new model may both ask; EnsureFloor materializes once. */
+		struct wf_diag ad = {{0}};
+		rc = ask_agent(s, name, agent_ms, &agent_path, &ad);
+		if (rc < 0 && !has_path)
+			return wf_diag_set(diag, rc, "%s", wf_diag_str(&ad, rc));
+		rc = 0;
+	}
+	pthread_mutex_lock(&s->mu);
+	m = find_locked(s, name);
+	if (m && m->in_cache) { /* added meanwhile */
 		*ret_id = m->id;
 		goto out;
-	}
-	if (s->agent) {
-		/* Even a model declared with --model: the agent ensures the node's floor. */
-		rc = ask_agent(s, name, &agent_path, diag);
-		if (rc < 0 && !(m && m->path))
-			goto out;
-		rc = 0;
 	}
 	if (!m && !agent_path) {
 		rc = wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s' (declare it with --model "
@@ -303,7 +328,11 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 						    s->worker_id, wid);
 		return WF_ENOT_FOUND;
 	}
-	if (model && (rc = wf_worker_svc_resolve(s, model, &id, &d)) < 0)
+	/* What the agent may take to ensure a floor: most of the client's budget, the rest is
+	 * for the load and our answer. */
+	int agent_ms = wf_ctl_call_time_left_ms(call, WF_WORKER_AGENT_MAX_MS);
+	agent_ms -= agent_ms / 10;
+	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, &id, &d)) < 0)
 		return fail(reply, call, rc, &d);
 
 	switch (req->body_case) {
@@ -340,7 +369,7 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		if (!ids)
 			return -ENOMEM;
 		for (size_t i = 0; i < c->n_reload; i++)
-			if ((rc = wf_worker_svc_resolve(s, c->reload[i], &ids[i], &d)) < 0)
+			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, &ids[i], &d)) < 0)
 				return fail(reply, call, rc, &d);
 		struct wf_cache_status *before = NULL, *after = NULL;
 		wf_cache_status(s->cache, &before);

@@ -12,6 +12,11 @@
 #include <pthread.h>
 
 #define WF_WORKER_MAX_MODELS 1024
+/* The longest the worker waits for the agent to ensure a floor (a materialization reads the
+ * files), and, within a request, never longer than the client's deadline allows. */
+#define WF_WORKER_AGENT_MAX_MS (30 * 60 * 1000)
+/* An agent not connected gets this long to come up before the worker goes on without it. */
+#define WF_WORKER_AGENT_CONNECT_MS 1000
 
 struct wf_worker_model {
 	char *name;
@@ -27,7 +32,7 @@ struct wf_worker_svc {
 	struct wf_device *dev;
 	struct wf_cache *cache;
 	struct wf_ctl_client *agent; /* NULL without an agent */
-	pthread_mutex_t mu;          /* guards models */
+	pthread_mutex_t mu;          /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
 	size_t n_models;
 	int64_t started_unix_ms;
@@ -41,10 +46,14 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
 			  struct wf_diag *diag);
 
 /* Finds the model in the cache, adding it on first use: the path comes from --model or from
- * the agent (ModelStatus), and with an agent the floor is ensured first so the worker attaches
- * the node's one copy instead of reading the files itself. */
-int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, uint32_t *ret_id,
-			  struct wf_diag *diag);
+ * the agent (EnsureFloor), and with an agent the floor is ensured first so the worker attaches
+ * the node's one copy instead of reading the files itself. agent_ms bounds the agent's part
+ * (the request's time left); an agent that is not running, or does not answer in time, costs a
+ * model declared with --model nothing but the floor (it loads from its files) and fails any
+ * other with the agent's error (WF_EUNAVAILABLE, WF_ETIMEOUT, ...). No lock is held while the
+ * agent is asked. */
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms,
+			  uint32_t *ret_id, struct wf_diag *diag);
 
 /* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,

@@ -7,6 +7,7 @@
 #include "control/client.h"
 #include "proto/status.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <json-c/json.h>
@@ -366,9 +367,18 @@ int cmd_register(struct cli *cli, int argc, char **argv)
 		fputs(usage_text, stderr);
 		return CLI_EXIT_USAGE;
 	}
-	/* The agent resolves paths itself: send an absolute one so that agentctl's cwd counts. */
-	char *abs = realpath(argv[optind + 1], NULL);
-	char *path = abs ? abs : argv[optind + 1];
+	/* The agent refuses relative paths (its working directory is not ours): send the
+	 * absolute one. A path that does not exist here is sent only when it is absolute already:
+	 * it may exist on the agent's side (another mount namespace, a container). */
+	const char *arg = argv[optind + 1];
+	char *abs = realpath(arg, NULL);
+	if (!abs && arg[0] != '/') {
+		cli_err("register: %s: %s (a relative path must exist here; give an absolute path "
+			"for a file that only the agent can see)",
+			arg, strerror(errno));
+		return CLI_EXIT_FAIL;
+	}
+	char *path = abs ? abs : (char *)arg;
 	Weightfloor__V1__RegisterModel rm = WEIGHTFLOOR__V1__REGISTER_MODEL__INIT;
 	rm.name = argv[optind];
 	rm.paths = &path;

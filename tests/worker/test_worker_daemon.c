@@ -1,0 +1,375 @@
+/* wf-worker as a process, with and without its agent: no request waits on an agent that is not
+ * there or does not answer longer than the client's deadline, and a slow agent call for one model
+ * does not hold up requests for others; a second worker claiming a live worker's id exits with a
+ * clear message; --device cuda:0 without a GPU says so in plain words. Real wf-agent and
+ * wf-worker processes on ipc:// sockets (the agent harness, tests/agent/agt.h). */
+#include "base/error.h"
+#include "common/wftest.h"
+#include "proto/status.h"
+#include "tests/agent/agt.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+TestSuite(worker_daemon, .fini = agt_fini, .timeout = 120);
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct wkr {
+	pid_t pid;
+	char url[512];
+	char log[512];
+};
+
+/* Starts wf-worker (through agent_helper, so it dies with the test) as worker `id` of agent a
+ * (agent_url NULL: a->sock_url), with extra args (NULL-terminated). */
+static void wkr_spawn(struct wkr *w, struct agt *a, const char *id, const char *agent_url,
+                      const char *const *extra)
+{
+	snprintf(w->url, sizeof w->url, "ipc://%s/%s.sock", a->run, id);
+	static int seq;
+	snprintf(w->log, sizeof w->log, "%s/worker-%s-%d.log", a->dir, id, ++seq);
+	char *argv[48];
+	int n = 0;
+	argv[n++] = wft_exe("tests/agent/agent_helper");
+	argv[n++] = "--pdeathsig";
+	argv[n++] = "exec";
+	argv[n++] = wft_exe("worker/wf-worker");
+	argv[n++] = "--device";
+	argv[n++] = "host:mem=256Mi";
+	argv[n++] = "--id";
+	argv[n++] = (char *)id;
+	argv[n++] = "--endpoint";
+	argv[n++] = w->url;
+	argv[n++] = "--agent";
+	argv[n++] = (char *)(agent_url ? agent_url : a->sock_url);
+	argv[n++] = "--floor-dir";
+	argv[n++] = a->floor;
+	for (size_t i = 0; extra && extra[i]; i++) {
+		cr_assert(n < 46);
+		argv[n++] = (char *)extra[i];
+	}
+	argv[n] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->log, O_WRONLY | O_CREAT | O_APPEND,
+	                                 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	cr_assert_eq(rc, 0, "spawn wf-worker: %s", strerror(rc));
+	agt_track_pid(w->pid);
+}
+
+static char *wkr_log(const struct wkr *w)
+{
+	char *s = wft_read_file(w->log, NULL);
+	return s ? s : strdup("");
+}
+
+/* Waits for the worker to exit; its status (0..255, 128+signal), or -1 at the time-out. */
+static int wkr_wait_exit(struct wkr *w, int timeout_ms)
+{
+	int64_t end = now_ms() + timeout_ms;
+	while (now_ms() < end) {
+		int st;
+		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		agt_sleep_ms(20);
+	}
+	return -1;
+}
+
+/* One request to url with its own client; *ret_ms is how long it took. Returns the call's rc;
+ * on 0 *ret_reply is the caller's. */
+static int call(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
+                Weightfloor__V1__Reply **ret_reply, int64_t *ret_ms, struct wf_diag *d)
+{
+	struct wf_ctl_client *c = NULL;
+	int64_t t0 = now_ms();
+	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, d);
+	if (rc == 0)
+		rc = wf_ctl_client_call_timeout(c, req, timeout_ms, ret_reply, d);
+	wf_ctl_client_close(c);
+	*ret_ms = now_ms() - t0;
+	return rc;
+}
+
+static Weightfloor__V1__Reply *worker_status(const char *url, int timeout_ms, int *ret_rc)
+{
+	Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
+	req.worker_status = &ws;
+	Weightfloor__V1__Reply *r = NULL;
+	int64_t ms;
+	*ret_rc = call(url, &req, timeout_ms, &r, &ms, NULL);
+	return r;
+}
+
+/* Waits until the worker answers WorkerStatus (asserting, with its log, within 20 s). */
+static void wkr_wait_ready(struct wkr *w)
+{
+	int64_t end = now_ms() + 20000;
+	while (now_ms() < end) {
+		int rc;
+		Weightfloor__V1__Reply *r = worker_status(w->url, 2000, &rc);
+		bool ok = rc == 0 && r->code == WEIGHTFLOOR__V1__STATUS__STATUS_OK;
+		wf_ctl_reply_free(r);
+		if (ok)
+			return;
+		int st;
+		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
+			break;
+		agt_sleep_ms(50);
+	}
+	cr_assert_fail("wf-worker did not answer; its log:\n%s", wkr_log(w));
+}
+
+/* The model's residency on the worker (UNSPECIFIED when it does not list it). */
+static Weightfloor__V1__Residency residency(const char *url, const char *model)
+{
+	int rc;
+	Weightfloor__V1__Residency res = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
+	Weightfloor__V1__Reply *r = worker_status(url, 5000, &rc);
+	cr_assert_eq(rc, 0);
+	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO);
+	for (size_t i = 0; i < r->worker_info->n_models; i++)
+		if (strcmp(r->worker_info->models[i]->model, model) == 0)
+			res = r->worker_info->models[i]->state;
+	wf_ctl_reply_free(r);
+	return res;
+}
+
+enum cmd { CMD_PREFETCH, CMD_PIN, CMD_EVICT };
+
+struct cmd_call {
+	const char *url, *model;
+	enum cmd cmd;
+	int timeout_ms;
+	int rc, code;
+	char msg[512];
+	int64_t ms;
+};
+
+static void *cmd_thread(void *arg)
+{
+	struct cmd_call *k = arg;
+	Weightfloor__V1__Prefetch pf = WEIGHTFLOOR__V1__PREFETCH__INIT;
+	Weightfloor__V1__Pin pin = WEIGHTFLOOR__V1__PIN__INIT;
+	Weightfloor__V1__Evict ev = WEIGHTFLOOR__V1__EVICT__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	switch (k->cmd) {
+	case CMD_PREFETCH:
+		pf.model = (char *)k->model;
+		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH;
+		req.prefetch = &pf;
+		break;
+	case CMD_PIN:
+		pin.model = (char *)k->model;
+		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PIN;
+		req.pin = &pin;
+		break;
+	case CMD_EVICT:
+		ev.model = (char *)k->model;
+		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_EVICT;
+		req.evict = &ev;
+		break;
+	}
+	Weightfloor__V1__Reply *r = NULL;
+	struct wf_diag d = {{0}};
+	k->rc = call(k->url, &req, k->timeout_ms, &r, &k->ms, &d);
+	if (k->rc == 0) {
+		k->code = r->code;
+		snprintf(k->msg, sizeof k->msg, "%s", r->message);
+	} else {
+		snprintf(k->msg, sizeof k->msg, "%s", wf_diag_str(&d, k->rc));
+	}
+	wf_ctl_reply_free(r);
+	return NULL;
+}
+
+static struct cmd_call run_cmd(const char *url, enum cmd cmd, const char *model, int timeout_ms)
+{
+	struct cmd_call k = {.url = url, .model = model, .cmd = cmd, .timeout_ms = timeout_ms};
+	cmd_thread(&k);
+	return k;
+}
+
+/* The agent is not running: requests for models the worker was given answer at once (loaded from
+ * their files), and a model only the agent could name fails at once with UNAVAILABLE. */
+Test(worker_daemon, no_agent_no_wait)
+{
+	struct agt *a = agt_new("wd-noagent");
+	char *pa = agt_gen(a, "A", 1, NULL);
+	char decl[600];
+	snprintf(decl, sizeof decl, "A=%s", pa);
+	struct wkr w;
+	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, NULL});
+	wkr_wait_ready(&w);
+
+	struct cmd_call k = run_cmd(w.url, CMD_PREFETCH, "A", 8000);
+	cr_assert_eq(k.rc, 0, "Prefetch A: no reply (%s) after %lld ms", k.msg, (long long)k.ms);
+	cr_expect_eq(k.code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "%s", k.msg);
+	cr_expect_lt(k.ms, 4000, "Prefetch A took %lld ms", (long long)k.ms);
+	cr_expect_eq(residency(w.url, "A"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE);
+
+	k = run_cmd(w.url, CMD_PIN, "ghost", 8000);
+	cr_assert_eq(k.rc, 0, "Pin ghost: no reply (%s) after %lld ms", k.msg, (long long)k.ms);
+	cr_expect_eq(k.code, WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE, "%s %s",
+	             wf_proto_status_name(k.code), k.msg);
+	cr_expect(strstr(k.msg, "agent") != NULL, "%s", k.msg);
+	cr_expect_lt(k.ms, 4000, "Pin ghost took %lld ms", (long long)k.ms);
+}
+
+/* The agent hangs (SIGSTOP): a request for a model only the agent knows fails within its
+ * deadline, and meanwhile requests for other models (new ones declared with --model, and loaded
+ * ones) and status are answered. */
+Test(worker_daemon, hung_agent_bounded_and_not_serialized)
+{
+	struct agt *a = agt_new("wd-hung");
+	char *pa = agt_gen(a, "A", 1, NULL), *pb = agt_gen(a, "B", 2, NULL),
+	     *pc = agt_gen(a, "C", 3, NULL);
+	agt_start(a, NULL, NULL);
+	const char *names[] = {"A", "C"};
+	const char *paths[] = {pa, pc};
+	for (int i = 0; i < 2; i++) {
+		Weightfloor__V1__Reply *r = agt_register(a, names[i], paths[i], false);
+		cr_assert_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "%s", r->message);
+		wf_ctl_reply_free(r);
+	}
+	char decl[600];
+	snprintf(decl, sizeof decl, "B=%s", pb);
+	struct wkr w;
+	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, "--prefetch", "A", NULL});
+	wkr_wait_ready(&w);
+	int64_t end = now_ms() + 30000;
+	while (residency(w.url, "A") != WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE) {
+		cr_assert_lt(now_ms(), end, "A not loaded at start; log:\n%s", wkr_log(&w));
+		agt_sleep_ms(50);
+	}
+
+	cr_assert_eq(kill(a->pid, SIGSTOP), 0);
+	struct cmd_call kc = {.url = w.url, .model = "C", .cmd = CMD_PREFETCH, .timeout_ms = 8000};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, cmd_thread, &kc), 0);
+
+	struct cmd_call kb = run_cmd(w.url, CMD_PREFETCH, "B", 6000);
+	int rc;
+	int64_t t0 = now_ms();
+	Weightfloor__V1__Reply *r = worker_status(w.url, 1000, &rc);
+	cr_expect_eq(rc, 0, "WorkerStatus while the agent hangs");
+	cr_expect_lt(now_ms() - t0, 1000);
+	wf_ctl_reply_free(r);
+	struct cmd_call ka = run_cmd(w.url, CMD_EVICT, "A", 1000);
+	pthread_join(th, NULL);
+	kill(a->pid, SIGCONT);
+
+	cr_expect_eq(kb.rc, 0, "Prefetch B (declared) waited: %s after %lld ms", kb.msg,
+	             (long long)kb.ms);
+	cr_expect_eq(kb.code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "Prefetch B: %s", kb.msg);
+	cr_expect_eq(ka.rc, 0, "Evict A (loaded): %s after %lld ms", ka.msg, (long long)ka.ms);
+	cr_expect_eq(ka.code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "Evict A: %s", ka.msg);
+	cr_expect_eq(kc.rc, 0, "Prefetch C got no reply within its deadline: %s after %lld ms",
+	             kc.msg, (long long)kc.ms);
+	cr_expect_eq(kc.code, WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE, "Prefetch C: %s %s",
+	             wf_proto_status_name(kc.code), kc.msg);
+}
+
+static bool listed(struct agt *a, const char *id, pid_t pid)
+{
+	Weightfloor__V1__ListWorkers lw = WEIGHTFLOOR__V1__LIST_WORKERS__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_LIST_WORKERS;
+	req.list_workers = &lw;
+	Weightfloor__V1__Reply *r = agt_call(a, &req, 5000);
+	bool found = false;
+	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_WORKER_LIST);
+	for (size_t i = 0; i < r->worker_list->n_workers; i++)
+		if (strcmp(r->worker_list->workers[i]->worker_id, id) == 0 &&
+		    r->worker_list->workers[i]->pid == (uint32_t)pid)
+			found = true;
+	wf_ctl_reply_free(r);
+	return found;
+}
+
+static void wait_listed(struct agt *a, const char *id, const struct wkr *w)
+{
+	int64_t end = now_ms() + 20000;
+	while (!listed(a, id, w->pid)) {
+		cr_assert_lt(now_ms(), end, "worker %s (pid %d) not registered; its log:\n%s", id,
+		             (int)w->pid, wkr_log(w));
+		agt_sleep_ms(50);
+	}
+}
+
+/* A second worker with a live worker's id exits non-zero saying why; once the first is gone, a
+ * new one takes the id. */
+Test(worker_daemon, duplicate_id_exits)
+{
+	struct agt *a = agt_new("wd-dup");
+	agt_start(a, NULL, NULL);
+	struct wkr w1, w2, w3;
+	wkr_spawn(&w1, a, "dup", NULL, (const char *const[]){NULL});
+	wait_listed(a, "dup", &w1);
+
+	/* Same id, its own endpoint. */
+	char ep[600];
+	snprintf(ep, sizeof ep, "ipc://%s/dup-2.sock", a->run);
+	wkr_spawn(&w2, a, "dup", NULL, (const char *const[]){"--endpoint", ep, NULL});
+	int st = wkr_wait_exit(&w2, 20000);
+	char *log = wkr_log(&w2);
+	cr_expect(st > 0 && st < 128, "the duplicate exits non-zero (status %d); its log:\n%s", st,
+	          log);
+	cr_expect(strstr(log, "already registered") != NULL, "says why:\n%s", log);
+	free(log);
+	cr_expect(listed(a, "dup", w1.pid), "the first keeps its registration");
+
+	kill(w1.pid, SIGKILL);
+	waitpid(w1.pid, NULL, 0);
+	snprintf(ep, sizeof ep, "ipc://%s/dup-3.sock", a->run);
+	wkr_spawn(&w3, a, "dup", NULL, (const char *const[]){"--endpoint", ep, NULL});
+	wait_listed(a, "dup", &w3);
+}
+
+/* --device cuda:0 on a machine without a GPU (or its driver). */
+Test(worker_daemon, cuda_without_gpu_says_so)
+{
+#ifndef WF_HAVE_CUDA
+	cr_skip_test("wf-worker was built without CUDA");
+#else
+	if (access("/dev/nvidia0", F_OK) == 0)
+		cr_skip_test("a GPU is present");
+	struct agt *a = agt_new("wd-cuda");
+	char ep[600];
+	snprintf(ep, sizeof ep, "ipc://%s/w.sock", a->run);
+	char *argv[] = {wft_exe("worker/wf-worker"), "--device", "cuda:0", "--agent", "none",
+	                "--endpoint", ep, NULL};
+	char *out = NULL, *err = NULL;
+	int rc = agt_run(argv, &out, &err, 30, a->dir);
+	cr_expect(rc > 0 && rc < 128, "exits non-zero (status %d)", rc);
+	cr_expect(strstr(err, "no CUDA driver found") || strstr(err, "no CUDA GPU found"),
+	          "plain message: %s", err);
+	cr_expect(!strstr(err, "cudaError"), "no CUDA error names: %s", err);
+	free(out);
+	free(err);
+#endif
+}
