@@ -327,7 +327,7 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
  * group or others, and that no ancestor lets anyone else replace it (each one owned by root or by
  * us, and not writable by others unless sticky, like /dev/shm; a symlink among them owned by root
  * or us). Returns 0, or WF_EPERMISSION with diag naming the path, its owner or mode and what to
- * do, or -errno (ELOOP: the directory is a symlink; ENOTDIR). Thread-safe. */
+ * do (also for a symlink in its place), or -errno. Thread-safe. */
 int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag);
 
 #define WF_SHM_KEEP_WAIT_MS 250

@@ -527,8 +527,9 @@ int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag)
 	fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		rc = -errno;
-		if (rc == -ELOOP)
-			return wf_diag_set(diag, rc,
+		/* O_NOFOLLOW | O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR. */
+		if ((rc == -ELOOP || rc == -ENOTDIR) && lstat(dir, &st) == 0 && S_ISLNK(st.st_mode))
+			return wf_diag_set(diag, WF_EPERMISSION,
 					   "floor directory %s is a symlink: refusing it (someone "
 					   "else may have made it); remove it or choose another "
 					   "directory",
