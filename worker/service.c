@@ -284,6 +284,42 @@ static bool for_us(struct wf_worker_svc *s, const char *id)
 	return !id || !*id || strcmp(id, s->worker_id) == 0;
 }
 
+/* Does the request load the model's bytes (so that it should come from the floor)? */
+static bool wants_bytes(const Weightfloor__V1__Request *req)
+{
+	switch (req->body_case) {
+	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY:
+		return req->set_residency->target != WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* A model the worker knows may have lost its floor since (the agent released or evicted it, or
+ * restarted without it): before loading, ask the agent for it again, so that the bytes come from
+ * the node's one copy rather than from a private read of the files. Without an agent, or when it
+ * fails, the load reads the files (the residency status says which source it used). */
+static void ensure_floor_if_detached(struct wf_worker_svc *s, const char *name, uint32_t id,
+				     int agent_ms)
+{
+	if (!s->agent)
+		return;
+	struct wf_cache_status *st = NULL;
+	if (wf_cache_status(s->cache, &st) < 0)
+		return;
+	bool attached = id < st->n_models && st->models[id].floor;
+	wf_cache_status_free(st);
+	if (attached)
+		return;
+	char *path = NULL;
+	struct wf_diag d = {{0}};
+	if (ask_agent(s, name, agent_ms, &path, &d) == 0)
+		free(path);
+}
+
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -334,6 +370,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	agent_ms -= agent_ms / 10;
 	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, &id, &d)) < 0)
 		return fail(reply, call, rc, &d);
+	if (model && wants_bytes(req))
+		ensure_floor_if_detached(s, model, id, agent_ms);
 
 	switch (req->body_case) {
 	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY: {

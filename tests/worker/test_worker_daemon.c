@@ -373,3 +373,67 @@ Test(worker_daemon, cuda_without_gpu_says_so)
 	free(err);
 #endif
 }
+
+static uint32_t agent_holders(struct agt *a, const char *model)
+{
+	Weightfloor__V1__Reply *r = agt_model(a, model);
+	agt_expect_code(r, AGT_ST(OK), model);
+	uint32_t n = r->model_info->holder_count;
+	wf_ctl_reply_free(r);
+	return n;
+}
+
+/* After the agent released a model's floor (and it went, nobody holding it), a worker loading the
+ * model again asks the agent for the floor instead of quietly reading the files itself: the
+ * node keeps one copy, and the agent sees the worker among its holders. */
+Test(worker_daemon, a_reload_after_release_uses_the_floor_again)
+{
+	struct agt *a = agt_new("wd-refloor");
+	char *pm = agt_gen(a, "m", 41, NULL);
+	char *marg = NULL;
+	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct wkr w;
+	wkr_spawn(&w, a, "w1", NULL, NULL);
+	wkr_wait_ready(&w);
+
+	struct cmd_call k = run_cmd(w.url, CMD_PIN, "m", 20000);
+	cr_assert(k.rc == 0 && k.code == WEIGHTFLOOR__V1__STATUS__STATUS_OK, "pin: %s", k.msg);
+	cr_assert_eq(agent_holders(a, "m"), 2, "agent and worker should hold the floor");
+	char *hex = agt_digest_of(a, "m");
+	char *region = agt_region_path(a, hex, NULL);
+
+	/* the worker drops the model to DISK (and lets go of the floor), the agent releases: the
+	 * floor goes */
+	Weightfloor__V1__Unpin up = WEIGHTFLOOR__V1__UNPIN__INIT;
+	up.model = "m";
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN;
+	req.unpin = &up;
+	Weightfloor__V1__Reply *r = NULL;
+	int64_t ms;
+	cr_assert_eq(call(w.url, &req, 10000, &r, &ms, NULL), 0);
+	wf_ctl_reply_free(r);
+	Weightfloor__V1__SetResidency sr = WEIGHTFLOOR__V1__SET_RESIDENCY__INIT;
+	sr.model = "m";
+	sr.target = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY;
+	req.set_residency = &sr;
+	cr_assert_eq(call(w.url, &req, 10000, &r, &ms, NULL), 0);
+	agt_expect_code(r, AGT_ST(OK), "to DISK");
+	wf_ctl_reply_free(r);
+	r = agt_release(a, "m");
+	agt_expect_code(r, AGT_ST(OK), "release");
+	wf_ctl_reply_free(r);
+	int64_t end = now_ms() + 5000;
+	while (agt_inode(region) != 0 && now_ms() < end)
+		agt_sleep_ms(20);
+	cr_assert_eq(agt_inode(region), 0, "the released floor is still there");
+
+	/* the next load comes from a floor again, which the agent made for it */
+	k = run_cmd(w.url, CMD_PIN, "m", 20000);
+	cr_assert(k.rc == 0 && k.code == WEIGHTFLOOR__V1__STATUS__STATUS_OK, "pin again: %s", k.msg);
+	cr_assert_neq(agt_inode(region), 0, "the worker loaded without a floor");
+	cr_assert_eq(agent_holders(a, "m"), 2, "the worker does not hold the floor it loaded from");
+	cr_assert_eq(agt_stop(a, 10000), 0);
+}
