@@ -21,6 +21,7 @@ struct cli {
 	const char *socket; /* agent control URL (--socket, $WF_AGENT_SOCKET, default) */
 	const char *events; /* agent event URL (--events, $WF_AGENT_EVENTS, default) */
 	int timeout_ms;     /* per request (--timeout) */
+	bool timeout_given; /* --timeout was given: it bounds long commands too */
 };
 
 #define CLI_EXIT_OK 0

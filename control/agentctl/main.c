@@ -89,6 +89,7 @@ int main(int argc, char **argv)
 				return CLI_EXIT_USAGE;
 			}
 			cli.timeout_ms = (int)v;
+			cli.timeout_given = true;
 			break;
 		}
 		case 'q':

@@ -152,7 +152,10 @@ struct pending {
 static void *run_call(void *arg)
 {
 	struct pending *p = arg;
-	p->rc = cli_call(p->cli, p->what, p->req, 30 * 60 * 1000, &p->rep);
+	/* A load can take minutes: 30 of them unless --timeout says otherwise. The request carries
+	 * it as its deadline, which bounds the agent's relay and the worker's calls to the agent. */
+	p->rc = cli_call(p->cli, p->what, p->req,
+			 p->cli->timeout_given ? p->cli->timeout_ms : 30 * 60 * 1000, &p->rep);
 	__atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
 	return NULL;
 }

@@ -99,8 +99,9 @@ Test(paths, config_file_paths_are_relative_to_the_config_file)
 	char *cfg = xstr("%s/%s", cfg_dir, "agent.json");
 	FILE *f = fopen(cfg, "w");
 	cr_assert_not_null(f);
-	fprintf(f, "{\"model_roots\": [\"%s\"], "
-	           "\"models\": [{\"name\": \"C\", \"path\": \"../models/C.gguf\"}]}",
+	fprintf(f,
+	        "{\"model_roots\": [\"%s\"], "
+	        "\"models\": [{\"name\": \"C\", \"path\": \"../models/C.gguf\"}]}",
 	        a->models);
 	fclose(f);
 	/* The agent's working directory is elsewhere. */

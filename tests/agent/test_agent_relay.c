@@ -44,8 +44,8 @@ static Weightfloor__V1__Reply *register_worker(struct agt *a, const char *id, co
 struct pin_call {
 	const char *url, *worker;
 	int timeout_ms;
-	int rc;     /* of the call: 0 when a reply came */
-	int code;   /* the reply's */
+	int rc;   /* of the call: 0 when a reply came */
+	int code; /* the reply's */
 	char msg[512];
 	int64_t ms; /* elapsed */
 };
@@ -114,7 +114,8 @@ Test(relay, hung_worker_does_not_starve_the_agent)
 	struct pin_call pins[N];
 	pthread_t th[N];
 	for (int i = 0; i < N; i++) {
-		pins[i] = (struct pin_call){.url = a->sock_url, .worker = "hung", .timeout_ms = DEADLINE};
+		pins[i] =
+		    (struct pin_call){.url = a->sock_url, .worker = "hung", .timeout_ms = DEADLINE};
 		cr_assert_eq(pthread_create(&th[i], NULL, pin_thread, &pins[i]), 0);
 	}
 	/* While the relays hang, the agent's own requests answer at once. */
@@ -164,13 +165,21 @@ Test(relay, own_sockets_and_bad_urls_are_refused_as_endpoints)
 	char alias[600], rel[600];
 	snprintf(alias, sizeof alias, "ipc://%s/../run/./agent.sock", a->run);
 	snprintf(rel, sizeof rel, "ipc://run/agent.sock");
-	const char *bad[] = {a->sock_url, a->ev_url, alias, rel, "inproc://w", "tcp://127.0.0.1:7000",
-	                     "tls+tcp://nohost", "tls+tcp://h:0", "ipc:///run/with space.sock",
+	const char *bad[] = {a->sock_url,
+	                     a->ev_url,
+	                     alias,
+	                     rel,
+	                     "inproc://w",
+	                     "tcp://127.0.0.1:7000",
+	                     "tls+tcp://nohost",
+	                     "tls+tcp://h:0",
+	                     "ipc:///run/with space.sock",
 	                     "hello"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		Weightfloor__V1__Reply *r = register_worker(a, "self", bad[i]);
 		cr_expect_eq(r->code, WEIGHTFLOOR__V1__STATUS__STATUS_INVALID_ARGUMENT,
-		             "endpoint %s: %s %s", bad[i], wf_proto_status_name(r->code), r->message);
+		             "endpoint %s: %s %s", bad[i], wf_proto_status_name(r->code),
+		             r->message);
 		wf_ctl_reply_free(r);
 	}
 	/* Nothing was registered: a Pin for it is answered at once, not relayed to ourselves. */

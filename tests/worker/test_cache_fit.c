@@ -98,8 +98,7 @@ Test(cache_fit, larger_than_the_device_evicts_nothing)
 	OKD(wf_cache_pin(f.c, f.id[p], D));
 	uint64_t ev = evictions(&f);
 
-	cr_expect_eq(wf_cache_prefetch(f.c, f.id[huge], true, &diag), WF_ENO_SPACE, "%s",
-	             diag.msg);
+	cr_expect_eq(wf_cache_prefetch(f.c, f.id[huge], true, &diag), WF_ENO_SPACE, "%s", diag.msg);
 	cr_expect(strstr(diag.msg, "nothing was evicted") != NULL, "%s", diag.msg);
 	wf_diag_clear(&diag);
 	cr_expect_eq(wf_cache_acquire(f.c, f.id[huge], NULL, &diag), WF_ENO_SPACE, "%s", diag.msg);
@@ -122,14 +121,13 @@ Test(cache_fit, arena_less_pinned_is_the_limit)
 	fx_open(&f, "host:mem=64Mi", 16 * MiB);
 	size_t a = fx_model(&f, "A", 2, 2 * MiB);
 	size_t p = fx_model(&f, "P", 2, 2 * MiB);
-	size_t big = fx_model(&f, "big", 4, 3 * MiB); /* 12 MiB: over the 8 MiB budget */
+	size_t big = fx_model(&f, "big", 4, 3 * MiB);   /* 12 MiB: over the 8 MiB budget */
 	size_t huge = fx_model(&f, "huge", 3, 5 * MiB); /* 15 MiB > 16 - 4 pinned */
 	OKD(wf_cache_prefetch(f.c, f.id[a], true, D));
 	OKD(wf_cache_pin(f.c, f.id[p], D));
 	uint64_t ev = evictions(&f);
 
-	cr_expect_eq(wf_cache_prefetch(f.c, f.id[huge], true, &diag), WF_ENO_SPACE, "%s",
-	             diag.msg);
+	cr_expect_eq(wf_cache_prefetch(f.c, f.id[huge], true, &diag), WF_ENO_SPACE, "%s", diag.msg);
 	cr_expect(strstr(diag.msg, "arena") != NULL, "%s", diag.msg);
 	cr_expect_eq(state_of(&f, a), WF_RESIDENCY_DEVICE);
 	cr_expect_eq(evictions(&f), ev);

@@ -259,7 +259,8 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	char decl[600];
 	snprintf(decl, sizeof decl, "B=%s", pb);
 	struct wkr w;
-	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, "--prefetch", "A", NULL});
+	wkr_spawn(&w, a, "w0", NULL,
+	          (const char *const[]){"--model", decl, "--prefetch", "A", NULL});
 	wkr_wait_ready(&w);
 	int64_t end = now_ms() + 30000;
 	while (residency(w.url, "A") != WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE) {
@@ -281,7 +282,25 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	wf_ctl_reply_free(r);
 	struct cmd_call ka = run_cmd(w.url, CMD_EVICT, "A", 1000);
 	pthread_join(th, NULL);
+	/* agentctl straight at the worker: --timeout bounds a residency command too. */
+	char *argv[] = {wft_exe("control/agentctl/agentctl"),
+	                "--socket",
+	                w.url,
+	                "--timeout",
+	                "3000",
+	                "prefetch",
+	                "C",
+	                NULL};
+	char *out = NULL, *err = NULL;
+	t0 = now_ms();
+	rc = agt_run(argv, &out, &err, 30, a->dir);
+	int64_t ctl_ms = now_ms() - t0;
 	kill(a->pid, SIGCONT);
+	cr_expect_eq(rc, 1, "agentctl prefetch C: exit %d: %s", rc, err);
+	cr_expect_lt(ctl_ms, 5000, "agentctl prefetch C took %lld ms", (long long)ctl_ms);
+	cr_expect(strstr(err, "UNAVAILABLE") != NULL, "agentctl: %s", err);
+	free(out);
+	free(err);
 
 	cr_expect_eq(kb.rc, 0, "Prefetch B (declared) waited: %s after %lld ms", kb.msg,
 	             (long long)kb.ms);
@@ -361,8 +380,14 @@ Test(worker_daemon, cuda_without_gpu_says_so)
 	struct agt *a = agt_new("wd-cuda");
 	char ep[600];
 	snprintf(ep, sizeof ep, "ipc://%s/w.sock", a->run);
-	char *argv[] = {wft_exe("worker/wf-worker"), "--device", "cuda:0", "--agent", "none",
-	                "--endpoint", ep, NULL};
+	char *argv[] = {wft_exe("worker/wf-worker"),
+	                "--device",
+	                "cuda:0",
+	                "--agent",
+	                "none",
+	                "--endpoint",
+	                ep,
+	                NULL};
 	char *out = NULL, *err = NULL;
 	int rc = agt_run(argv, &out, &err, 30, a->dir);
 	cr_expect(rc > 0 && rc < 128, "exits non-zero (status %d)", rc);
