@@ -436,7 +436,7 @@ int main(int argc, char **argv)
 		const char *name = pin ? o.pins[i] : o.prefetch[i - o.n_pins];
 		uint32_t mid;
 		wf_diag_clear(&d);
-		rc = wf_worker_svc_resolve(&svc, name, WF_WORKER_AGENT_MAX_MS, &mid, &d);
+		rc = wf_worker_svc_resolve(&svc, name, WF_WORKER_AGENT_MAX_MS, true, &mid, &d);
 		if (rc == 0)
 			rc = pin ? wf_cache_pin(cache, mid, &d) : wf_cache_prefetch(cache, mid, true, &d);
 		if (rc < 0)

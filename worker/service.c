@@ -114,19 +114,45 @@ static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms, 
 	return rc;
 }
 
-int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms,
+/* A model the worker knows may have lost its floor since (the agent released or evicted it, or
+ * restarted without it): before loading, ask the agent for it again, so that the bytes come from
+ * the node's one copy rather than from a private read of the files. Without an agent, or when it
+ * fails, the load reads the files (the residency status says which source it used). */
+static void refloor(struct wf_worker_svc *s, const char *name, uint32_t id, int agent_ms)
+{
+	if (!s->agent)
+		return;
+	struct wf_cache_status *st = NULL;
+	if (wf_cache_status(s->cache, &st) < 0)
+		return;
+	bool attached = id < st->n_models && st->models[id].floor;
+	wf_cache_status_free(st);
+	if (attached)
+		return;
+	char *path = NULL;
+	struct wf_diag d = {{0}};
+	if (ask_agent(s, name, agent_ms, &path, &d) == 0)
+		free(path);
+}
+
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
 			  uint32_t *ret_id, struct wf_diag *diag)
 {
 	if (!name || !*name)
 		return wf_diag_set(diag, WF_EINVAL, "no model named");
-	if (wf_cache_model_find(s->cache, name, ret_id) == 0)
+	if (wf_cache_model_find(s->cache, name, ret_id) == 0) {
+		if (for_load)
+			refloor(s, name, *ret_id, agent_ms);
 		return 0;
+	}
 	pthread_mutex_lock(&s->mu);
 	struct wf_worker_model *m = find_locked(s, name);
 	bool in_cache = m && m->in_cache, has_path = m && m->path;
 	uint32_t id = m ? m->id : 0;
 	pthread_mutex_unlock(&s->mu);
 	if (in_cache) {
+		if (for_load)
+			refloor(s, name, id, agent_ms);
 		*ret_id = id;
 		return 0;
 	}
@@ -298,28 +324,6 @@ static bool wants_bytes(const Weightfloor__V1__Request *req)
 	}
 }
 
-/* A model the worker knows may have lost its floor since (the agent released or evicted it, or
- * restarted without it): before loading, ask the agent for it again, so that the bytes come from
- * the node's one copy rather than from a private read of the files. Without an agent, or when it
- * fails, the load reads the files (the residency status says which source it used). */
-static void ensure_floor_if_detached(struct wf_worker_svc *s, const char *name, uint32_t id,
-				     int agent_ms)
-{
-	if (!s->agent)
-		return;
-	struct wf_cache_status *st = NULL;
-	if (wf_cache_status(s->cache, &st) < 0)
-		return;
-	bool attached = id < st->n_models && st->models[id].floor;
-	wf_cache_status_free(st);
-	if (attached)
-		return;
-	char *path = NULL;
-	struct wf_diag d = {{0}};
-	if (ask_agent(s, name, agent_ms, &path, &d) == 0)
-		free(path);
-}
-
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -368,10 +372,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	 * for the load and our answer. */
 	int agent_ms = wf_ctl_call_time_left_ms(call, WF_WORKER_AGENT_MAX_MS);
 	agent_ms -= agent_ms / 10;
-	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, &id, &d)) < 0)
+	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
 		return fail(reply, call, rc, &d);
-	if (model && wants_bytes(req))
-		ensure_floor_if_detached(s, model, id, agent_ms);
 
 	switch (req->body_case) {
 	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY: {
@@ -407,7 +409,7 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		if (!ids)
 			return -ENOMEM;
 		for (size_t i = 0; i < c->n_reload; i++)
-			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, &ids[i], &d)) < 0)
+			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, true, &ids[i], &d)) < 0)
 				return fail(reply, call, rc, &d);
 		struct wf_cache_status *before = NULL, *after = NULL;
 		wf_cache_status(s->cache, &before);

@@ -51,8 +51,9 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
  * (the request's time left); an agent that is not running, or does not answer in time, costs a
  * model declared with --model nothing but the floor (it loads from its files) and fails any
  * other with the agent's error (WF_EUNAVAILABLE, WF_ETIMEOUT, ...). No lock is held while the
- * agent is asked. */
-int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms,
+ * agent is asked. With for_load, a model already known whose floor is no longer attached is asked
+ * for again (the agent may have released it since), within the same agent_ms. */
+int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
 			  uint32_t *ret_id, struct wf_diag *diag);
 
 /* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
