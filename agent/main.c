@@ -281,6 +281,13 @@ static void on_worker_event(void *ctx, const char *worker_id, const char *messag
 		wf_ctl_pub_publish(a->pub, &e, NULL);
 }
 
+/* The control library's lines (listener replaced, peers turned away) into the agent's log. */
+static void log_ctl(void *arg, int level, const char *line)
+{
+	(void)arg;
+	wf_log((enum wf_log_level)level, "%s", line);
+}
+
 static int start_services(struct agent *a)
 {
 	struct wf_diag d = {{0}};
@@ -291,6 +298,7 @@ static int start_services(struct agent *a)
 		.n_allowed_uids = a->cfg.n_allowed_uids,
 		.allowed_gids = a->cfg.allowed_gids,
 		.n_allowed_gids = a->cfg.n_allowed_gids,
+		.log = log_ctl,
 	};
 	int rc;
 	if ((rc = wf_ctl_ipc_dir_ensure(a->cfg.socket_url, a->cfg.gid)) < 0 ||

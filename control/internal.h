@@ -73,6 +73,23 @@ struct wf__ctl_listener {
 	uint64_t removed_seen;  /* pipes_removed when the listener was started */
 	int64_t unexplained_since_ms; /* errors exceed removals since then (monotonic ms); 0: not */
 	unsigned restarts;
+	bool shim_active; /* wf__ctl_sockshim_active() when listening started */
+	/* The ipc probe (wf__ctl_listener_check). pipes_added counts the ADD_PRE events of the
+	 * current listener: any increase proves that its accept loop runs. */
+	uint16_t peer_proto;     /* SP protocol id of the socket's peers (REQ, SUB) */
+	uint64_t pipes_added;    /* atomic */
+	uint64_t pipes_started;  /* ADD_POST events (atomic) */
+	uint64_t pipes_refused;  /* closed by the ADD_PRE hook (atomic) */
+	uint64_t added_seen;     /* pipes_added at the last check that saw it move */
+	int64_t progress_ms;     /* when it last moved (or listening started) */
+	bool probing;            /* probe_fd is an open probe connection */
+	int probe_fd;
+	int64_t probe_ms;        /* when the probe connected */
+	/* Logging (transport.h, wf_ctl_listen_opts.log). */
+	wf_ctl_log_fn log;
+	void *log_arg;
+	int64_t reported_ms, failed_log_ms;
+	uint64_t refused_reported, foreign_reported;
 };
 
 /* Validates opts->url against the policy of transport.h, installs the pipe-notify hook that
@@ -94,9 +111,14 @@ void wf__ctl_listener_fini(struct wf__ctl_listener *lst);
  * from one thread. */
 int wf__ctl_listener_check(struct wf__ctl_listener *lst);
 
-/* A thread that runs wf__ctl_listener_check() every WF__CTL_WATCH_MS. */
-#define WF__CTL_WATCH_MS 50
-#define WF__CTL_STUCK_MS 100
+/* A thread that runs wf__ctl_listener_check() every WF__CTL_WATCH_MS. An ipc listener that has
+ * handed no connection to its socket for WF__CTL_PROBE_IDLE_MS gets a probe connection; if that
+ * one is not handed over either within WF__CTL_PROBE_WAIT_MS (nng's accept loop pauses 100 ms
+ * after each failed handshake, so this leaves room for several), the listener is replaced. */
+#define WF__CTL_WATCH_MS      50
+#define WF__CTL_STUCK_MS      100
+#define WF__CTL_PROBE_IDLE_MS 1000
+#define WF__CTL_PROBE_WAIT_MS 1000
 struct wf__ctl_watchdog {
 	struct wf__ctl_listener *lst;
 	pthread_t thread;
@@ -154,6 +176,10 @@ struct wf__ctl_budget {
 };
 void wf__ctl_budget_init(struct wf__ctl_budget *b, size_t cap);
 extern ProtobufCAllocator wf__ctl_free_allocator;
+
+/* True when this library's sendmsg() (sockshim.c: EPIPE on a stream socket reads as ECONNRESET,
+ * which keeps nng 1.5.2's listeners accepting) is the one libnng calls. Thread-safe. */
+bool wf__ctl_sockshim_active(void);
 
 /* Milliseconds on CLOCK_REALTIME / CLOCK_MONOTONIC. */
 int64_t wf__ctl_unix_ms(void);

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -185,31 +187,44 @@ int wf__ctl_peer_get(nng_pipe p, enum wf_ctl_transport t, struct wf_ctl_peer *pe
 	return 0;
 }
 
-/* Runs on an nng thread before a new connection joins the socket. Closing the pipe here is the
- * only way to refuse a peer on a socket that cannot answer (PUB), and the right way to refuse
- * one whose credentials cannot even be read. */
-static void pipe_add_pre(nng_pipe p, nng_pipe_ev ev, void *arg)
+static bool of_current_listener(const struct wf__ctl_listener *lst, nng_pipe p)
+{
+	return nng_listener_id(nng_pipe_listener(p)) ==
+	       __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE);
+}
+
+/* Runs on an nng thread for each connection of the socket. ADD_PRE comes before a new
+ * connection joins: closing the pipe here is the only way to refuse a peer on a socket that
+ * cannot answer (PUB), and the right way to refuse one whose credentials cannot even be read.
+ * Every ADD_PRE of the current listener also proves that its accept loop is alive (the probe in
+ * wf__ctl_listener_check waits for one). ADD_POST follows only for pipes that the protocol
+ * accepted: the difference counts peers of another SP protocol, which nng drops by itself. */
+static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct wf__ctl_listener *lst = arg;
+	if (!of_current_listener(lst, p))
+		return; /* a dialer's pipe, or one of a listener already replaced */
 	if (ev == NNG_PIPE_EV_REM_POST) {
-		/* Only this listener's pipes explain this listener's errors: the connections a
-		 * restart drops belonged to the previous one. */
-		if (nng_listener_id(nng_pipe_listener(p)) ==
-		    __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE))
-			__atomic_add_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
 		return;
 	}
-	if (ev != NNG_PIPE_EV_ADD_PRE || lst->transport != WF_CTL_TRANSPORT_IPC)
+	if (ev == NNG_PIPE_EV_ADD_POST) {
+		__atomic_add_fetch(&lst->pipes_started, 1, __ATOMIC_RELEASE);
+		return;
+	}
+	if (ev != NNG_PIPE_EV_ADD_PRE)
+		return;
+	__atomic_add_fetch(&lst->pipes_added, 1, __ATOMIC_RELEASE);
+	if (lst->transport != WF_CTL_TRANSPORT_IPC)
 		return;
 	struct wf_ctl_peer peer;
 	if (wf__ctl_peer_get(p, lst->transport, &peer) != 0 ||
 	    (lst->reject_denied && !wf__ctl_auth_allows(&lst->auth, &peer))) {
 		/* A pipe refused here never started I/O, so nng counts no error for it, yet its
 		 * REM_POST follows: take it back in advance, or each refused peer would bank a
-		 * removal that hides one failed accept from the watchdog. */
-		if (nng_listener_id(nng_pipe_listener(p)) ==
-		    __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE))
-			__atomic_sub_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		 * removal that hides one failed accept from the tls watchdog. */
+		__atomic_sub_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&lst->pipes_refused, 1, __ATOMIC_RELEASE);
 		nng_pipe_close(p);
 	}
 }
@@ -391,6 +406,27 @@ static int64_t listener_errors(nng_listener l)
 	return v;
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void lst_log(const struct wf__ctl_listener *lst, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void lst_log(const struct wf__ctl_listener *lst, int level, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	if (!lst->log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	lst->log(lst->log_arg, level, line);
+}
+
 static char *strdup_or_null(const char *s, bool *ret_fail)
 {
 	char *d = NULL;
@@ -423,6 +459,9 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 	lst->reject_denied = reject_denied;
 	lst->ipc_mode = o->ipc_mode ? o->ipc_mode : WF_CTL_DEFAULT_IPC_MODE;
 	lst->ipc_group = o->ipc_group;
+	lst->shim_active = wf__ctl_sockshim_active();
+	lst->log = o->log;
+	lst->log_arg = o->log_arg;
 	lst->insecure = o->allow_insecure_tcp;
 	lst->tls_cert_key_file = strdup_or_null(o->tls.cert_key_file, &nomem);
 	lst->tls_ca_file = strdup_or_null(o->tls.ca_file, &nomem);
@@ -433,8 +472,9 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 		goto err;
 	}
 
-	if ((rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, pipe_add_pre, lst)) != 0 ||
-	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, pipe_add_pre, lst)) != 0) {
+	if ((rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, pipe_event, lst)) != 0 ||
+	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, pipe_event, lst)) != 0 ||
+	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, pipe_event, lst)) != 0) {
 		rv = wf__ctl_nng_err(rv, diag, "pipe notify");
 		goto err;
 	}
@@ -447,12 +487,22 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 	}
 	int64_t e = listener_errors(lst->l);
 	lst->errors_seen = e > 0 ? (uint64_t)e : 0;
+	lst->progress_ms = mono_ms();
+	int peer = 0;
+	nng_socket_get_int(sock, NNG_OPT_PEER, &peer);
+	lst->peer_proto = (uint16_t)peer;
+	if (!lst->shim_active)
+		lst_log(lst, 4,
+		        "%s: libnng does not call this program's sendmsg(); peers that hang up "
+		        "early can stop the listener until the watchdog replaces it",
+		        lst->url);
 	return 0;
 err:
 	if (lst->have_l)
 		nng_listener_close(lst->l);
 	if (notify) {
 		nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, NULL, NULL);
+		nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
 		nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
 	}
 	wf__ctl_listener_fini(lst);
@@ -460,48 +510,167 @@ err:
 	return rv;
 }
 
-static int64_t mono_ms(void)
+/* Reports, at most once per WF_CTL_LOG_INTERVAL_MS, the peers turned away since the last line. */
+static void report_peers(struct wf__ctl_listener *lst, int64_t now)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	if (!lst->log || now - lst->reported_ms < WF_CTL_LOG_INTERVAL_MS)
+		return;
+	uint64_t refused = __atomic_load_n(&lst->pipes_refused, __ATOMIC_ACQUIRE);
+	uint64_t started = __atomic_load_n(&lst->pipes_started, __ATOMIC_ACQUIRE);
+	uint64_t added = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+	/* A pipe between its ADD_PRE and ADD_POST reads as foreign for a moment: report only
+	 * growth, and never count the same pipe twice. */
+	uint64_t foreign = added - started - refused;
+	bool any = false;
+	if (refused > lst->refused_reported) {
+		lst_log(lst, 4,
+		        "%s: refused %llu connection(s) at connect (peer credentials unreadable or not "
+		        "allowed)",
+		        lst->url, (unsigned long long)(refused - lst->refused_reported));
+		lst->refused_reported = refused;
+		any = true;
+	}
+	if (foreign > lst->foreign_reported && foreign < (UINT64_C(1) << 62)) {
+		lst_log(lst, 4, "%s: dropped %llu connection(s) that spoke another SP protocol",
+		        lst->url, (unsigned long long)(foreign - lst->foreign_reported));
+		lst->foreign_reported = foreign;
+		any = true;
+	}
+	if (any)
+		lst->reported_ms = now;
+}
+
+static void probe_close(struct wf__ctl_listener *lst)
+{
+	if (lst->probing)
+		close(lst->probe_fd);
+	lst->probing = false;
+	lst->probe_ms = 0;
+}
+
+/* Connects to the ipc listener as a peer of the socket's protocol would and sends the SP
+ * header ("\0SP\0", protocol id, two reserved bytes). Returns 1 when the probe is under way,
+ * 0 when nothing could be concluded (the backlog is full), -ENOENT or -ECONNREFUSED when
+ * nothing listens on the path any more. */
+static int probe_open(struct wf__ctl_listener *lst)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(lst->peer_proto >> 8),
+	                  (uint8_t)lst->peer_proto, 0, 0};
+	if (strlen(lst->ipc_path) >= sizeof(sa.sun_path))
+		return 0;
+	strcpy(sa.sun_path, lst->ipc_path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return 0;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return e == ENOENT || e == ECONNREFUSED ? -e : 0;
+	}
+	if (send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(hdr)) {
+		close(fd);
+		return 0;
+	}
+	lst->probe_fd = fd;
+	lst->probing = true;
+	return 1;
+}
+
+/* True when the server's 8-byte SP header has reached the probe: its side of the handshake is
+ * done, so hanging up now cannot fail the server's send. */
+static bool probe_answered(const struct wf__ctl_listener *lst)
+{
+	uint8_t buf[8];
+	return recv(lst->probe_fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof(buf);
+}
+
+/* The tls listener cannot be probed without a client certificate of its CA: it keeps the older
+ * test, accept errors that no removed pipe explains (internal.h). Returns true when stuck. */
+static bool errors_unexplained(struct wf__ctl_listener *lst, int64_t now)
+{
+	int64_t e = listener_errors(lst->l);
+	if (e < 0)
+		return false; /* no statistics: nothing to go by */
+	uint64_t removed = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
+	uint64_t errs = (uint64_t)e - lst->errors_seen;
+	uint64_t pipes = removed - lst->removed_seen;
+	if (errs <= pipes) {
+		lst->unexplained_since_ms = 0;
+		return false;
+	}
+	/* The error may be counted a moment before its pipe's removal is reported: only an
+	 * excess that lasts is a failed accept. */
+	if (!lst->unexplained_since_ms) {
+		lst->unexplained_since_ms = now;
+		return false;
+	}
+	return now - lst->unexplained_since_ms >= WF__CTL_STUCK_MS;
 }
 
 int wf__ctl_listener_check(struct wf__ctl_listener *lst)
 {
+	int64_t now = mono_ms();
+	const char *why = "listening again after a failed restart";
+	report_peers(lst, now);
 	if (lst->have_l) {
-		int64_t e = listener_errors(lst->l);
-		if (e < 0)
-			return 0; /* no statistics: nothing to go by */
-		/* Every ordinary disconnect counts one "other" error and removes one pipe; an
-		 * accept that failed before a pipe existed (nng #1518) counts an error alone. */
-		uint64_t removed = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
-		uint64_t errs = (uint64_t)e - lst->errors_seen;
-		uint64_t pipes = removed - lst->removed_seen;
-		int64_t now = mono_ms();
-		if (errs <= pipes) {
-			lst->unexplained_since_ms = 0;
+		if (lst->transport != WF_CTL_TRANSPORT_IPC) {
+			if (!errors_unexplained(lst, now))
+				return 0;
+			why = "accept failed (nng #1518)";
+			goto replace;
+		}
+		/* Any connection the listener hands to the socket proves it accepts. */
+		uint64_t added = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+		if (added != lst->added_seen) {
+			lst->added_seen = added;
+			lst->progress_ms = now;
+			if (lst->probing && probe_answered(lst))
+				probe_close(lst);
 			return 0;
 		}
-		/* The error may be counted a moment before its pipe's removal is reported:
-		 * only an excess that lasts is a failed accept. */
-		if (!lst->unexplained_since_ms) {
-			lst->unexplained_since_ms = now;
-			return 0;
+		if (lst->probing) {
+			if (now - lst->probe_ms < WF__CTL_PROBE_WAIT_MS)
+				return 0;
+			probe_close(lst);
+			why = "its own probe connection was not accepted";
+			goto replace;
 		}
-		if (now - lst->unexplained_since_ms < WF__CTL_STUCK_MS)
+		if (now - lst->progress_ms < WF__CTL_PROBE_IDLE_MS)
 			return 0;
+		int rv = probe_open(lst);
+		if (rv < 0) {
+			why = rv == -ENOENT ? "the socket file was removed"
+			                    : "nothing listens on the socket file";
+			goto replace;
+		}
+		if (rv == 0)
+			lst->progress_ms = now; /* inconclusive: try again later */
+		else
+			lst->probe_ms = now;
+		return 0;
+	replace:
 		nng_listener_close(lst->l);
 		lst->have_l = false;
 	}
 	int rv = listener_start(lst, lst->url, NULL);
-	if (rv < 0)
+	if (rv < 0) {
+		if (now - lst->failed_log_ms >= WF_CTL_LOG_INTERVAL_MS) {
+			lst_log(lst, 3, "%s: cannot listen again (%s); retrying", lst->url,
+			        wf_strerror(rv));
+			lst->failed_log_ms = now;
+		}
 		return rv;
+	}
 	int64_t e = listener_errors(lst->l);
 	lst->errors_seen = e > 0 ? (uint64_t)e : 0;
 	lst->removed_seen = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
 	lst->unexplained_since_ms = 0;
+	lst->added_seen = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+	lst->progress_ms = now;
 	lst->restarts++;
+	lst_log(lst, 4, "%s: listener stopped accepting (%s); replaced it (restart %u)", lst->url,
+	        why, lst->restarts);
 	return 1;
 }
 
@@ -509,6 +678,7 @@ void wf__ctl_listener_fini(struct wf__ctl_listener *lst)
 {
 	if (!lst)
 		return;
+	probe_close(lst);
 	auth_fini(&lst->auth);
 	free(lst->url);
 	free(lst->ipc_path);

@@ -53,6 +53,13 @@ struct wf_ctl_tls_opts {
 	const char *server_name;
 };
 
+/* A line for the program's log, at a syslog level (3 error, 4 warning, 6 info). Called from a
+ * library thread (never an nng callback, never while a request is being served). */
+typedef void (*wf_ctl_log_fn)(void *arg, int level, const char *line);
+/* Each kind of line (peers refused, peers of another protocol dropped) is logged at most once
+ * per this many ms, with the count since the previous line. */
+#define WF_CTL_LOG_INTERVAL_MS 10000
+
 /* Where and how a server or publisher listens. Zero-initialised fields take the defaults. */
 struct wf_ctl_listen_opts {
 	const char *url;         /* NULL: WF_CTL_DEFAULT_URL (server) or _EVENTS_URL (publisher) */
@@ -69,6 +76,10 @@ struct wf_ctl_listen_opts {
 	/* Skip the uid/gid check and let the socket file's mode and group decide alone. */
 	bool allow_any_peer;
 	struct wf_ctl_tls_opts tls;
+	/* Optional: told when the listener had to be replaced (it stopped accepting) and, rate
+	 * limited, about connections turned away before they could send a request. */
+	wf_ctl_log_fn log;
+	void *log_arg;
 };
 
 /* Who sent a request. Filled by the server for each request. */

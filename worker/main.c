@@ -288,6 +288,13 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	}
 }
 
+/* The control library's lines (listener replaced, peers turned away) into the worker's log. */
+static void log_ctl(void *arg, int level, const char *line)
+{
+	(void)arg;
+	wf_log((enum wf_log_level)level, "%s", line);
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o = {.device = "auto",
@@ -385,7 +392,10 @@ int main(int argc, char **argv)
 	}
 
 	struct wf_ctl_server_opts so = {
-		.listen = {.url = endpoint, .allowed_uids = o.uids, .n_allowed_uids = o.n_uids},
+		.listen = {.url = endpoint,
+		           .allowed_uids = o.uids,
+		           .n_allowed_uids = o.n_uids,
+		           .log = log_ctl},
 		.handle = wf_worker_svc_handle,
 		.ctx = &svc,
 	};
