@@ -64,6 +64,8 @@ struct wf__ctl_listener {
 	gid_t ipc_group;
 	bool insecure;
 	char *tls_cert_key_file;
+	char *tls_cert_file;
+	char *tls_key_file;
 	char *tls_ca_file;
 	struct wf__ctl_auth auth;
 	bool reject_denied;     /* close denied ipc peers at connect (PUB cannot answer them) */

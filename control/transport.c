@@ -3,6 +3,8 @@
 
 #include "base/error.h"
 
+#include <nng/protocol/pubsub0/sub.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
 
 #include <arpa/inet.h>
@@ -231,6 +233,70 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 
 /* ---- listen / dial ------------------------------------------------------------------------- */
 
+/* The whole of a PEM file, NUL-terminated, up to 1 MiB. */
+static int read_pem(const char *path, char **ret_text)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	size_t cap = 1 << 20, n;
+	char *buf = malloc(cap + 1);
+	if (!buf) {
+		fclose(f);
+		return -ENOMEM;
+	}
+	n = fread(buf, 1, cap + 1, f);
+	int err = ferror(f) ? -EIO : 0;
+	fclose(f);
+	if (!err && n > cap)
+		err = WF_ELIMIT;
+	if (err) {
+		free(buf);
+		return err;
+	}
+	buf[n] = '\0';
+	*ret_text = buf;
+	return 0;
+}
+
+/* The own certificate and key of tls, when it names them. */
+static int tls_own_cert(nng_tls_config *cfg, const struct wf_ctl_tls_opts *tls,
+                        struct wf_diag *diag)
+{
+	char *cert = NULL, *key = NULL;
+	int rv;
+	if (!tls->cert_file) {
+		if (!tls->cert_key_file)
+			return 0;
+		rv = nng_tls_config_cert_key_file(cfg, tls->cert_key_file, NULL);
+		if (rv != 0)
+			return wf_diag_set(diag, wf__ctl_nng_code(rv), "tls certificate/key %s: %s",
+			                   tls->cert_key_file, nng_strerror(rv));
+		return 0;
+	}
+	const char *key_path = tls->key_file ? tls->key_file : tls->cert_file;
+	if ((rv = read_pem(tls->cert_file, &cert)) < 0) {
+		rv = wf_diag_set(diag, rv, "tls certificate %s: %s", tls->cert_file, wf_strerror(rv));
+		goto out;
+	}
+	if ((rv = read_pem(key_path, &key)) < 0) {
+		rv = wf_diag_set(diag, rv, "tls key %s: %s", key_path, wf_strerror(rv));
+		goto out;
+	}
+	if ((rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0)
+		rv = wf_diag_set(diag, wf__ctl_nng_code(rv),
+		                 "tls certificate %s with key %s: %s (not PEM, encrypted, or not a "
+		                 "matching pair)",
+		                 tls->cert_file, key_path, nng_strerror(rv));
+out:
+	free(cert);
+	if (key) {
+		explicit_bzero(key, strlen(key));
+		free(key);
+	}
+	return rv;
+}
+
 static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool insecure,
                      const char *url, nng_tls_config **ret_cfg, struct wf_diag *diag)
 {
@@ -239,14 +305,8 @@ static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool 
 	int rv = nng_tls_config_alloc(&cfg, mode);
 	if (rv != 0)
 		return wf__ctl_nng_err(rv, diag, "tls config (is nng built with TLS?)");
-	if (tls->cert_key_file) {
-		rv = nng_tls_config_cert_key_file(cfg, tls->cert_key_file, NULL);
-		if (rv != 0) {
-			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "tls certificate/key %s: %s",
-			                 tls->cert_key_file, nng_strerror(rv));
-			goto err;
-		}
-	}
+	if ((rv = tls_own_cert(cfg, tls, diag)) < 0)
+		goto err;
 	if (tls->ca_file) {
 		rv = nng_tls_config_ca_file(cfg, tls->ca_file);
 		if (rv == 0)
@@ -325,7 +385,9 @@ static int listener_start(struct wf__ctl_listener *lst, const char *url, struct 
 			goto err;
 		}
 	} else if (lst->transport == WF_CTL_TRANSPORT_TLS) {
-		const struct wf_ctl_tls_opts tls = {.cert_key_file = lst->tls_cert_key_file,
+		const struct wf_ctl_tls_opts tls = {.cert_file = lst->tls_cert_file,
+		                                    .key_file = lst->tls_key_file,
+		                                    .cert_key_file = lst->tls_cert_key_file,
 		                                    .ca_file = lst->tls_ca_file};
 		if ((rv = tls_setup(NNG_TLS_MODE_SERVER, &tls, lst->insecure, url, &cfg, diag)) < 0)
 			goto err;
@@ -451,8 +513,8 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 		                   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
 		                   "allow_insecure_tcp",
 		                   url);
-	if (t == WF_CTL_TRANSPORT_TLS && !o->tls.cert_key_file)
-		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate/key file",
+	if (t == WF_CTL_TRANSPORT_TLS && !o->tls.cert_key_file && !o->tls.cert_file)
+		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate and key file",
 		                   url);
 	lst->sock = sock;
 	lst->transport = t;
@@ -464,6 +526,8 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 	lst->log_arg = o->log_arg;
 	lst->insecure = o->allow_insecure_tcp;
 	lst->tls_cert_key_file = strdup_or_null(o->tls.cert_key_file, &nomem);
+	lst->tls_cert_file = strdup_or_null(o->tls.cert_file, &nomem);
+	lst->tls_key_file = strdup_or_null(o->tls.key_file, &nomem);
 	lst->tls_ca_file = strdup_or_null(o->tls.ca_file, &nomem);
 	if (t == WF_CTL_TRANSPORT_IPC)
 		lst->ipc_path = strdup_or_null(url + strlen("ipc://"), &nomem);
@@ -683,10 +747,14 @@ void wf__ctl_listener_fini(struct wf__ctl_listener *lst)
 	free(lst->url);
 	free(lst->ipc_path);
 	free(lst->tls_cert_key_file);
+	free(lst->tls_cert_file);
+	free(lst->tls_key_file);
 	free(lst->tls_ca_file);
 	lst->url = NULL;
 	lst->ipc_path = NULL;
 	lst->tls_cert_key_file = NULL;
+	lst->tls_cert_file = NULL;
+	lst->tls_key_file = NULL;
 	lst->tls_ca_file = NULL;
 }
 
@@ -764,6 +832,57 @@ void wf__ctl_watchdog_stop(struct wf__ctl_watchdog *w)
 	w->init = false;
 }
 
+/* After a failed TLS handshake, finds out which side refused: dials once more, without verifying
+ * the server but presenting the same certificate, on a scratch socket of the same protocol, and
+ * hangs up at once (nothing is sent). If that handshake succeeds, the server accepted this client
+ * and its own certificate is what failed; otherwise the server refused this client. */
+static int tls_explain(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls,
+                       int nng_rv, struct wf_diag *diag)
+{
+	struct wf_ctl_tls_opts loose = *tls;
+	nng_tls_config *cfg = NULL;
+	nng_socket s;
+	nng_dialer d;
+	int proto = 0, rv;
+	loose.ca_file = NULL;
+	nng_socket_get_int(sock, NNG_OPT_PROTO, &proto);
+	rv = proto == 0x21 ? nng_sub0_open(&s) : nng_req0_open(&s);
+	if (rv == 0) {
+		if ((rv = nng_dialer_create(&d, s, url)) == 0 &&
+		    (rv = tls_setup(NNG_TLS_MODE_CLIENT, &loose, true, url, &cfg, NULL)) == 0) {
+			rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+			nng_tls_config_free(cfg);
+			if (rv == 0)
+				rv = nng_dialer_start(d, 0);
+		}
+		nng_close(s);
+	}
+	bool has_cert = tls->cert_file || tls->cert_key_file;
+	if (rv == 0) {
+		nng_url *u = NULL;
+		const char *name = tls->server_name;
+		if (!name && nng_url_parse(&u, url) == 0)
+			name = u->u_hostname;
+		rv = wf_diag_set(diag, WF_EPERMISSION,
+		                 "%s: the server's certificate does not verify against %s (signed by "
+		                 "another CA, expired, or its DNS names do not include '%s': mbedTLS "
+		                 "matches DNS names only, give the name with --tls-server-name)",
+		                 url, tls->ca_file ? tls->ca_file : "the CA file", name ? name : "");
+		nng_url_free(u);
+		return rv;
+	}
+	if (!has_cert)
+		return wf_diag_set(diag, WF_EPERMISSION,
+		                   "%s: TLS handshake failed (%s): the server requires a client "
+		                   "certificate (give one signed by the CA the server trusts)",
+		                   url, nng_strerror(nng_rv));
+	return wf_diag_set(diag, WF_EPERMISSION,
+	                   "%s: TLS handshake failed (%s): the server refused the client "
+	                   "certificate %s (not signed by the CA the server trusts, or expired)",
+	                   url, nng_strerror(nng_rv),
+	                   tls->cert_file ? tls->cert_file : tls->cert_key_file);
+}
+
 int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls, bool insecure,
                  bool block, struct wf_diag *diag)
 {
@@ -809,6 +928,16 @@ int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts 
 			                 "%s: not allowed to connect (socket file mode or group)",
 			                 url);
 			break;
+		case NNG_ECRYPTO:
+		case NNG_EPEERAUTH:
+		case NNG_ECONNSHUT:
+		case NNG_ECONNRESET:
+		case NNG_ECLOSED:
+			if (t == WF_CTL_TRANSPORT_TLS && tls) {
+				rv = tls_explain(sock, url, tls, rv, diag);
+				break;
+			}
+			/* fall through */
 		default:
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "connect %s: %s", url,
 			                 nng_strerror(rv));

@@ -43,11 +43,16 @@ enum wf_ctl_transport {
 	WF_CTL_TRANSPORT_MAX
 };
 
-/* TLS files (PEM). Listener: cert_key_file (certificate chain and private key in one file) is
- * required; ca_file makes client certificates mandatory and verified against it. Dialer: ca_file
- * verifies the server (required unless allow_insecure_tcp); cert_key_file is presented to
- * servers that require a client certificate; server_name defaults to the URL's host. */
+/* TLS files (PEM). The own certificate comes either from cert_file (the certificate, or a chain
+ * starting with it) and key_file (its private key; NULL: the key is in cert_file too), or from
+ * cert_key_file (both in one file); cert_file wins when both are given. Unencrypted keys only.
+ * Listener: a certificate is required; ca_file makes client certificates mandatory and verified
+ * against it (mutual TLS); without ca_file the listener is refused unless allow_insecure_tcp.
+ * Dialer: ca_file verifies the server (required unless allow_insecure_tcp); the certificate is
+ * presented to servers that require one; server_name defaults to the URL's host. */
 struct wf_ctl_tls_opts {
+	const char *cert_file;
+	const char *key_file;
 	const char *cert_key_file;
 	const char *ca_file;
 	const char *server_name;
