@@ -46,13 +46,17 @@ struct wf__ctl_auth {
  * can open the socket could silence the agent that way, and nng's own stale-socket probe (a
  * second server trying the same path) does it by accident.
  *
- * The watchdog below replaces a listener that has stopped accepting. nng's "other" error counter
- * alone cannot tell: it also moves once on every ordinary disconnect, and restarting whenever it
- * moved dropped live connections and refused new ones under normal traffic (about 1 call in 100
- * failed). So the listener also counts the pipes removed from the socket (NNG_PIPE_EV_REM_POST):
- * an error without a removed pipe to explain it is an accept that failed before any pipe existed,
- * which is the #1518 case. An excess that lasts WF__CTL_STUCK_MS triggers the restart. Pipes
- * refused in the ADD_PRE hook never count an error, so they are taken out of the removals. */
+ * sockshim.c keeps that from happening (EPIPE reads as ECONNRESET), and the watchdog below
+ * replaces a listener that has stopped accepting anyway. On ipc it knows, not guesses: any pipe
+ * the listener hands to the socket (ADD_PRE) proves it accepts, and when none came for a while
+ * it connects a probe of its own (wf__ctl_listener_check). A tls listener cannot be probed
+ * without a client certificate and keeps the older test: nng's "other" accept-error counter
+ * (which also moves on every ordinary disconnect) against the pipes removed from the socket
+ * (NNG_PIPE_EV_REM_POST); an error without a removed pipe to explain it, lasting
+ * WF__CTL_STUCK_MS, is an accept that failed before any pipe existed. Pipes refused in the
+ * ADD_PRE hook never count an error, so they are taken out of the removals. A replaced
+ * listener's handshaken-but-unmatched connections are never freed by nng: replacing must stay
+ * the exception. */
 struct wf__ctl_listener {
 	nng_socket sock;
 	nng_listener l;
