@@ -55,7 +55,7 @@ struct storm {
 	int n_kept;
 	atomic_int sent;
 	atomic_int refused; /* connect() failed (backlog full): not sent */
-	atomic_int done; /* threads finished */
+	atomic_int done;    /* threads finished */
 	atomic_bool stop;
 };
 
@@ -282,17 +282,18 @@ Test(storm, server_keeps_answering_and_frees_every_descriptor, .timeout = 120)
 		int64_t after = fresh_call(url, "after");
 		storm_release(&s);
 		int fds = settle_fds(baseline, 15000);
-		cr_log_info("round %d: %d calls during the storm, %d late or failed, worst %lld ms; "
-		            "after: %lld ms; descriptors %d before, %d at the peak, %d after",
-		            round, calls, failed, (long long)worst, (long long)after, baseline, peak,
-		            fds);
-		cr_expect_eq(failed, 0, "round %d: %d of %d calls during the storm failed or took "
+		cr_log_info(
+		    "round %d: %d calls during the storm, %d late or failed, worst %lld ms; "
+		    "after: %lld ms; descriptors %d before, %d at the peak, %d after",
+		    round, calls, failed, (long long)worst, (long long)after, baseline, peak, fds);
+		cr_expect_eq(failed, 0,
+		             "round %d: %d of %d calls during the storm failed or took "
 		             "over %d ms (worst %lld ms)",
 		             round, failed, calls, STORM_LATENCY_MS, (long long)worst);
-		cr_expect(after >= 0 && after <= STORM_LATENCY_MS, "round %d: after the storm: %lld ms",
-		          round, (long long)after);
-		cr_expect_leq(fds, baseline, "round %d: %d descriptors left, %d before the storm", round,
-		              fds, baseline);
+		cr_expect(after >= 0 && after <= STORM_LATENCY_MS,
+		          "round %d: after the storm: %lld ms", round, (long long)after);
+		cr_expect_leq(fds, baseline, "round %d: %d descriptors left, %d before the storm",
+		              round, fds, baseline);
 	}
 	/* The listener never had to be replaced: nobody stopped it (sockshim.c). */
 	cr_expect_eq(atomic_load(&replaced), 0, "the listener was replaced %d times",
@@ -352,6 +353,31 @@ Test(storm, publisher_keeps_delivering_and_frees_every_descriptor, .timeout = 12
 	             atomic_load(&replaced));
 	wf_ctl_pub_destroy(pub);
 	free(purl);
+	wft_rmtree(dir);
+	free(dir);
+}
+
+/* The probe's other finding: the socket file removed under a running server (by a careless
+ * cleanup, say). The watchdog's probe finds nothing at the path and listens again, which
+ * re-creates the file; the replacement is logged. */
+Test(storm, removed_socket_file_comes_back, .timeout = 60)
+{
+	char *dir = wft_tmpdir("storm");
+	struct echo_state st = {0};
+	struct wf_ctl_server_opts so = {.listen = {.log = count_log}};
+	struct wf_ctl_server *srv = echo_server(dir, "s.sock", &st, &so);
+	const char *url = wf_ctl_server_url(srv);
+	cr_assert_geq(fresh_call(url, "before"), 0);
+	cr_assert_eq(unlink(url + 6), 0);
+	int64_t t0 = now_ms();
+	while (access(url + 6, F_OK) != 0 && now_ms() - t0 < 10000)
+		sleep_ms(20);
+	cr_assert_eq(access(url + 6, F_OK), 0, "the socket file was not re-created");
+	cr_log_info("socket file back after %lld ms", (long long)(now_ms() - t0));
+	cr_expect_lt(now_ms() - t0, 5000);
+	cr_expect_geq(fresh_call(url, "after"), 0);
+	cr_expect_eq(atomic_load(&replaced), 1);
+	wf_ctl_server_destroy(srv);
 	wft_rmtree(dir);
 	free(dir);
 }

@@ -144,9 +144,20 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 	cr_assert(asprintf(&url, "tls+tcp://127.0.0.1:%d", port) > 0);
 	cr_assert(asprintf(&ev_url, "tls+tcp://127.0.0.1:%d", free_port()) > 0);
 
-	char *argv[] = {wft_exe("agent/wf-agent"), "--floor-dir", floor, "--socket", url,
-	                "--events", ev_url, "--tls-cert", srv_crt, "--tls-key", srv_key,
-	                "--tls-ca", ca, NULL};
+	char *argv[] = {wft_exe("agent/wf-agent"),
+	                "--floor-dir",
+	                floor,
+	                "--socket",
+	                url,
+	                "--events",
+	                ev_url,
+	                "--tls-cert",
+	                srv_crt,
+	                "--tls-key",
+	                srv_key,
+	                "--tls-ca",
+	                ca,
+	                NULL};
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -176,8 +187,8 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 	free(o.err);
 
 	/* A client certificate from another CA. */
-	const char *rogue[] = {"--tls-ca", ca, "--tls-cert", rogue_crt, "--tls-key", rogue_key,
-	                       NULL};
+	const char *rogue[] = {"--tls-ca",  ca,        "--tls-cert", rogue_crt,
+	                       "--tls-key", rogue_key, NULL};
 	o = agentctl(url, rogue);
 	cr_expect_eq(o.status, 1);
 	cr_expect(o.err && strstr(o.err, "refused the client certificate"), "%s", o.err);
@@ -185,8 +196,8 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 
 	/* The right client certificate, but a CA that did not sign the agent's: the client
 	 * refuses the server. */
-	const char *wrong_ca[] = {"--tls-ca", other_ca, "--tls-cert", cli_crt, "--tls-key",
-	                          cli_key, NULL};
+	const char *wrong_ca[] = {"--tls-ca",  other_ca, "--tls-cert", cli_crt,
+	                          "--tls-key", cli_key,  NULL};
 	o = agentctl(url, wrong_ca);
 	cr_expect_eq(o.status, 1);
 	cr_expect(o.err && strstr(o.err, "server's certificate does not verify"), "%s", o.err);
