@@ -51,6 +51,9 @@ void wf_agent_config_fini(struct wf_agent_config *cfg)
 	free_strv(cfg->model_roots, cfg->n_model_roots);
 	free(cfg->socket_url);
 	free(cfg->events_url);
+	free(cfg->tls_cert);
+	free(cfg->tls_key);
+	free(cfg->tls_ca);
 	free(cfg->allowed_uids);
 	free(cfg->allowed_gids);
 	free(cfg->io_backend);
@@ -310,6 +313,12 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->events_url, diag);
 		else if (strcmp(key, "state_file") == 0)
 			rc = get_string(v, key, &cfg->state_file, diag);
+		else if (strcmp(key, "tls_cert") == 0)
+			rc = get_string(v, key, &cfg->tls_cert, diag);
+		else if (strcmp(key, "tls_key") == 0)
+			rc = get_string(v, key, &cfg->tls_key, diag);
+		else if (strcmp(key, "tls_ca") == 0)
+			rc = get_string(v, key, &cfg->tls_ca, diag);
 		else if (strcmp(key, "allowed_uids") == 0)
 			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_uids, &cfg->n_allowed_uids, diag);
 		else if (strcmp(key, "allowed_gids") == 0)
@@ -358,6 +367,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	*dst = *src;
 	dst->floor_dir = dst->group = dst->socket_url = dst->events_url = dst->io_backend = NULL;
 	dst->state_file = NULL;
+	dst->tls_cert = dst->tls_key = dst->tls_ca = NULL;
 	dst->model_roots = NULL;
 	dst->allowed_uids = NULL;
 	dst->allowed_gids = NULL;
@@ -370,6 +380,9 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	DUP(group);
 	DUP(socket_url);
 	DUP(events_url);
+	DUP(tls_cert);
+	DUP(tls_key);
+	DUP(tls_ca);
 	DUP(io_backend);
 	DUP(state_file);
 #undef DUP

@@ -50,6 +50,11 @@ struct wf_agent_config {
 	size_t n_model_roots;
 	char *socket_url;
 	char *events_url;
+	/* tls+tcp:// endpoints (PEM files): the agent's certificate and key, and the CA that signs
+	 * the clients' certificates (mutual TLS: clients without one are refused). NULL: unset. */
+	char *tls_cert;
+	char *tls_key;
+	char *tls_ca;
 	uid_t *allowed_uids;
 	size_t n_allowed_uids;
 	gid_t *allowed_gids;

@@ -46,6 +46,9 @@ static void usage(FILE *out)
 		"      --preload NAME=PATH  register and materialize at start (repeatable)\n"
 		"      --io-backend B       auto, uring or pread\n"
 		"      --allow-uid UID      ipc peer allowed besides root and the agent's uid (repeatable)\n"
+		"      --tls-cert FILE      certificate (PEM) for tls+tcp:// endpoints\n"
+		"      --tls-key FILE       its private key (PEM; default: in --tls-cert)\n"
+		"      --tls-ca FILE        CA (PEM) that signs client certificates (required for tls+tcp)\n"
 		"      --daemonize          detach once serving (the parent exits 0 when ready)\n"
 		"      --state-file PATH    registrations and pins kept across restarts (\"none\": off;\n"
 		"                           default: agent-state.json beside an ipc:// socket)\n"
@@ -59,6 +62,7 @@ static void usage(FILE *out)
 struct overrides {
 	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
 	uint32_t janitor_ms;
+	const char *tls_cert, *tls_key, *tls_ca;
 	char **models;
 	size_t n_models;
 	bool *preload;
@@ -86,7 +90,7 @@ static int add_model_flag(struct overrides *o, const char *arg, bool preload)
 static int parse_args(int argc, char **argv, struct overrides *o)
 {
 	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
-	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR };
+	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"floor-dir", required_argument, NULL, O_FLOOR},
@@ -98,6 +102,9 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		{"preload", required_argument, NULL, O_PRELOAD},
 		{"io-backend", required_argument, NULL, O_IO},
 		{"allow-uid", required_argument, NULL, O_UID},
+		{"tls-cert", required_argument, NULL, O_TLS_CERT},
+		{"tls-key", required_argument, NULL, O_TLS_KEY},
+		{"tls-ca", required_argument, NULL, O_TLS_CA},
 		{"daemonize", no_argument, NULL, O_DAEMON},
 		{"check-config", no_argument, NULL, O_CHECK},
 		{"state-file", required_argument, NULL, O_STATE},
@@ -129,6 +136,9 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			o->janitor_ms = (uint32_t)v;
 			break;
 		}
+		case O_TLS_CERT: o->tls_cert = optarg; break;
+		case O_TLS_KEY: o->tls_key = optarg; break;
+		case O_TLS_CA: o->tls_ca = optarg; break;
 		case O_MODEL:
 		case O_PRELOAD:
 			if (!strchr(optarg, '=') || optarg[0] == '=') {
@@ -194,6 +204,9 @@ static int build_config(struct agent *a, const struct overrides *o)
 	SET_STR(events_url, o->events);
 	SET_STR(group, o->group);
 	SET_STR(state_file, o->state_file);
+	SET_STR(tls_cert, o->tls_cert);
+	SET_STR(tls_key, o->tls_key);
+	SET_STR(tls_ca, o->tls_ca);
 	if (o->io_backend) {
 		if (strcmp(o->io_backend, "auto") && strcmp(o->io_backend, "uring") &&
 		    strcmp(o->io_backend, "pread")) {
@@ -328,6 +341,13 @@ static void *stop_deadline(void *arg)
  * never takes the threads that status, listing and EnsureFloor need. */
 #define AGENT_REQUEST_THREADS 8
 
+/* The control library's lines (listener replaced, peers turned away) into the agent's log. */
+static void log_ctl(void *arg, int level, const char *line)
+{
+	(void)arg;
+	wf_log((enum wf_log_level)level, "%s", line);
+}
+
 static int start_services(struct agent *a)
 {
 	struct wf_diag d = {{0}};
@@ -338,6 +358,10 @@ static int start_services(struct agent *a)
 		.n_allowed_uids = a->cfg.n_allowed_uids,
 		.allowed_gids = a->cfg.allowed_gids,
 		.n_allowed_gids = a->cfg.n_allowed_gids,
+		.log = log_ctl,
+		.tls = {.cert_file = a->cfg.tls_cert,
+		        .key_file = a->cfg.tls_key,
+		        .ca_file = a->cfg.tls_ca},
 	};
 	int rc;
 	if ((rc = wf_ctl_ipc_dir_ensure(a->cfg.socket_url, a->cfg.gid)) < 0 ||

@@ -46,13 +46,17 @@ struct wf__ctl_auth {
  * can open the socket could silence the agent that way, and nng's own stale-socket probe (a
  * second server trying the same path) does it by accident.
  *
- * The watchdog below replaces a listener that has stopped accepting. nng's "other" error counter
- * alone cannot tell: it also moves once on every ordinary disconnect, and restarting whenever it
- * moved dropped live connections and refused new ones under normal traffic (about 1 call in 100
- * failed). So the listener also counts the pipes removed from the socket (NNG_PIPE_EV_REM_POST):
- * an error without a removed pipe to explain it is an accept that failed before any pipe existed,
- * which is the #1518 case. An excess that lasts WF__CTL_STUCK_MS triggers the restart. Pipes
- * refused in the ADD_PRE hook never count an error, so they are taken out of the removals. */
+ * sockshim.c keeps that from happening (EPIPE reads as ECONNRESET), and the watchdog below
+ * replaces a listener that has stopped accepting anyway. On ipc it knows, not guesses: any pipe
+ * the listener hands to the socket (ADD_PRE) proves it accepts, and when none came for a while
+ * it connects a probe of its own (wf__ctl_listener_check). A tls listener cannot be probed
+ * without a client certificate and keeps the older test: nng's "other" accept-error counter
+ * (which also moves on every ordinary disconnect) against the pipes removed from the socket
+ * (NNG_PIPE_EV_REM_POST); an error without a removed pipe to explain it, lasting
+ * WF__CTL_STUCK_MS, is an accept that failed before any pipe existed. Pipes refused in the
+ * ADD_PRE hook never count an error, so they are taken out of the removals. A replaced
+ * listener's handshaken-but-unmatched connections are never freed by nng: replacing must stay
+ * the exception. */
 struct wf__ctl_listener {
 	nng_socket sock;
 	nng_listener l;
@@ -64,6 +68,8 @@ struct wf__ctl_listener {
 	gid_t ipc_group;
 	bool insecure;
 	char *tls_cert_key_file;
+	char *tls_cert_file;
+	char *tls_key_file;
 	char *tls_ca_file;
 	struct wf__ctl_auth auth;
 	bool reject_denied;     /* close denied ipc peers at connect (PUB cannot answer them) */
@@ -73,6 +79,23 @@ struct wf__ctl_listener {
 	uint64_t removed_seen;  /* pipes_removed when the listener was started */
 	int64_t unexplained_since_ms; /* errors exceed removals since then (monotonic ms); 0: not */
 	unsigned restarts;
+	bool shim_active; /* wf__ctl_sockshim_active() when listening started */
+	/* The ipc probe (wf__ctl_listener_check). pipes_added counts the ADD_PRE events of the
+	 * current listener: any increase proves that its accept loop runs. */
+	uint16_t peer_proto;     /* SP protocol id of the socket's peers (REQ, SUB) */
+	uint64_t pipes_added;    /* atomic */
+	uint64_t pipes_started;  /* ADD_POST events (atomic) */
+	uint64_t pipes_refused;  /* closed by the ADD_PRE hook (atomic) */
+	uint64_t added_seen;     /* pipes_added at the last check that saw it move */
+	int64_t progress_ms;     /* when it last moved (or listening started) */
+	bool probing;            /* probe_fd is an open probe connection */
+	int probe_fd;
+	int64_t probe_ms;        /* when the probe connected */
+	/* Logging (transport.h, wf_ctl_listen_opts.log). */
+	wf_ctl_log_fn log;
+	void *log_arg;
+	int64_t reported_ms, failed_log_ms;
+	uint64_t refused_reported, foreign_reported;
 };
 
 /* Validates opts->url against the policy of transport.h, installs the pipe-notify hook that
@@ -94,9 +117,14 @@ void wf__ctl_listener_fini(struct wf__ctl_listener *lst);
  * from one thread. */
 int wf__ctl_listener_check(struct wf__ctl_listener *lst);
 
-/* A thread that runs wf__ctl_listener_check() every WF__CTL_WATCH_MS. */
-#define WF__CTL_WATCH_MS 50
-#define WF__CTL_STUCK_MS 100
+/* A thread that runs wf__ctl_listener_check() every WF__CTL_WATCH_MS. An ipc listener that has
+ * handed no connection to its socket for WF__CTL_PROBE_IDLE_MS gets a probe connection; if that
+ * one is not handed over either within WF__CTL_PROBE_WAIT_MS (nng's accept loop pauses 100 ms
+ * after each failed handshake, so this leaves room for several), the listener is replaced. */
+#define WF__CTL_WATCH_MS      50
+#define WF__CTL_STUCK_MS      100
+#define WF__CTL_PROBE_IDLE_MS 1000
+#define WF__CTL_PROBE_WAIT_MS 1000
 struct wf__ctl_watchdog {
 	struct wf__ctl_listener *lst;
 	pthread_t thread;
@@ -154,6 +182,10 @@ struct wf__ctl_budget {
 };
 void wf__ctl_budget_init(struct wf__ctl_budget *b, size_t cap);
 extern ProtobufCAllocator wf__ctl_free_allocator;
+
+/* True when this library's sendmsg() (sockshim.c: EPIPE on a stream socket reads as ECONNRESET,
+ * which keeps nng 1.5.2's listeners accepting) is the one libnng calls. Thread-safe. */
+bool wf__ctl_sockshim_active(void);
 
 /* Milliseconds on CLOCK_REALTIME / CLOCK_MONOTONIC. */
 int64_t wf__ctl_unix_ms(void);

@@ -3,6 +3,8 @@
 
 #include "base/error.h"
 
+#include <nng/protocol/pubsub0/sub.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
 
 #include <arpa/inet.h>
@@ -13,6 +15,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -185,36 +189,113 @@ int wf__ctl_peer_get(nng_pipe p, enum wf_ctl_transport t, struct wf_ctl_peer *pe
 	return 0;
 }
 
-/* Runs on an nng thread before a new connection joins the socket. Closing the pipe here is the
- * only way to refuse a peer on a socket that cannot answer (PUB), and the right way to refuse
- * one whose credentials cannot even be read. */
-static void pipe_add_pre(nng_pipe p, nng_pipe_ev ev, void *arg)
+static bool of_current_listener(const struct wf__ctl_listener *lst, nng_pipe p)
+{
+	return nng_listener_id(nng_pipe_listener(p)) ==
+	       __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE);
+}
+
+/* Runs on an nng thread for each connection of the socket. ADD_PRE comes before a new
+ * connection joins: closing the pipe here is the only way to refuse a peer on a socket that
+ * cannot answer (PUB), and the right way to refuse one whose credentials cannot even be read.
+ * Every ADD_PRE of the current listener also proves that its accept loop is alive (the probe in
+ * wf__ctl_listener_check waits for one). ADD_POST follows only for pipes that the protocol
+ * accepted: the difference counts peers of another SP protocol, which nng drops by itself. */
+static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct wf__ctl_listener *lst = arg;
+	if (!of_current_listener(lst, p))
+		return; /* a dialer's pipe, or one of a listener already replaced */
 	if (ev == NNG_PIPE_EV_REM_POST) {
-		/* Only this listener's pipes explain this listener's errors: the connections a
-		 * restart drops belonged to the previous one. */
-		if (nng_listener_id(nng_pipe_listener(p)) ==
-		    __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE))
-			__atomic_add_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
 		return;
 	}
-	if (ev != NNG_PIPE_EV_ADD_PRE || lst->transport != WF_CTL_TRANSPORT_IPC)
+	if (ev == NNG_PIPE_EV_ADD_POST) {
+		__atomic_add_fetch(&lst->pipes_started, 1, __ATOMIC_RELEASE);
+		return;
+	}
+	if (ev != NNG_PIPE_EV_ADD_PRE)
+		return;
+	__atomic_add_fetch(&lst->pipes_added, 1, __ATOMIC_RELEASE);
+	if (lst->transport != WF_CTL_TRANSPORT_IPC)
 		return;
 	struct wf_ctl_peer peer;
 	if (wf__ctl_peer_get(p, lst->transport, &peer) != 0 ||
 	    (lst->reject_denied && !wf__ctl_auth_allows(&lst->auth, &peer))) {
 		/* A pipe refused here never started I/O, so nng counts no error for it, yet its
 		 * REM_POST follows: take it back in advance, or each refused peer would bank a
-		 * removal that hides one failed accept from the watchdog. */
-		if (nng_listener_id(nng_pipe_listener(p)) ==
-		    __atomic_load_n(&lst->listener_id, __ATOMIC_ACQUIRE))
-			__atomic_sub_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		 * removal that hides one failed accept from the tls watchdog. */
+		__atomic_sub_fetch(&lst->pipes_removed, 1, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&lst->pipes_refused, 1, __ATOMIC_RELEASE);
 		nng_pipe_close(p);
 	}
 }
 
 /* ---- listen / dial ------------------------------------------------------------------------- */
+
+/* The whole of a PEM file, NUL-terminated, up to 1 MiB. */
+static int read_pem(const char *path, char **ret_text)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	size_t cap = 1 << 20, n;
+	char *buf = malloc(cap + 1);
+	if (!buf) {
+		fclose(f);
+		return -ENOMEM;
+	}
+	n = fread(buf, 1, cap + 1, f);
+	int err = ferror(f) ? -EIO : 0;
+	fclose(f);
+	if (!err && n > cap)
+		err = WF_ELIMIT;
+	if (err) {
+		free(buf);
+		return err;
+	}
+	buf[n] = '\0';
+	*ret_text = buf;
+	return 0;
+}
+
+/* The own certificate and key of tls, when it names them. */
+static int tls_own_cert(nng_tls_config *cfg, const struct wf_ctl_tls_opts *tls,
+                        struct wf_diag *diag)
+{
+	char *cert = NULL, *key = NULL;
+	int rv;
+	if (!tls->cert_file) {
+		if (!tls->cert_key_file)
+			return 0;
+		rv = nng_tls_config_cert_key_file(cfg, tls->cert_key_file, NULL);
+		if (rv != 0)
+			return wf_diag_set(diag, wf__ctl_nng_code(rv), "tls certificate/key %s: %s",
+			                   tls->cert_key_file, nng_strerror(rv));
+		return 0;
+	}
+	const char *key_path = tls->key_file ? tls->key_file : tls->cert_file;
+	if ((rv = read_pem(tls->cert_file, &cert)) < 0) {
+		rv = wf_diag_set(diag, rv, "tls certificate %s: %s", tls->cert_file, wf_strerror(rv));
+		goto out;
+	}
+	if ((rv = read_pem(key_path, &key)) < 0) {
+		rv = wf_diag_set(diag, rv, "tls key %s: %s", key_path, wf_strerror(rv));
+		goto out;
+	}
+	if ((rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0)
+		rv = wf_diag_set(diag, wf__ctl_nng_code(rv),
+		                 "tls certificate %s with key %s: %s (not PEM, encrypted, or not a "
+		                 "matching pair)",
+		                 tls->cert_file, key_path, nng_strerror(rv));
+out:
+	free(cert);
+	if (key) {
+		explicit_bzero(key, strlen(key));
+		free(key);
+	}
+	return rv;
+}
 
 static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool insecure,
                      const char *url, nng_tls_config **ret_cfg, struct wf_diag *diag)
@@ -224,14 +305,8 @@ static int tls_setup(nng_tls_mode mode, const struct wf_ctl_tls_opts *tls, bool 
 	int rv = nng_tls_config_alloc(&cfg, mode);
 	if (rv != 0)
 		return wf__ctl_nng_err(rv, diag, "tls config (is nng built with TLS?)");
-	if (tls->cert_key_file) {
-		rv = nng_tls_config_cert_key_file(cfg, tls->cert_key_file, NULL);
-		if (rv != 0) {
-			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "tls certificate/key %s: %s",
-			                 tls->cert_key_file, nng_strerror(rv));
-			goto err;
-		}
-	}
+	if ((rv = tls_own_cert(cfg, tls, diag)) < 0)
+		goto err;
 	if (tls->ca_file) {
 		rv = nng_tls_config_ca_file(cfg, tls->ca_file);
 		if (rv == 0)
@@ -310,7 +385,9 @@ static int listener_start(struct wf__ctl_listener *lst, const char *url, struct 
 			goto err;
 		}
 	} else if (lst->transport == WF_CTL_TRANSPORT_TLS) {
-		const struct wf_ctl_tls_opts tls = {.cert_key_file = lst->tls_cert_key_file,
+		const struct wf_ctl_tls_opts tls = {.cert_file = lst->tls_cert_file,
+		                                    .key_file = lst->tls_key_file,
+		                                    .cert_key_file = lst->tls_cert_key_file,
 		                                    .ca_file = lst->tls_ca_file};
 		if ((rv = tls_setup(NNG_TLS_MODE_SERVER, &tls, lst->insecure, url, &cfg, diag)) < 0)
 			goto err;
@@ -391,6 +468,27 @@ static int64_t listener_errors(nng_listener l)
 	return v;
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void lst_log(const struct wf__ctl_listener *lst, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void lst_log(const struct wf__ctl_listener *lst, int level, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	if (!lst->log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	lst->log(lst->log_arg, level, line);
+}
+
 static char *strdup_or_null(const char *s, bool *ret_fail)
 {
 	char *d = NULL;
@@ -415,16 +513,21 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 		                   "%s: plain tcp is unauthenticated; use tls+tcp:// or set "
 		                   "allow_insecure_tcp",
 		                   url);
-	if (t == WF_CTL_TRANSPORT_TLS && !o->tls.cert_key_file)
-		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate/key file",
+	if (t == WF_CTL_TRANSPORT_TLS && !o->tls.cert_key_file && !o->tls.cert_file)
+		return wf_diag_set(diag, WF_EINVAL, "%s: tls+tcp needs a certificate and key file",
 		                   url);
 	lst->sock = sock;
 	lst->transport = t;
 	lst->reject_denied = reject_denied;
 	lst->ipc_mode = o->ipc_mode ? o->ipc_mode : WF_CTL_DEFAULT_IPC_MODE;
 	lst->ipc_group = o->ipc_group;
+	lst->shim_active = wf__ctl_sockshim_active();
+	lst->log = o->log;
+	lst->log_arg = o->log_arg;
 	lst->insecure = o->allow_insecure_tcp;
 	lst->tls_cert_key_file = strdup_or_null(o->tls.cert_key_file, &nomem);
+	lst->tls_cert_file = strdup_or_null(o->tls.cert_file, &nomem);
+	lst->tls_key_file = strdup_or_null(o->tls.key_file, &nomem);
 	lst->tls_ca_file = strdup_or_null(o->tls.ca_file, &nomem);
 	if (t == WF_CTL_TRANSPORT_IPC)
 		lst->ipc_path = strdup_or_null(url + strlen("ipc://"), &nomem);
@@ -433,8 +536,9 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 		goto err;
 	}
 
-	if ((rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, pipe_add_pre, lst)) != 0 ||
-	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, pipe_add_pre, lst)) != 0) {
+	if ((rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, pipe_event, lst)) != 0 ||
+	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, pipe_event, lst)) != 0 ||
+	    (rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, pipe_event, lst)) != 0) {
 		rv = wf__ctl_nng_err(rv, diag, "pipe notify");
 		goto err;
 	}
@@ -447,12 +551,22 @@ int wf__ctl_listen(nng_socket sock, const struct wf_ctl_listen_opts *o, const ch
 	}
 	int64_t e = listener_errors(lst->l);
 	lst->errors_seen = e > 0 ? (uint64_t)e : 0;
+	lst->progress_ms = mono_ms();
+	int peer = 0;
+	nng_socket_get_int(sock, NNG_OPT_PEER, &peer);
+	lst->peer_proto = (uint16_t)peer;
+	if (!lst->shim_active)
+		lst_log(lst, 4,
+		        "%s: libnng does not call this program's sendmsg(); peers that hang up "
+		        "early can stop the listener until the watchdog replaces it",
+		        lst->url);
 	return 0;
 err:
 	if (lst->have_l)
 		nng_listener_close(lst->l);
 	if (notify) {
 		nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, NULL, NULL);
+		nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
 		nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
 	}
 	wf__ctl_listener_fini(lst);
@@ -460,48 +574,167 @@ err:
 	return rv;
 }
 
-static int64_t mono_ms(void)
+/* Reports, at most once per WF_CTL_LOG_INTERVAL_MS, the peers turned away since the last line. */
+static void report_peers(struct wf__ctl_listener *lst, int64_t now)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	if (!lst->log || now - lst->reported_ms < WF_CTL_LOG_INTERVAL_MS)
+		return;
+	uint64_t refused = __atomic_load_n(&lst->pipes_refused, __ATOMIC_ACQUIRE);
+	uint64_t started = __atomic_load_n(&lst->pipes_started, __ATOMIC_ACQUIRE);
+	uint64_t added = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+	/* A pipe between its ADD_PRE and ADD_POST reads as foreign for a moment: report only
+	 * growth, and never count the same pipe twice. */
+	uint64_t foreign = added - started - refused;
+	bool any = false;
+	if (refused > lst->refused_reported) {
+		lst_log(lst, 4,
+		        "%s: refused %llu connection(s) at connect (peer credentials unreadable or not "
+		        "allowed)",
+		        lst->url, (unsigned long long)(refused - lst->refused_reported));
+		lst->refused_reported = refused;
+		any = true;
+	}
+	if (foreign > lst->foreign_reported && foreign < (UINT64_C(1) << 62)) {
+		lst_log(lst, 4, "%s: dropped %llu connection(s) that spoke another SP protocol",
+		        lst->url, (unsigned long long)(foreign - lst->foreign_reported));
+		lst->foreign_reported = foreign;
+		any = true;
+	}
+	if (any)
+		lst->reported_ms = now;
+}
+
+static void probe_close(struct wf__ctl_listener *lst)
+{
+	if (lst->probing)
+		close(lst->probe_fd);
+	lst->probing = false;
+	lst->probe_ms = 0;
+}
+
+/* Connects to the ipc listener as a peer of the socket's protocol would and sends the SP
+ * header ("\0SP\0", protocol id, two reserved bytes). Returns 1 when the probe is under way,
+ * 0 when nothing could be concluded (the backlog is full), -ENOENT or -ECONNREFUSED when
+ * nothing listens on the path any more. */
+static int probe_open(struct wf__ctl_listener *lst)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(lst->peer_proto >> 8),
+	                  (uint8_t)lst->peer_proto, 0, 0};
+	if (strlen(lst->ipc_path) >= sizeof(sa.sun_path))
+		return 0;
+	strcpy(sa.sun_path, lst->ipc_path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return 0;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return e == ENOENT || e == ECONNREFUSED ? -e : 0;
+	}
+	if (send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(hdr)) {
+		close(fd);
+		return 0;
+	}
+	lst->probe_fd = fd;
+	lst->probing = true;
+	return 1;
+}
+
+/* True when the server's 8-byte SP header has reached the probe: its side of the handshake is
+ * done, so hanging up now cannot fail the server's send. */
+static bool probe_answered(const struct wf__ctl_listener *lst)
+{
+	uint8_t buf[8];
+	return recv(lst->probe_fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof(buf);
+}
+
+/* The tls listener cannot be probed without a client certificate of its CA: it keeps the older
+ * test, accept errors that no removed pipe explains (internal.h). Returns true when stuck. */
+static bool errors_unexplained(struct wf__ctl_listener *lst, int64_t now)
+{
+	int64_t e = listener_errors(lst->l);
+	if (e < 0)
+		return false; /* no statistics: nothing to go by */
+	uint64_t removed = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
+	uint64_t errs = (uint64_t)e - lst->errors_seen;
+	uint64_t pipes = removed - lst->removed_seen;
+	if (errs <= pipes) {
+		lst->unexplained_since_ms = 0;
+		return false;
+	}
+	/* The error may be counted a moment before its pipe's removal is reported: only an
+	 * excess that lasts is a failed accept. */
+	if (!lst->unexplained_since_ms) {
+		lst->unexplained_since_ms = now;
+		return false;
+	}
+	return now - lst->unexplained_since_ms >= WF__CTL_STUCK_MS;
 }
 
 int wf__ctl_listener_check(struct wf__ctl_listener *lst)
 {
+	int64_t now = mono_ms();
+	const char *why = "listening again after a failed restart";
+	report_peers(lst, now);
 	if (lst->have_l) {
-		int64_t e = listener_errors(lst->l);
-		if (e < 0)
-			return 0; /* no statistics: nothing to go by */
-		/* Every ordinary disconnect counts one "other" error and removes one pipe; an
-		 * accept that failed before a pipe existed (nng #1518) counts an error alone. */
-		uint64_t removed = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
-		uint64_t errs = (uint64_t)e - lst->errors_seen;
-		uint64_t pipes = removed - lst->removed_seen;
-		int64_t now = mono_ms();
-		if (errs <= pipes) {
-			lst->unexplained_since_ms = 0;
+		if (lst->transport != WF_CTL_TRANSPORT_IPC) {
+			if (!errors_unexplained(lst, now))
+				return 0;
+			why = "accept failed (nng #1518)";
+			goto replace;
+		}
+		/* Any connection the listener hands to the socket proves it accepts. */
+		uint64_t added = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+		if (added != lst->added_seen) {
+			lst->added_seen = added;
+			lst->progress_ms = now;
+			if (lst->probing && probe_answered(lst))
+				probe_close(lst);
 			return 0;
 		}
-		/* The error may be counted a moment before its pipe's removal is reported:
-		 * only an excess that lasts is a failed accept. */
-		if (!lst->unexplained_since_ms) {
-			lst->unexplained_since_ms = now;
-			return 0;
+		if (lst->probing) {
+			if (now - lst->probe_ms < WF__CTL_PROBE_WAIT_MS)
+				return 0;
+			probe_close(lst);
+			why = "its own probe connection was not accepted";
+			goto replace;
 		}
-		if (now - lst->unexplained_since_ms < WF__CTL_STUCK_MS)
+		if (now - lst->progress_ms < WF__CTL_PROBE_IDLE_MS)
 			return 0;
+		int rv = probe_open(lst);
+		if (rv < 0) {
+			why = rv == -ENOENT ? "the socket file was removed"
+			                    : "nothing listens on the socket file";
+			goto replace;
+		}
+		if (rv == 0)
+			lst->progress_ms = now; /* inconclusive: try again later */
+		else
+			lst->probe_ms = now;
+		return 0;
+	replace:
 		nng_listener_close(lst->l);
 		lst->have_l = false;
 	}
 	int rv = listener_start(lst, lst->url, NULL);
-	if (rv < 0)
+	if (rv < 0) {
+		if (now - lst->failed_log_ms >= WF_CTL_LOG_INTERVAL_MS) {
+			lst_log(lst, 3, "%s: cannot listen again (%s); retrying", lst->url,
+			        wf_strerror(rv));
+			lst->failed_log_ms = now;
+		}
 		return rv;
+	}
 	int64_t e = listener_errors(lst->l);
 	lst->errors_seen = e > 0 ? (uint64_t)e : 0;
 	lst->removed_seen = __atomic_load_n(&lst->pipes_removed, __ATOMIC_ACQUIRE);
 	lst->unexplained_since_ms = 0;
+	lst->added_seen = __atomic_load_n(&lst->pipes_added, __ATOMIC_ACQUIRE);
+	lst->progress_ms = now;
 	lst->restarts++;
+	lst_log(lst, 4, "%s: listener stopped accepting (%s); replaced it (restart %u)", lst->url,
+	        why, lst->restarts);
 	return 1;
 }
 
@@ -509,14 +742,19 @@ void wf__ctl_listener_fini(struct wf__ctl_listener *lst)
 {
 	if (!lst)
 		return;
+	probe_close(lst);
 	auth_fini(&lst->auth);
 	free(lst->url);
 	free(lst->ipc_path);
 	free(lst->tls_cert_key_file);
+	free(lst->tls_cert_file);
+	free(lst->tls_key_file);
 	free(lst->tls_ca_file);
 	lst->url = NULL;
 	lst->ipc_path = NULL;
 	lst->tls_cert_key_file = NULL;
+	lst->tls_cert_file = NULL;
+	lst->tls_key_file = NULL;
 	lst->tls_ca_file = NULL;
 }
 
@@ -594,6 +832,57 @@ void wf__ctl_watchdog_stop(struct wf__ctl_watchdog *w)
 	w->init = false;
 }
 
+/* After a failed TLS handshake, finds out which side refused: dials once more, without verifying
+ * the server but presenting the same certificate, on a scratch socket of the same protocol, and
+ * hangs up at once (nothing is sent). If that handshake succeeds, the server accepted this client
+ * and its own certificate is what failed; otherwise the server refused this client. */
+static int tls_explain(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls,
+                       int nng_rv, struct wf_diag *diag)
+{
+	struct wf_ctl_tls_opts loose = *tls;
+	nng_tls_config *cfg = NULL;
+	nng_socket s;
+	nng_dialer d;
+	int proto = 0, rv;
+	loose.ca_file = NULL;
+	nng_socket_get_int(sock, NNG_OPT_PROTO, &proto);
+	rv = proto == 0x21 ? nng_sub0_open(&s) : nng_req0_open(&s);
+	if (rv == 0) {
+		if ((rv = nng_dialer_create(&d, s, url)) == 0 &&
+		    (rv = tls_setup(NNG_TLS_MODE_CLIENT, &loose, true, url, &cfg, NULL)) == 0) {
+			rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+			nng_tls_config_free(cfg);
+			if (rv == 0)
+				rv = nng_dialer_start(d, 0);
+		}
+		nng_close(s);
+	}
+	bool has_cert = tls->cert_file || tls->cert_key_file;
+	if (rv == 0) {
+		nng_url *u = NULL;
+		const char *name = tls->server_name;
+		if (!name && nng_url_parse(&u, url) == 0)
+			name = u->u_hostname;
+		rv = wf_diag_set(diag, WF_EPERMISSION,
+		                 "%s: the server's certificate does not verify against %s (signed by "
+		                 "another CA, expired, or its DNS names do not include '%s': mbedTLS "
+		                 "matches DNS names only, give the name with --tls-server-name)",
+		                 url, tls->ca_file ? tls->ca_file : "the CA file", name ? name : "");
+		nng_url_free(u);
+		return rv;
+	}
+	if (!has_cert)
+		return wf_diag_set(diag, WF_EPERMISSION,
+		                   "%s: TLS handshake failed (%s): the server requires a client "
+		                   "certificate (give one signed by the CA the server trusts)",
+		                   url, nng_strerror(nng_rv));
+	return wf_diag_set(diag, WF_EPERMISSION,
+	                   "%s: TLS handshake failed (%s): the server refused the client "
+	                   "certificate %s (not signed by the CA the server trusts, or expired)",
+	                   url, nng_strerror(nng_rv),
+	                   tls->cert_file ? tls->cert_file : tls->cert_key_file);
+}
+
 int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts *tls, bool insecure,
                  bool block, struct wf_diag *diag)
 {
@@ -639,6 +928,16 @@ int wf__ctl_dial(nng_socket sock, const char *url, const struct wf_ctl_tls_opts 
 			                 "%s: not allowed to connect (socket file mode or group)",
 			                 url);
 			break;
+		case NNG_ECRYPTO:
+		case NNG_EPEERAUTH:
+		case NNG_ECONNSHUT:
+		case NNG_ECONNRESET:
+		case NNG_ECLOSED:
+			if (t == WF_CTL_TRANSPORT_TLS && tls) {
+				rv = tls_explain(sock, url, tls, rv, diag);
+				break;
+			}
+			/* fall through */
 		default:
 			rv = wf_diag_set(diag, wf__ctl_nng_code(rv), "connect %s: %s", url,
 			                 nng_strerror(rv));

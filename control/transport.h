@@ -43,15 +43,27 @@ enum wf_ctl_transport {
 	WF_CTL_TRANSPORT_MAX
 };
 
-/* TLS files (PEM). Listener: cert_key_file (certificate chain and private key in one file) is
- * required; ca_file makes client certificates mandatory and verified against it. Dialer: ca_file
- * verifies the server (required unless allow_insecure_tcp); cert_key_file is presented to
- * servers that require a client certificate; server_name defaults to the URL's host. */
+/* TLS files (PEM). The own certificate comes either from cert_file (the certificate, or a chain
+ * starting with it) and key_file (its private key; NULL: the key is in cert_file too), or from
+ * cert_key_file (both in one file); cert_file wins when both are given. Unencrypted keys only.
+ * Listener: a certificate is required; ca_file makes client certificates mandatory and verified
+ * against it (mutual TLS); without ca_file the listener is refused unless allow_insecure_tcp.
+ * Dialer: ca_file verifies the server (required unless allow_insecure_tcp); the certificate is
+ * presented to servers that require one; server_name defaults to the URL's host. */
 struct wf_ctl_tls_opts {
+	const char *cert_file;
+	const char *key_file;
 	const char *cert_key_file;
 	const char *ca_file;
 	const char *server_name;
 };
+
+/* A line for the program's log, at a syslog level (3 error, 4 warning, 6 info). Called from a
+ * library thread (never an nng callback, never while a request is being served). */
+typedef void (*wf_ctl_log_fn)(void *arg, int level, const char *line);
+/* Each kind of line (peers refused, peers of another protocol dropped) is logged at most once
+ * per this many ms, with the count since the previous line. */
+#define WF_CTL_LOG_INTERVAL_MS 10000
 
 /* Where and how a server or publisher listens. Zero-initialised fields take the defaults. */
 struct wf_ctl_listen_opts {
@@ -69,6 +81,10 @@ struct wf_ctl_listen_opts {
 	/* Skip the uid/gid check and let the socket file's mode and group decide alone. */
 	bool allow_any_peer;
 	struct wf_ctl_tls_opts tls;
+	/* Optional: told when the listener had to be replaced (it stopped accepting) and, rate
+	 * limited, about connections turned away before they could send a request. */
+	wf_ctl_log_fn log;
+	void *log_arg;
 };
 
 /* Who sent a request. Filled by the server for each request. */

@@ -40,6 +40,7 @@ struct opts {
 	size_t n_prefetch;
 	uid_t uids[64];
 	size_t n_uids;
+	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
 	bool verbose;
 };
 
@@ -68,6 +69,10 @@ static void usage(FILE *out)
 		"  --staging-size SIZE   bytes each (default 8M)\n"
 		"  --alloc-max SIZE      split a model's device memory into allocations of at most SIZE\n"
 		"  --allow-uid UID       ipc peer allowed besides root and our uid (repeatable)\n"
+		"  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
+		"                        to a tls+tcp:// agent\n"
+		"  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
+		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  -v, --verbose\n");
 }
 
@@ -96,7 +101,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
-	       O_ALLOCMAX, O_UID };
+	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -116,6 +121,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"staging-size", required_argument, NULL, O_SSIZE},
 		{"alloc-max", required_argument, NULL, O_ALLOCMAX},
 		{"allow-uid", required_argument, NULL, O_UID},
+		{"tls-cert", required_argument, NULL, O_TLS_CERT},
+		{"tls-key", required_argument, NULL, O_TLS_KEY},
+		{"tls-ca", required_argument, NULL, O_TLS_CA},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
@@ -127,6 +135,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_ID: o->id = optarg; break;
 		case O_ENDPOINT: o->endpoint = optarg; break;
 		case O_AGENT: o->agent = optarg; break;
+		case O_TLS_CERT: o->tls.cert_file = optarg; break;
+		case O_TLS_KEY: o->tls.key_file = optarg; break;
+		case O_TLS_CA: o->tls.ca_file = optarg; break;
 		case O_FLOOR: o->floor_dir = optarg; break;
 		case O_MODEL:
 			if (!strchr(optarg, '=') || optarg[0] == '=' || o->n_models == 256) {
@@ -311,6 +322,13 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	}
 }
 
+/* The control library's lines (listener replaced, peers turned away) into the worker's log. */
+static void log_ctl(void *arg, int level, const char *line)
+{
+	(void)arg;
+	wf_log((enum wf_log_level)level, "%s", line);
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o = {.device = "auto",
@@ -400,7 +418,8 @@ int main(int argc, char **argv)
 		}
 	}
 	if (strcmp(o.agent, "none") != 0) {
-		struct wf_ctl_client_opts ao = {.client_name = id, .wait_for_server = true};
+		struct wf_ctl_client_opts ao = {
+		    .client_name = id, .wait_for_server = true, .tls = o.tls};
 		if ((rc = wf_ctl_client_open(o.agent, 10000, &ao, &svc.agent, &d)) < 0) {
 			wf_log_error("agent %s: %s", o.agent, wf_diag_str(&d, rc));
 			goto out;
@@ -408,7 +427,11 @@ int main(int argc, char **argv)
 	}
 
 	struct wf_ctl_server_opts so = {
-		.listen = {.url = endpoint, .allowed_uids = o.uids, .n_allowed_uids = o.n_uids},
+		.listen = {.url = endpoint,
+		           .allowed_uids = o.uids,
+		           .n_allowed_uids = o.n_uids,
+		           .log = log_ctl,
+		           .tls = o.tls},
 		.handle = wf_worker_svc_handle,
 		.ctx = &svc,
 	};

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "control/transport.h"
 #include "weightfloor.pb-c.h"
 
 struct json_object;
@@ -22,6 +23,9 @@ struct cli {
 	const char *events; /* agent event URL (--events, $WF_AGENT_EVENTS, default) */
 	int timeout_ms;     /* per request (--timeout) */
 	bool timeout_given; /* --timeout was given: it bounds long commands too */
+	/* tls+tcp:// (--tls-cert/--tls-key/--tls-ca/--tls-server-name, or $WF_AGENT_TLS_CERT,
+	 * $WF_AGENT_TLS_KEY, $WF_AGENT_TLS_CA) */
+	struct wf_ctl_tls_opts tls;
 };
 
 #define CLI_EXIT_OK 0

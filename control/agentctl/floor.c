@@ -441,7 +441,8 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 	}
 	struct wf_ctl_sub *sub = NULL;
 	struct wf_diag d = {{0}};
-	int rc = wf_ctl_sub_open(cli->events, NULL, &sub, &d);
+	struct wf_ctl_client_opts so = {.tls = cli->tls};
+	int rc = wf_ctl_sub_open(cli->events, &so, &sub, &d);
 	if (rc < 0) {
 		cli_err("watch: %s: %s", cli->events, wf_diag_str(&d, rc));
 		return CLI_EXIT_FAIL;

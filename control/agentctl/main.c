@@ -38,12 +38,21 @@ static const struct command commands[] = {
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: agentctl [--socket URL] [--events URL] [--json] [--timeout MS] [-q] "
-		     "COMMAND [ARGS]\n\ncommands:\n");
+		     "[--tls-* FILE] COMMAND [ARGS]\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
 	fprintf(out, "\n'agentctl COMMAND --help' describes a command.\n"
 		     "The agent's URLs default to $WF_AGENT_SOCKET / $WF_AGENT_EVENTS, else\n"
-		     "  %s\n  %s\n",
+		     "  %s\n  %s\n"
+		     "For tls+tcp:// URLs:\n"
+		     "  --tls-ca FILE           CA (PEM) that signed the agent's certificate "
+		     "($WF_AGENT_TLS_CA)\n"
+		     "  --tls-cert FILE         client certificate (PEM) to present "
+		     "($WF_AGENT_TLS_CERT)\n"
+		     "  --tls-key FILE          its private key (PEM; default: in --tls-cert) "
+		     "($WF_AGENT_TLS_KEY)\n"
+		     "  --tls-server-name NAME  name to verify in the agent's certificate "
+		     "(default: the URL's host)\n",
 		DEFAULT_SOCKET, DEFAULT_EVENTS);
 }
 
@@ -58,6 +67,9 @@ int main(int argc, char **argv)
 		cli.socket = DEFAULT_SOCKET;
 	if (!cli.events || !*cli.events)
 		cli.events = DEFAULT_EVENTS;
+	cli.tls.cert_file = getenv("WF_AGENT_TLS_CERT");
+	cli.tls.key_file = getenv("WF_AGENT_TLS_KEY");
+	cli.tls.ca_file = getenv("WF_AGENT_TLS_CA");
 
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, 's'},
@@ -65,6 +77,10 @@ int main(int argc, char **argv)
 		{"json", no_argument, NULL, 'j'},
 		{"timeout", required_argument, NULL, 't'},
 		{"quiet", no_argument, NULL, 'q'},
+		{"tls-cert", required_argument, NULL, 'C'},
+		{"tls-key", required_argument, NULL, 'K'},
+		{"tls-ca", required_argument, NULL, 'A'},
+		{"tls-server-name", required_argument, NULL, 'N'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -95,6 +111,18 @@ int main(int argc, char **argv)
 		case 'q':
 			cli.quiet = true;
 			break;
+		case 'C':
+			cli.tls.cert_file = optarg;
+			break;
+		case 'K':
+			cli.tls.key_file = optarg;
+			break;
+		case 'A':
+			cli.tls.ca_file = optarg;
+			break;
+		case 'N':
+			cli.tls.server_name = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return CLI_EXIT_OK;
@@ -103,6 +131,13 @@ int main(int argc, char **argv)
 			return CLI_EXIT_USAGE;
 		}
 	}
+	/* Empty environment variables mean unset. */
+	if (cli.tls.cert_file && !*cli.tls.cert_file)
+		cli.tls.cert_file = NULL;
+	if (cli.tls.key_file && !*cli.tls.key_file)
+		cli.tls.key_file = NULL;
+	if (cli.tls.ca_file && !*cli.tls.ca_file)
+		cli.tls.ca_file = NULL;
 	if (optind >= argc) {
 		usage(stderr);
 		return CLI_EXIT_USAGE;

@@ -21,7 +21,7 @@ int cli_call(struct cli *cli, const char *what, Weightfloor__V1__Request *req, i
 	struct wf_diag d = {{0}};
 	int rc;
 	if (!client) {
-		struct wf_ctl_client_opts o = {.client_name = "agentctl"};
+		struct wf_ctl_client_opts o = {.client_name = "agentctl", .tls = cli->tls};
 		rc = wf_ctl_client_open(cli->socket, cli->timeout_ms, &o, &client, &d);
 		if (rc < 0) {
 			cli_err("%s: cannot reach the agent at %s: %s", what, cli->socket,
