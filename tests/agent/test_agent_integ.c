@@ -51,24 +51,10 @@ static char *xprintf(const char *fmt, ...)
 	return p;
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void expect_code(const Weightfloor__V1__Reply *r, Weightfloor__V1__Status want,
-                        const char *what)
-{
-	cr_assert_eq(r->code, want, "%s: got %s (%s), want %s", what, wf_proto_status_name(r->code),
-	             r->message ? r->message : "", wf_proto_status_name(want));
-}
-
 static void expect_state(struct agt *a, const char *name, Weightfloor__V1__FloorState want)
 {
 	Weightfloor__V1__Reply *r = agt_model(a, name);
-	expect_code(r, ST(OK), name);
+	agt_expect_code(r, ST(OK), name);
 	cr_assert_eq(agt_state(r), want, "model %s is %s, want %s (last_error '%s')", name,
 	             agt_state_name(agt_state(r)), agt_state_name(want), r->model_info->last_error);
 	wf_ctl_reply_free(r);
@@ -129,13 +115,13 @@ static pid_t spawn_to(char *const *argv, const char *out)
 /* Waits for a child; SIGKILLs it after timeout_ms. Exit status, or -1. */
 static int wait_child(pid_t pid, int timeout_ms)
 {
-	int64_t end = now_ms() + timeout_ms;
+	int64_t end = agt_now_ms() + timeout_ms;
 	int st;
 	for (;;) {
 		pid_t r = waitpid(pid, &st, WNOHANG);
 		if (r == pid)
 			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0 || now_ms() > end)
+		if (r < 0 || agt_now_ms() > end)
 			break;
 		agt_sleep_ms(10);
 	}
@@ -203,22 +189,6 @@ static off_t file_size(const char *path)
 	return st.st_size;
 }
 
-/* Attaches the model's floor read-only as a worker would. */
-static struct wf_shm_region *attach_reader(struct agt *a, const char *hex, int *ret_rc)
-{
-	struct wf_shm_config cfg = {.dir = a->floor};
-	struct wf_digest dg;
-	cr_assert_eq(wf_digest_parse(hex, &dg), 0, "digest '%s'", hex);
-	struct wf_shm_region *r = NULL;
-	struct wf_diag d = {{0}};
-	int rc = wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &d);
-	if (ret_rc)
-		*ret_rc = rc;
-	else
-		cr_assert_eq(rc, 0, "reader attach %s: %s", hex, wf_diag_str(&d, rc));
-	return rc == 0 ? r : NULL;
-}
-
 /* ---- 1. happy path ------------------------------------------------------------------------- */
 
 Test(agent, happy_path)
@@ -238,7 +208,7 @@ Test(agent, happy_path)
 	cr_assert(strstr(out, "MODEL") && strstr(out, "DISK"), "agentctl register printed:\n%s",
 	          out);
 	Weightfloor__V1__Reply *r = agt_register(a, "c", pc, false);
-	expect_code(r, ST(OK), "register c");
+	agt_expect_code(r, ST(OK), "register c");
 	cr_assert_eq(agt_state(r), FS(DISK));
 	cr_assert_str_eq(r->model_info->name, "c");
 	cr_assert_eq(r->model_info->n_files, 1);
@@ -246,15 +216,15 @@ Test(agent, happy_path)
 	wf_ctl_reply_free(r);
 	/* idempotent with the same file; another file under the same name is refused */
 	r = agt_register(a, "c", pc, false);
-	expect_code(r, ST(OK), "register c again");
+	agt_expect_code(r, ST(OK), "register c again");
 	wf_ctl_reply_free(r);
 	r = agt_register(a, "c", pb, false);
-	expect_code(r, ST(FAILED_PRECONDITION), "register c with b's file");
+	agt_expect_code(r, ST(FAILED_PRECONDITION), "register c with b's file");
 	cr_assert(strstr(r->message, "already registered"), "%s", r->message);
 	wf_ctl_reply_free(r);
 
 	r = agt_ensure(a, "a", true);
-	expect_code(r, ST(OK), "ensure a");
+	agt_expect_code(r, ST(OK), "ensure a");
 	cr_assert_eq(agt_state(r), FS(HOST));
 	Weightfloor__V1__ModelInfo *mi = r->model_info;
 	char *hex_a = strdup(mi->digest_hex);
@@ -294,7 +264,7 @@ Test(agent, happy_path)
 	cr_assert_eq(st.st_mode & 07777, 0660, "holders mode %o", st.st_mode & 07777);
 
 	/* attach it as a worker would: checksums verify, and the bytes are the file's */
-	struct wf_shm_region *reg = attach_reader(a, mi->digest_hex, NULL);
+	struct wf_shm_region *reg = agt_attach_reader(a, mi->digest_hex, NULL);
 	struct wf_diag d = {{0}};
 	rc = wf_shm_region_verify(reg, &d);
 	cr_assert_eq(rc, 0, "verify: %s", wf_diag_str(&d, rc));
@@ -365,7 +335,7 @@ Test(agent, happy_path)
 	expect_state(a, "b", FS(HOST));
 
 	r = agt_status(a);
-	expect_code(r, ST(OK), "status");
+	agt_expect_code(r, ST(OK), "status");
 	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_AGENT_STATUS);
 	cr_assert_eq(r->agent_status->pid, (uint32_t)pid);
 	cr_assert_str_eq(r->agent_status->floor_dir, a->floor);
@@ -417,8 +387,8 @@ Test(agent, concurrent_ensures_materialize_once)
 
 	/* exactly one MATERIALIZING -> HOST on the event socket */
 	int n_mat = 0, n_host = 0, n_prog = 0;
-	int64_t end = now_ms() + 10000, quiet_until = 0;
-	while (now_ms() < end && !(quiet_until && now_ms() > quiet_until)) {
+	int64_t end = agt_now_ms() + 10000, quiet_until = 0;
+	while (agt_now_ms() < end && !(quiet_until && agt_now_ms() > quiet_until)) {
 		Weightfloor__V1__Event *ev = NULL;
 		if (wf_ctl_sub_recv(sub, 100, &ev, NULL) != 0)
 			continue;
@@ -427,7 +397,7 @@ Test(agent, concurrent_ensures_materialize_once)
 				n_mat++;
 			if (ev->kind == EK(FLOOR_STATE) && ev->floor_state == FS(HOST)) {
 				n_host++;
-				quiet_until = now_ms() + 500; /* catch a second run, if any */
+				quiet_until = agt_now_ms() + 500; /* catch a second run, if any */
 			}
 			if (ev->kind == EK(PROGRESS))
 				n_prog++;
@@ -450,7 +420,7 @@ Test(agent, concurrent_ensures_materialize_once)
 	wf_ctl_reply_free(r);
 	/* and a ninth ensure reuses it */
 	r = agt_ensure(a, "m", true);
-	expect_code(r, ST(OK), "ensure again");
+	agt_expect_code(r, ST(OK), "ensure again");
 	wf_ctl_reply_free(r);
 	cr_assert_eq(agt_inode(region), ino);
 }
@@ -477,12 +447,12 @@ Test(agent, paths_outside_the_model_roots_are_refused)
 	agt_start(a, NULL, (const char *[]){"--config", cfg, NULL});
 
 	Weightfloor__V1__Reply *r = agt_register(a, "in", in, false);
-	expect_code(r, ST(OK), "register inside the roots");
+	agt_expect_code(r, ST(OK), "register inside the roots");
 	wf_ctl_reply_free(r);
 	const char *bad[] = {out_path, evil_path, link, dots};
 	for (size_t i = 0; i < 4; i++) {
 		r = agt_register(a, "bad", bad[i], false);
-		expect_code(r, ST(PERMISSION_DENIED), bad[i]);
+		agt_expect_code(r, ST(PERMISSION_DENIED), bad[i]);
 		cr_assert(strstr(r->message, "outside the model roots"), "%s: message '%s'", bad[i],
 		          r->message);
 		cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET);
@@ -559,7 +529,7 @@ Test(agent, unreadable_model_file)
 
 	/* a file that becomes unreadable after registration */
 	r = agt_register(a, "ok", ok, false);
-	expect_code(r, ST(OK), "register ok");
+	agt_expect_code(r, ST(OK), "register ok");
 	char *hex = strdup(r->model_info->digest_hex);
 	wf_ctl_reply_free(r);
 	cr_assert_eq(chmod(ok, 0), 0);
@@ -580,7 +550,7 @@ Test(agent, unreadable_model_file)
 	/* it recovers once the file is readable again: FAILED is retried */
 	cr_assert_eq(chmod(ok, 0644), 0);
 	r = agt_ensure(a, "ok", true);
-	expect_code(r, ST(OK), "ensure after chmod 0644");
+	agt_expect_code(r, ST(OK), "ensure after chmod 0644");
 	cr_assert_eq(agt_state(r), FS(HOST));
 	wf_ctl_reply_free(r);
 	struct stat st;
@@ -632,15 +602,15 @@ Test(agent, file_truncated_during_materialization)
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pm);
 
 	Weightfloor__V1__Reply *r = agt_ensure(a, "m", false);
-	expect_code(r, ST(OK), "ensure without wait");
+	agt_expect_code(r, ST(OK), "ensure without wait");
 	cr_assert_eq(agt_state(r), FS(MATERIALIZING));
 	char *hex = strdup(r->model_info->digest_hex);
 	wf_ctl_reply_free(r);
 
 	/* the materialization has the file open (and is held in the fault delay): cut it */
-	int64_t end = now_ms() + 10000;
+	int64_t end = agt_now_ms() + 10000;
 	while (!proc_has_open(pid, rm)) {
-		cr_assert(now_ms() < end, "the agent never opened %s", rm);
+		cr_assert(agt_now_ms() < end, "the agent never opened %s", rm);
 		agt_sleep_ms(5);
 	}
 	agt_sleep_ms(100);
@@ -666,13 +636,13 @@ Test(agent, file_truncated_during_materialization)
 		          "region file %s left in the floor dir", e->d_name);
 	closedir(d);
 	int rc = 0;
-	attach_reader(a, hex, &rc);
+	agt_attach_reader(a, hex, &rc);
 	cr_assert_eq(rc, -ENOENT, "reader attach after the failure: %s", wf_err_name(rc));
 
 	/* an ERROR event told subscribers */
 	bool got_error = false;
-	end = now_ms() + 5000;
-	while (!got_error && now_ms() < end) {
+	end = agt_now_ms() + 5000;
+	while (!got_error && agt_now_ms() < end) {
 		Weightfloor__V1__Event *ev = NULL;
 		if (wf_ctl_sub_recv(sub, 100, &ev, NULL) != 0)
 			continue;
@@ -770,23 +740,6 @@ static void set_mtime(const char *path, int ago_s)
 	cr_assert_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
 }
 
-static void ensure_ok(struct agt *a, const char *name)
-{
-	Weightfloor__V1__Reply *r = agt_ensure(a, name, true);
-	expect_code(r, ST(OK), name);
-	cr_assert(agt_state(r) == FS(HOST) || agt_state(r) == FS(PINNED_HOST));
-	wf_ctl_reply_free(r);
-}
-
-static char *digest_of(struct agt *a, const char *name)
-{
-	Weightfloor__V1__Reply *r = agt_model(a, name);
-	expect_code(r, ST(OK), name);
-	char *hex = strdup(r->model_info->digest_hex);
-	wf_ctl_reply_free(r);
-	return hex;
-}
-
 Test(agent, host_budget_lru_pins_and_holders)
 {
 	struct agt *a = agt_new("agent-lru");
@@ -806,14 +759,14 @@ Test(agent, host_budget_lru_pins_and_holders)
 	agt_start(a, NULL,
 	          (const char *[]){"--host-budget", sbudget, "--model", ma, "--model", mb,
 	                           "--model", mc, NULL});
-	char *hb = digest_of(a, "b");
+	char *hb = agt_digest_of(a, "b");
 	char *region_b = agt_region_path(a, hb, NULL);
 
-	ensure_ok(a, "a");
-	ensure_ok(a, "b");
-	ensure_ok(a, "a"); /* touch a: b is now the least recently used */
+	agt_ensure_ok(a, "a");
+	agt_ensure_ok(a, "b");
+	agt_ensure_ok(a, "a"); /* touch a: b is now the least recently used */
 	cr_assert_neq(agt_inode(region_b), 0);
-	ensure_ok(a, "c");
+	agt_ensure_ok(a, "c");
 	expect_state(a, "a", FS(HOST));
 	expect_state(a, "b", FS(DISK));
 	expect_state(a, "c", FS(HOST));
@@ -825,14 +778,14 @@ Test(agent, host_budget_lru_pins_and_holders)
 
 	/* pinned floors are never evicted: no room for b */
 	r = agt_pin(a, "a", true);
-	expect_code(r, ST(OK), "pin a");
+	agt_expect_code(r, ST(OK), "pin a");
 	cr_assert_eq(agt_state(r), FS(PINNED_HOST));
 	wf_ctl_reply_free(r);
 	r = agt_pin(a, "c", true);
-	expect_code(r, ST(OK), "pin c");
+	agt_expect_code(r, ST(OK), "pin c");
 	wf_ctl_reply_free(r);
 	r = agt_ensure(a, "b", true);
-	expect_code(r, ST(RESOURCE_EXHAUSTED), "ensure b with a and c pinned");
+	agt_expect_code(r, ST(RESOURCE_EXHAUSTED), "ensure b with a and c pinned");
 	cr_assert(strstr(r->message, "budget"), "message does not name the budget: %s", r->message);
 	cr_assert(strstr(r->message, "'b'"), "message does not name the model: %s", r->message);
 	wf_ctl_reply_free(r);
@@ -847,19 +800,19 @@ Test(agent, host_budget_lru_pins_and_holders)
 	/* a floor another process holds is never evicted either */
 	for (int i = 0; i < 3; i += 2) {
 		r = agt_release(a, names[i]);
-		expect_code(r, ST(OK), "release");
+		agt_expect_code(r, ST(OK), "release");
 		cr_assert_eq(agt_state(r), FS(DISK));
 		wf_ctl_reply_free(r);
 	}
-	ensure_ok(a, "b");
-	struct wf_shm_region *held = attach_reader(a, hb, NULL);
+	agt_ensure_ok(a, "b");
+	struct wf_shm_region *held = agt_attach_reader(a, hb, NULL);
 	uint64_t ino_b = agt_inode(region_b);
-	ensure_ok(a, "a");
-	ensure_ok(a, "c"); /* b is the LRU but held: a goes */
+	agt_ensure_ok(a, "a");
+	agt_ensure_ok(a, "c"); /* b is the LRU but held: a goes */
 	expect_state(a, "b", FS(HOST));
 	expect_state(a, "a", FS(DISK));
 	expect_state(a, "c", FS(HOST));
-	ensure_ok(a, "a"); /* b still held: c goes */
+	agt_ensure_ok(a, "a"); /* b still held: c goes */
 	expect_state(a, "b", FS(HOST));
 	expect_state(a, "c", FS(DISK));
 	expect_state(a, "a", FS(HOST));
@@ -872,7 +825,7 @@ Test(agent, host_budget_lru_pins_and_holders)
 
 	/* once the reader lets go, b is evictable again */
 	wf_shm_region_detach(held);
-	ensure_ok(a, "c");
+	agt_ensure_ok(a, "c");
 	expect_state(a, "b", FS(DISK));
 	expect_state(a, "a", FS(HOST));
 	expect_state(a, "c", FS(HOST));
@@ -889,16 +842,16 @@ Test(agent, restart_readopts_and_cleans)
 	char *px = agt_gen(a, "x", 12, NULL);
 	char *marg = xprintf("m=%s", pm), *xarg = xprintf("x=%s", px);
 	pid_t pid1 = agt_start(a, NULL, (const char *[]){"--model", marg, "--model", xarg, NULL});
-	ensure_ok(a, "m");
-	ensure_ok(a, "x");
-	char *hm = digest_of(a, "m"), *hx = digest_of(a, "x");
+	agt_ensure_ok(a, "m");
+	agt_ensure_ok(a, "x");
+	char *hm = agt_digest_of(a, "m"), *hx = agt_digest_of(a, "x");
 	char *region = agt_region_path(a, hm, NULL), *region_x = agt_region_path(a, hx, NULL);
 	uint64_t ino = agt_inode(region);
 	cr_assert_neq(ino, 0);
 
-	int64_t t0 = now_ms();
+	int64_t t0 = agt_now_ms();
 	int rc = agt_stop(a, 10000);
-	int64_t took = now_ms() - t0;
+	int64_t took = agt_now_ms() - t0;
 	cr_assert_eq(rc, 0, "SIGTERM: exit status %d", rc);
 	cr_assert_lt(took, 5000, "the agent took %lld ms to stop", (long long)took);
 	cr_assert_eq(kill(pid1, 0), -1);
@@ -927,7 +880,7 @@ Test(agent, restart_readopts_and_cleans)
 	/* the new agent knows m but not x */
 	pid_t pid2 = agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	Weightfloor__V1__Reply *r = agt_model(a, "m");
-	expect_code(r, ST(OK), "status m");
+	agt_expect_code(r, ST(OK), "status m");
 	cr_assert_eq(agt_state(r), FS(HOST), "m is %s right after the restart",
 	             agt_state_name(agt_state(r)));
 	cr_assert(has_pid(r->model_info, pid2), "the new agent does not hold the floor");
@@ -935,7 +888,7 @@ Test(agent, restart_readopts_and_cleans)
 	             "the new agent materialized instead of adopting");
 	wf_ctl_reply_free(r);
 	cr_assert_eq(agt_inode(region), ino, "the region was rebuilt");
-	ensure_ok(a, "m");
+	agt_ensure_ok(a, "m");
 	cr_assert_eq(agt_inode(region), ino, "ensure rebuilt the adopted region");
 
 	log = agt_log(a);
@@ -951,7 +904,7 @@ Test(agent, restart_readopts_and_cleans)
 	/* region, guard, holders and the agent's keep marker */
 	cr_assert_eq(agt_dir_count(a->floor, names, sizeof names), 4, "floor dir: %s", names);
 
-	struct wf_shm_region *reg = attach_reader(a, hm, NULL);
+	struct wf_shm_region *reg = agt_attach_reader(a, hm, NULL);
 	cr_assert_eq(wf_shm_region_verify(reg, NULL), 0);
 	wf_shm_region_detach(reg);
 	cr_assert_eq(agt_stop(a, 10000), 0);
@@ -1017,45 +970,45 @@ Test(agent, malformed_and_invalid_requests)
 
 	/* still serving */
 	r = agt_status(a);
-	expect_code(r, ST(OK), "status after garbage");
+	agt_expect_code(r, ST(OK), "status after garbage");
 	cr_assert_eq(r->agent_status->pid, (uint32_t)pid);
 	wf_ctl_reply_free(r);
 
 	/* unknown models */
 	r = agt_ensure(a, "nope", true);
-	expect_code(r, ST(NOT_FOUND), "ensure unknown");
+	agt_expect_code(r, ST(NOT_FOUND), "ensure unknown");
 	cr_assert(strstr(r->message, "nope"), "%s", r->message);
 	wf_ctl_reply_free(r);
 	r = agt_model(a, "nope");
-	expect_code(r, ST(NOT_FOUND), "status unknown");
+	agt_expect_code(r, ST(NOT_FOUND), "status unknown");
 	wf_ctl_reply_free(r);
 	r = agt_release(a, "nope");
-	expect_code(r, ST(NOT_FOUND), "release unknown");
+	agt_expect_code(r, ST(NOT_FOUND), "release unknown");
 	wf_ctl_reply_free(r);
 	r = agt_pin(a, "nope", true);
-	expect_code(r, ST(NOT_FOUND), "pin unknown");
+	agt_expect_code(r, ST(NOT_FOUND), "pin unknown");
 	wf_ctl_reply_free(r);
 
 	/* bad RegisterModel requests */
 	r = agt_register_paths(a, "zero", NULL, 0);
-	expect_code(r, ST(INVALID_ARGUMENT), "register with 0 paths");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "register with 0 paths");
 	wf_ctl_reply_free(r);
 	char *two[] = {pm, pm};
 	r = agt_register_paths(a, "two", two, 2);
-	expect_code(r, ST(INVALID_ARGUMENT), "register with 2 paths");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "register with 2 paths");
 	wf_ctl_reply_free(r);
 	r = agt_register(a, "has space", pm, false);
-	expect_code(r, ST(INVALID_ARGUMENT), "name with a space");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "name with a space");
 	cr_assert(strstr(r->message, "has space"), "%s", r->message);
 	wf_ctl_reply_free(r);
 	r = agt_register(a, "", pm, false);
-	expect_code(r, ST(INVALID_ARGUMENT), "empty name");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "empty name");
 	wf_ctl_reply_free(r);
 	char longname[200];
 	memset(longname, 'n', sizeof longname - 1);
 	longname[sizeof longname - 1] = '\0';
 	r = agt_register(a, longname, pm, false);
-	expect_code(r, ST(INVALID_ARGUMENT), "199-byte name");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "199-byte name");
 	wf_ctl_reply_free(r);
 	char *missing = xprintf("%s/missing.gguf", a->models);
 	r = agt_register(a, "missing", missing, false);
@@ -1065,14 +1018,14 @@ Test(agent, malformed_and_invalid_requests)
 	char *text = xprintf("%s/notes.gguf", a->models);
 	write_file(text, "this is not a model\n", 0644);
 	r = agt_register(a, "text", text, false);
-	expect_code(r, ST(INVALID_ARGUMENT), "a text file");
+	agt_expect_code(r, ST(INVALID_ARGUMENT), "a text file");
 	wf_ctl_reply_free(r);
 
 	r = agt_list(a);
 	cr_assert_eq(r->model_list->n_models, 1, "bad registrations left models behind");
 	wf_ctl_reply_free(r);
 	r = agt_status(a);
-	expect_code(r, ST(OK), "status at the end");
+	agt_expect_code(r, ST(OK), "status at the end");
 	wf_ctl_reply_free(r);
 	cr_assert_eq(agt_stop(a, 10000), 0);
 }
@@ -1132,9 +1085,9 @@ Test(agent, watch_shows_states_and_progress)
 	                NULL};
 	pid_t w = spawn_to(argv, wout);
 	/* PUB keeps no history: start only once watch is connected, and ping to prove it */
-	int64_t end = now_ms() + 10000;
+	int64_t end = agt_now_ms() + 10000;
 	while (agt_event_peers(a) < 1) {
-		cr_assert(now_ms() < end, "agentctl watch never connected to %s", a->ev_url);
+		cr_assert(agt_now_ms() < end, "agentctl watch never connected to %s", a->ev_url);
 		agt_sleep_ms(10);
 	}
 	agt_sleep_ms(200);
@@ -1144,9 +1097,9 @@ Test(agent, watch_shows_states_and_progress)
 		wf_ctl_reply_free(r);
 		agt_sleep_ms(100);
 	}
-	ensure_ok(a, "m");
+	agt_ensure_ok(a, "m");
 	r = agt_release(a, "m");
-	expect_code(r, ST(OK), "release");
+	agt_expect_code(r, ST(OK), "release");
 	wf_ctl_reply_free(r);
 	int rc = wait_child(w, 20000);
 	char *text = wft_read_file(wout, NULL);
@@ -1199,10 +1152,10 @@ Test(agent, reregistration_does_not_announce_a_false_state)
 	char *pp = agt_gen(a, "ping", 9, NULL);
 	char *marg = xprintf("m=%s", pm);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
-	ensure_ok(a, "m");
+	agt_ensure_ok(a, "m");
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
 	Weightfloor__V1__Reply *r = agt_register(a, "m", pm, false);
-	expect_code(r, ST(OK), "register m again");
+	agt_expect_code(r, ST(OK), "register m again");
 	cr_assert_eq(agt_state(r), FS(HOST));
 	wf_ctl_reply_free(r);
 	/* a marker after it (a new name, so it is announced): every event for m comes before it */
@@ -1210,8 +1163,8 @@ Test(agent, reregistration_does_not_announce_a_false_state)
 	wf_ctl_reply_free(r);
 	bool marker = false;
 	int false_disk = 0;
-	int64_t end = now_ms() + 5000;
-	while (!marker && now_ms() < end) {
+	int64_t end = agt_now_ms() + 5000;
+	while (!marker && agt_now_ms() < end) {
 		Weightfloor__V1__Event *ev = NULL;
 		if (wf_ctl_sub_recv(sub, 100, &ev, NULL) != 0)
 			continue;
@@ -1252,13 +1205,13 @@ static char *expect_refusal(struct agt *a, char **extra, int want_rc, const char
 		argv[n++] = extra[i];
 	argv[n] = NULL;
 	char *out, *err;
-	int64_t t0 = now_ms();
+	int64_t t0 = agt_now_ms();
 	int rc = agt_run(argv, &out, &err, 20, a->dir);
 	cr_assert_eq(rc, want_rc, "wf-agent %s ...: exit %d, want %d; stderr: %s", extra[0], rc,
 	             want_rc, err);
 	cr_assert(strstr(err, want_msg), "wf-agent %s ...: stderr does not say '%s': %s", extra[0],
 	          want_msg, err);
-	cr_assert_lt(now_ms() - t0, 10000);
+	cr_assert_lt(agt_now_ms() - t0, 10000);
 	cr_assert_eq(agt_inode(a->sock_path), 0, "socket file left by a refused start");
 	cr_assert_eq(agt_inode(a->ev_path), 0, "events socket file left by a refused start");
 	free(out);
@@ -1359,7 +1312,7 @@ Test(agent, daemonize_exits_once_serving)
 	cr_assert_eq(rc, 0, "floor ensure: %s", err);
 
 	cr_assert_eq(kill(pid, SIGTERM), 0);
-	int64_t end = now_ms() + 10000;
+	int64_t end = agt_now_ms() + 10000;
 	while (kill(pid, 0) == 0) {
 		/* a zombie until init reaps it: look at the state */
 		char *s = wft_read_file(stat_path, NULL);
@@ -1367,7 +1320,7 @@ Test(agent, daemonize_exits_once_serving)
 		free(s);
 		if (zombie)
 			break;
-		cr_assert(now_ms() < end, "the daemon did not stop on SIGTERM");
+		cr_assert(agt_now_ms() < end, "the daemon did not stop on SIGTERM");
 		agt_sleep_ms(20);
 	}
 	cr_assert_eq(agt_inode(a->sock_path), 0, "socket file left after stop");
@@ -1383,7 +1336,7 @@ Test(agent, sigterm_during_materialization)
 	struct agt_opts o = {.env = {"WF_AGENT_FAULT_FILL_DELAY_MS=20000"}};
 	agt_start(a, &o, (const char *[]){"--model", marg, NULL});
 	Weightfloor__V1__Reply *r = agt_ensure(a, "m", false);
-	expect_code(r, ST(OK), "ensure");
+	agt_expect_code(r, ST(OK), "ensure");
 	cr_assert_eq(agt_state(r), FS(MATERIALIZING));
 	char *hex = strdup(r->model_info->digest_hex);
 	wf_ctl_reply_free(r);
@@ -1394,10 +1347,10 @@ Test(agent, sigterm_during_materialization)
 	pid_t waiter = spawn_to(argv, wout);
 	agt_sleep_ms(500);
 
-	int64_t t0 = now_ms();
+	int64_t t0 = agt_now_ms();
 	int rc = agt_stop(a, 10000);
 	cr_assert_eq(rc, 0, "exit status %d", rc);
-	cr_assert_lt(now_ms() - t0, 5000, "stopping took %lld ms", (long long)(now_ms() - t0));
+	cr_assert_lt(agt_now_ms() - t0, 5000, "stopping took %lld ms", (long long)(agt_now_ms() - t0));
 	rc = wait_child(waiter, 10000);
 	char *line = wft_read_file(wout, NULL);
 	cr_assert_eq(rc, 0, "waiting client: exit %d %s", rc, line ? line : "");
@@ -1408,7 +1361,7 @@ Test(agent, sigterm_during_materialization)
 	cr_assert_eq(agt_inode(agt_region_path(a, hex, NULL)), 0, "half-built region left");
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	expect_state(a, "m", FS(DISK));
-	ensure_ok(a, "m");
+	agt_ensure_ok(a, "m");
 	cr_assert_eq(agt_stop(a, 10000), 0);
 }
 
@@ -1424,9 +1377,9 @@ Test(agent, pread_backend_materializes_the_same_bytes)
 	cr_assert_eq(r->agent_status->reader_backend,
 	             WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_PREAD);
 	wf_ctl_reply_free(r);
-	ensure_ok(a, "m");
-	char *hex = digest_of(a, "m");
-	struct wf_shm_region *reg = attach_reader(a, hex, NULL);
+	agt_ensure_ok(a, "m");
+	char *hex = agt_digest_of(a, "m");
+	struct wf_shm_region *reg = agt_attach_reader(a, hex, NULL);
 	struct wf_diag d = {{0}};
 	int rc = wf_shm_region_verify(reg, &d);
 	cr_assert_eq(rc, 0, "verify: %s", wf_diag_str(&d, rc));
