@@ -267,6 +267,18 @@ out:
 	return rc;
 }
 
+/* Unlinks a region's files in the protocol's order (region, marker, holders, guard; keepf may be
+ * NULL to keep the marker), stopping at the first failure. Files already gone are fine. */
+static int unlink_all(const char *region, const char *keepf, const char *holders,
+		      const char *guard, struct wf_diag *diag)
+{
+	const char *files[] = {region, keepf, holders, guard};
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+		if (files[i] && unlink(files[i]) != 0 && errno != ENOENT)
+			return wf_diag_set(diag, -errno, "remove %s: %s", files[i], strerror(errno));
+	return 0;
+}
+
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
 			 unsigned flags, struct wf_diag *diag)
 {
@@ -316,15 +328,7 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
 			goto out;
 		}
 	}
-	rc = 0;
-	if (unlink(region) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", region, strerror(errno));
-	if (rc == 0 && unlink(keepf) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", keepf, strerror(errno));
-	if (rc == 0 && unlink(holders) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", holders, strerror(errno));
-	if (rc == 0 && unlink(guard) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", guard, strerror(errno));
+	rc = unlink_all(region, keepf, holders, guard, diag);
 out:
 	if (hfd >= 0)
 		close(hfd);
@@ -447,13 +451,7 @@ int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *
 		rc = wf_diag_set(diag, WF_ESTATE, "region %s has a keep marker", name);
 		goto out;
 	}
-	rc = 0;
-	if (unlink(region) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", region, strerror(errno));
-	if (rc == 0 && unlink(holders) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", holders, strerror(errno));
-	if (rc == 0 && unlink(guard) != 0 && errno != ENOENT)
-		rc = wf_diag_set(diag, -errno, "remove %s: %s", guard, strerror(errno));
+	rc = unlink_all(region, NULL, holders, guard, diag);
 out:
 	if (hfd >= 0)
 		close(hfd);

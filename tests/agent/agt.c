@@ -45,8 +45,7 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *xasprintf(const char *fmt, ...)
+char *agt_printf(const char *fmt, ...)
 {
 	va_list ap;
 	char *p = NULL;
@@ -63,13 +62,13 @@ struct agt *agt_new(const char *tag)
 	struct agt *a = calloc(1, sizeof(*a));
 	cr_assert_not_null(a);
 	a->dir = wft_tmpdir(tag);
-	a->floor = xasprintf("%s/floor", a->dir);
-	a->models = xasprintf("%s/models", a->dir);
-	a->run = xasprintf("%s/run", a->dir);
-	a->sock_path = xasprintf("%s/agent.sock", a->run);
-	a->ev_path = xasprintf("%s/events.sock", a->run);
-	a->sock_url = xasprintf("ipc://%s", a->sock_path);
-	a->ev_url = xasprintf("ipc://%s", a->ev_path);
+	a->floor = agt_printf("%s/floor", a->dir);
+	a->models = agt_printf("%s/models", a->dir);
+	a->run = agt_printf("%s/run", a->dir);
+	a->sock_path = agt_printf("%s/agent.sock", a->run);
+	a->ev_path = agt_printf("%s/events.sock", a->run);
+	a->sock_url = agt_printf("ipc://%s", a->sock_path);
+	a->ev_url = agt_printf("ipc://%s", a->ev_path);
 	cr_assert_eq(mkdir(a->models, 0755), 0);
 	cr_assert_eq(mkdir(a->run, 0755), 0);
 	agts[n_agts++] = a;
@@ -155,7 +154,7 @@ void agt_fini(void)
 
 char *agt_gen(struct agt *a, const char *name, int seed, const char *size)
 {
-	char *path = xasprintf("%s/%s.gguf", a->models, name);
+	char *path = agt_printf("%s/%s.gguf", a->models, name);
 	char sseed[16];
 	snprintf(sseed, sizeof sseed, "%d", seed);
 	char *gen = wft_exe("tools/wf-gen");
@@ -201,7 +200,7 @@ pid_t agt_spawn(struct agt *a, const struct agt_opts *o, const char *const *args
 	cr_assert_eq(a->pid, 0, "an agent is already running");
 	a->n_started++;
 	free(a->log);
-	a->log = xasprintf("%s/agent-%d.log", a->dir, a->n_started);
+	a->log = agt_printf("%s/agent-%d.log", a->dir, a->n_started);
 
 	char *argv[64];
 	int n = 0;
@@ -299,8 +298,8 @@ pid_t agt_start(struct agt *a, const struct agt_opts *o, const char *const *args
 int agt_run(char *const *argv, char **out, char **err, int timeout_s, const char *dir)
 {
 	static int seq;
-	char *o = xasprintf("%s/run-%d.out", dir, ++seq);
-	char *e = xasprintf("%s/run-%d.err", dir, seq);
+	char *o = agt_printf("%s/run-%d.out", dir, ++seq);
+	char *e = agt_printf("%s/run-%d.err", dir, seq);
 	int rc = wft_run(argv, o, e, timeout_s);
 	if (out)
 		*out = wft_read_file(o, NULL);
@@ -471,7 +470,7 @@ Weightfloor__V1__Reply *agt_wait_settled(struct agt *a, const char *name, int ti
 
 char *agt_region_path(struct agt *a, const char *hex, const char *suffix)
 {
-	return xasprintf("%s/wf-%s%s", a->floor, hex, suffix ? suffix : "");
+	return agt_printf("%s/wf-%s%s", a->floor, hex, suffix ? suffix : "");
 }
 
 uint64_t agt_inode(const char *path)

@@ -124,5 +124,7 @@ struct wf_shm_region *agt_attach_reader(struct agt *a, const char *hex, int *ret
  * until killed. Returns its pid once it holds the floor (asserts). Tracked for cleanup. */
 pid_t agt_hold_floor(struct agt *a, const char *hex);
 int64_t agt_now_ms(void);
+/* vasprintf that asserts; the result is the caller's. */
+char *agt_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

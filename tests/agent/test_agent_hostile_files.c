@@ -32,18 +32,6 @@
 
 TestSuite(hostile, .fini = agt_fini, .timeout = 120);
 
-static char *xprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *xprintf(const char *fmt, ...)
-{
-	va_list ap;
-	char *p = NULL;
-	va_start(ap, fmt);
-	int n = vasprintf(&p, fmt, ap);
-	va_end(ap);
-	cr_assert(n >= 0);
-	return p;
-}
-
 static void write_file(const char *path, const char *text)
 {
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -75,8 +63,8 @@ static void gen(struct agt *a, const char *out, const char *const *args)
 /* An agent whose model roots are <dir>/models. */
 static void start_rooted(struct agt *a)
 {
-	char *cfg = xprintf("%s/agent.json", a->dir);
-	char *json = xprintf("{\"model_roots\": [\"%s\"]}", a->models);
+	char *cfg = agt_printf("%s/agent.json", a->dir);
+	char *json = agt_printf("{\"model_roots\": [\"%s\"]}", a->models);
 	write_file(cfg, json);
 	agt_start(a, NULL, (const char *[]){"--config", cfg, NULL});
 	free(cfg);
@@ -95,10 +83,10 @@ static void expect_refused(Weightfloor__V1__Reply *r, Weightfloor__V1__Status co
 /* Moves path to <dir>/outside/<base> and puts a symlink to it in its place; returns the target. */
 static char *move_out(struct agt *a, const char *path)
 {
-	char *outside = xprintf("%s/outside", a->dir);
+	char *outside = agt_printf("%s/outside", a->dir);
 	mkdir(outside, 0755);
 	const char *base = strrchr(path, '/') + 1;
-	char *target = xprintf("%s/%s", outside, base);
+	char *target = agt_printf("%s/%s", outside, base);
 	cr_assert_eq(rename(path, target), 0, "%s: %s", path, strerror(errno));
 	cr_assert_eq(symlink(target, path), 0);
 	free(outside);
@@ -110,10 +98,10 @@ static char *move_out(struct agt *a, const char *path)
 Test(hostile, gguf_shard_sibling_outside_the_roots)
 {
 	struct agt *a = agt_new("hostile-gguf-roots");
-	char *out = xprintf("%s/s.gguf", a->models);
+	char *out = agt_printf("%s/s.gguf", a->models);
 	gen(a, out, (const char *[]){"--seed", "3", "--split-max-size", "2M", NULL});
-	char *first = xprintf("%s/s-00001-of-00004.gguf", a->models);
-	char *second = xprintf("%s/s-00002-of-00004.gguf", a->models);
+	char *first = agt_printf("%s/s-00001-of-00004.gguf", a->models);
+	char *second = agt_printf("%s/s-00002-of-00004.gguf", a->models);
 	cr_assert_eq(access(first, R_OK), 0, "wf-gen made no 4 shards");
 	move_out(a, second);
 	start_rooted(a);
@@ -130,10 +118,10 @@ Test(hostile, gguf_shard_sibling_outside_the_roots)
 Test(hostile, safetensors_shard_outside_the_roots)
 {
 	struct agt *a = agt_new("hostile-st-roots");
-	char *dir = xprintf("%s/st", a->models);
+	char *dir = agt_printf("%s/st", a->models);
 	gen(a, dir, (const char *[]){"--format", "safetensors", "--split-max-size", "2M", NULL});
 	glob_t g;
-	char *pat = xprintf("%s/model-00002-of-*.safetensors", dir);
+	char *pat = agt_printf("%s/model-00002-of-*.safetensors", dir);
 	cr_assert_eq(glob(pat, 0, NULL, &g), 0, "wf-gen made no shards");
 	char *shard = strdup(g.gl_pathv[0]);
 	const char *sname = strrchr(shard, '/') + 1;
@@ -144,9 +132,9 @@ Test(hostile, safetensors_shard_outside_the_roots)
 	expect_refused(agt_register(a, "st", dir, false), ST(PERMISSION_DENIED), sname,
 		       "outside the model roots");
 	/* the config read for hparams is a model file too */
-	char *cfgjson = xprintf("%s/config.json", dir);
+	char *cfgjson = agt_printf("%s/config.json", dir);
 	cr_assert_eq(unlink(shard), 0);
-	cr_assert_eq(rename(xprintf("%s/outside/%s", a->dir, sname), shard), 0);
+	cr_assert_eq(rename(agt_printf("%s/outside/%s", a->dir, sname), shard), 0);
 	move_out(a, cfgjson);
 	expect_refused(agt_register(a, "st", dir, false), ST(PERMISSION_DENIED), "config.json",
 		       "outside the model roots");
@@ -160,16 +148,16 @@ Test(hostile, safetensors_shard_outside_the_roots)
 Test(hostile, shard_swapped_after_registration_is_not_read)
 {
 	struct agt *a = agt_new("hostile-swap");
-	char *out = xprintf("%s/s.gguf", a->models);
+	char *out = agt_printf("%s/s.gguf", a->models);
 	gen(a, out, (const char *[]){"--seed", "4", "--split-max-size", "2M", NULL});
-	char *first = xprintf("%s/s-00001-of-00004.gguf", a->models);
-	char *third = xprintf("%s/s-00003-of-00004.gguf", a->models);
+	char *first = agt_printf("%s/s-00001-of-00004.gguf", a->models);
+	char *third = agt_printf("%s/s-00003-of-00004.gguf", a->models);
 	start_rooted(a);
 	Weightfloor__V1__Reply *r = agt_register(a, "s", first, false);
 	cr_assert_eq(r->code, ST(OK), "%s", r->message);
 	wf_ctl_reply_free(r);
-	char *copy = xprintf("%s/copy.gguf", a->dir);
-	char *cmd = xprintf("cp -p '%s' '%s'", third, copy);
+	char *copy = agt_printf("%s/copy.gguf", a->dir);
+	char *cmd = agt_printf("cp -p '%s' '%s'", third, copy);
 	cr_assert_eq(system(cmd), 0);
 	cr_assert_eq(unlink(third), 0);
 	cr_assert_eq(symlink(copy, third), 0);
@@ -191,10 +179,10 @@ Test(hostile, shard_swapped_after_registration_is_not_read)
 Test(hostile, fifo_shard_sibling_does_not_block_register, .timeout = 60)
 {
 	struct agt *a = agt_new("hostile-fifo");
-	char *out = xprintf("%s/s.gguf", a->models);
+	char *out = agt_printf("%s/s.gguf", a->models);
 	gen(a, out, (const char *[]){"--seed", "5", "--split-max-size", "2M", NULL});
-	char *first = xprintf("%s/s-00001-of-00004.gguf", a->models);
-	char *second = xprintf("%s/s-00002-of-00004.gguf", a->models);
+	char *first = agt_printf("%s/s-00001-of-00004.gguf", a->models);
+	char *second = agt_printf("%s/s-00002-of-00004.gguf", a->models);
 	cr_assert_eq(unlink(second), 0);
 	cr_assert_eq(mkfifo(second, 0644), 0);
 	agt_start(a, NULL, (const char *[]){NULL});
@@ -265,7 +253,7 @@ Test(hostile, tampered_floor_is_rebuilt_not_adopted)
 {
 	struct agt *a = agt_new("hostile-tamper");
 	char *pm = agt_gen(a, "m", 7, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	Weightfloor__V1__Reply *r = agt_ensure(a, "m", true);
 	cr_assert_eq(r->code, ST(OK), "%s", r->message);

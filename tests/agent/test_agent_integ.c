@@ -39,18 +39,6 @@ TestSuite(agent, .fini = agt_fini, .timeout = 60);
 
 extern char **environ;
 
-static char *xprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *xprintf(const char *fmt, ...)
-{
-	va_list ap;
-	char *p = NULL;
-	va_start(ap, fmt);
-	int n = vasprintf(&p, fmt, ap);
-	va_end(ap);
-	cr_assert(n >= 0);
-	return p;
-}
-
 static void expect_state(struct agt *a, const char *name, Weightfloor__V1__FloorState want)
 {
 	Weightfloor__V1__Reply *r = agt_model(a, name);
@@ -197,7 +185,7 @@ Test(agent, happy_path)
 	char *pa = agt_gen(a, "a", 1, NULL);
 	char *pb = agt_gen(a, "b", 2, NULL);
 	char *pc = agt_gen(a, "c", 3, NULL);
-	char *marg = xprintf("a=%s", pa);
+	char *marg = agt_printf("a=%s", pa);
 	const char *args[] = {"--model", marg, "--io-backend", "auto", NULL};
 	pid_t pid = agt_start(a, NULL, args);
 
@@ -357,7 +345,7 @@ Test(agent, concurrent_ensures_materialize_once)
 	struct agt *a = agt_new("agent-once");
 	char *pm = agt_gen(a, "m", 7, NULL);
 	char *pp = agt_gen(a, "ping", 8, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	struct agt_opts o = {.env = {"WF_AGENT_FAULT_FILL_DELAY_MS=800"}};
 	agt_start(a, &o, (const char *[]){"--model", marg, NULL});
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
@@ -366,7 +354,7 @@ Test(agent, concurrent_ensures_materialize_once)
 	pid_t kids[N];
 	char *outs[N];
 	for (int i = 0; i < N; i++) {
-		outs[i] = xprintf("%s/ensure-%d.out", a->dir, i);
+		outs[i] = agt_printf("%s/ensure-%d.out", a->dir, i);
 		char *argv[] = {wft_exe("tests/agent/agent_helper"),
 		                "call",
 		                a->sock_url,
@@ -431,18 +419,18 @@ Test(agent, paths_outside_the_model_roots_are_refused)
 {
 	struct agt *a = agt_new("agent-roots");
 	char *in = agt_gen(a, "in", 1, NULL);
-	char *other = xprintf("%s/other", a->dir), *evil = xprintf("%s/models-evil", a->dir);
+	char *other = agt_printf("%s/other", a->dir), *evil = agt_printf("%s/models-evil", a->dir);
 	cr_assert_eq(mkdir(other, 0755), 0);
 	cr_assert_eq(mkdir(evil, 0755), 0);
-	char *out_path = xprintf("%s/out.gguf", other), *evil_path = xprintf("%s/x.gguf", evil);
+	char *out_path = agt_printf("%s/out.gguf", other), *evil_path = agt_printf("%s/x.gguf", evil);
 	cr_assert_eq(rename(agt_gen(a, "out", 2, NULL), out_path), 0);
 	cr_assert_eq(rename(agt_gen(a, "x", 3, NULL), evil_path), 0);
-	char *link = xprintf("%s/link.gguf", a->models);
+	char *link = agt_printf("%s/link.gguf", a->models);
 	cr_assert_eq(symlink(out_path, link), 0);
-	char *dots = xprintf("%s/../other/out.gguf", a->models);
+	char *dots = agt_printf("%s/../other/out.gguf", a->models);
 
-	char *cfg = xprintf("%s/agent.json", a->dir);
-	char *json = xprintf("{\"model_roots\": [\"%s\"]}", a->models);
+	char *cfg = agt_printf("%s/agent.json", a->dir);
+	char *json = agt_printf("{\"model_roots\": [\"%s\"]}", a->models);
 	write_file(cfg, json, 0644);
 	agt_start(a, NULL, (const char *[]){"--config", cfg, NULL});
 
@@ -471,8 +459,8 @@ Test(agent, paths_outside_the_model_roots_are_refused)
 	agt_stop(a, 10000);
 
 	/* at start, a configured model outside the roots is a configuration error */
-	char *sock = xprintf("ipc://%s/run/other.sock", a->dir);
-	char *marg = xprintf("bad=%s", out_path);
+	char *sock = agt_printf("ipc://%s/run/other.sock", a->dir);
+	char *marg = agt_printf("bad=%s", out_path);
 	char *argv[] = {wft_exe("agent/wf-agent"),
 	                "--config",
 	                cfg,
@@ -512,7 +500,7 @@ Test(agent, unreadable_model_file)
 
 	struct agt_opts o = {.drop = true, .uid = 65534, .gid = 65534};
 	pid_t pid = agt_start(a, &o, NULL);
-	char *procst = xprintf("/proc/%d/status", (int)pid);
+	char *procst = agt_printf("/proc/%d/status", (int)pid);
 	char *pst = wft_read_file(procst, NULL);
 	cr_assert(pst && strstr(pst, "\nUid:\t65534\t65534"), "agent is not uid 65534:\n%s", pst);
 
@@ -596,7 +584,7 @@ Test(agent, file_truncated_during_materialization)
 	struct agt *a = agt_new("agent-trunc");
 	char *pm = agt_gen(a, "m", 5, NULL);
 	char *rm = real(pm);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	struct agt_opts o = {.env = {"WF_AGENT_FAULT_FILL_DELAY_MS=1500"}};
 	pid_t pid = agt_start(a, &o, (const char *[]){"--model", marg, NULL});
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pm);
@@ -703,7 +691,7 @@ Test(agent, peer_uid_checks)
 	cr_assert_eq(agt_stop(a, 10000), 0);
 
 	/* the designed path: --group gives the socket file to a group, allowed_gids admits it */
-	char *cfg = xprintf("%s/agent.json", a->dir);
+	char *cfg = agt_printf("%s/agent.json", a->dir);
 	write_file(cfg, "{\"allowed_gids\": [65534]}", 0644);
 	agt_start(a, NULL, (const char *[]){"--config", cfg, "--group", "65534", NULL});
 	cr_assert_eq(stat(a->sock_path, &st), 0);
@@ -755,7 +743,7 @@ Test(agent, host_budget_lru_pins_and_holders)
 	uint64_t budget = 2 * rs + rs / 2; /* two floors fit, three do not */
 	char sbudget[32];
 	snprintf(sbudget, sizeof sbudget, "%llu", (unsigned long long)budget);
-	char *ma = xprintf("a=%s", p[0]), *mb = xprintf("b=%s", p[1]), *mc = xprintf("c=%s", p[2]);
+	char *ma = agt_printf("a=%s", p[0]), *mb = agt_printf("b=%s", p[1]), *mc = agt_printf("c=%s", p[2]);
 	agt_start(a, NULL,
 	          (const char *[]){"--host-budget", sbudget, "--model", ma, "--model", mb,
 	                           "--model", mc, NULL});
@@ -840,7 +828,7 @@ Test(agent, restart_readopts_and_cleans)
 	struct agt *a = agt_new("agent-restart");
 	char *pm = agt_gen(a, "m", 11, NULL);
 	char *px = agt_gen(a, "x", 12, NULL);
-	char *marg = xprintf("m=%s", pm), *xarg = xprintf("x=%s", px);
+	char *marg = agt_printf("m=%s", pm), *xarg = agt_printf("x=%s", px);
 	pid_t pid1 = agt_start(a, NULL, (const char *[]){"--model", marg, "--model", xarg, NULL});
 	agt_ensure_ok(a, "m");
 	agt_ensure_ok(a, "x");
@@ -929,7 +917,7 @@ Test(agent, malformed_and_invalid_requests)
 {
 	struct agt *a = agt_new("agent-robust");
 	char *pm = agt_gen(a, "m", 3, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	pid_t pid = agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 
 	nng_socket s;
@@ -1010,12 +998,12 @@ Test(agent, malformed_and_invalid_requests)
 	r = agt_register(a, longname, pm, false);
 	agt_expect_code(r, ST(INVALID_ARGUMENT), "199-byte name");
 	wf_ctl_reply_free(r);
-	char *missing = xprintf("%s/missing.gguf", a->models);
+	char *missing = agt_printf("%s/missing.gguf", a->models);
 	r = agt_register(a, "missing", missing, false);
 	cr_assert_neq(r->code, ST(OK));
 	cr_assert(strstr(r->message, missing), "%s", r->message);
 	wf_ctl_reply_free(r);
-	char *text = xprintf("%s/notes.gguf", a->models);
+	char *text = agt_printf("%s/notes.gguf", a->models);
 	write_file(text, "this is not a model\n", 0644);
 	r = agt_register(a, "text", text, false);
 	agt_expect_code(r, ST(INVALID_ARGUMENT), "a text file");
@@ -1070,11 +1058,11 @@ Test(agent, watch_shows_states_and_progress)
 	struct agt *a = agt_new("agent-watch");
 	char *pm = agt_gen(a, "m", 4, NULL);
 	char *pp = agt_gen(a, "ping", 9, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	struct agt_opts o = {.env = {"WF_AGENT_FAULT_FILL_DELAY_MS=300"}};
 	agt_start(a, &o, (const char *[]){"--model", marg, NULL});
 
-	char *wout = xprintf("%s/watch.out", a->dir);
+	char *wout = agt_printf("%s/watch.out", a->dir);
 	char *argv[] = {wft_exe("control/agentctl/agentctl"),
 	                "--events",
 	                a->ev_url,
@@ -1150,7 +1138,7 @@ Test(agent, reregistration_does_not_announce_a_false_state)
 	struct agt *a = agt_new("agent-rereg");
 	char *pm = agt_gen(a, "m", 4, NULL);
 	char *pp = agt_gen(a, "ping", 9, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	agt_ensure_ok(a, "m");
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
@@ -1222,15 +1210,15 @@ Test(agent, flag_and_config_errors)
 {
 	struct agt *a = agt_new("agent-flags");
 	char *pm = agt_gen(a, "m", 2, NULL);
-	char *bad_key = xprintf("%s/typo.json", a->dir);
+	char *bad_key = agt_printf("%s/typo.json", a->dir);
 	write_file(bad_key, "{\"floor_dirr\": \"/tmp/x\"}", 0644);
-	char *bad_json = xprintf("%s/broken.json", a->dir);
+	char *bad_json = agt_printf("%s/broken.json", a->dir);
 	write_file(bad_json, "{\"host_budget\": ", 0644);
-	char *bad_budget = xprintf("%s/budget.json", a->dir);
+	char *bad_budget = agt_printf("%s/budget.json", a->dir);
 	write_file(bad_budget, "{\"host_budget\": \"lots\"}", 0644);
-	char *missing = xprintf("%s/absent/agent.json", a->dir);
-	char *marg = xprintf("m=%s", pm);
-	char *mmissing = xprintf("m=%s/models/absent.gguf", a->dir);
+	char *missing = agt_printf("%s/absent/agent.json", a->dir);
+	char *marg = agt_printf("m=%s", pm);
+	char *mmissing = agt_printf("m=%s/models/absent.gguf", a->dir);
 
 	expect_refusal(a, (char *[]){"--config", bad_key, NULL}, 1, "floor_dirr");
 	char *err_json =
@@ -1276,7 +1264,7 @@ Test(agent, daemonize_exits_once_serving)
 {
 	struct agt *a = agt_new("agent-daemon");
 	char *pm = agt_gen(a, "m", 2, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	char *argv[] = {wft_exe("agent/wf-agent"),
 	                "--floor-dir",
 	                a->floor,
@@ -1299,7 +1287,7 @@ Test(agent, daemonize_exits_once_serving)
 	json_object_put(o);
 	agt_track_pid(pid);
 	cr_assert_gt(pid, 0);
-	char *stat_path = xprintf("/proc/%d/stat", (int)pid);
+	char *stat_path = agt_printf("/proc/%d/stat", (int)pid);
 	char *pst = wft_read_file(stat_path, NULL);
 	cr_assert_not_null(pst);
 	/* fields: pid (comm) state ppid pgrp session: the daemon leads its own session */
@@ -1332,7 +1320,7 @@ Test(agent, sigterm_during_materialization)
 {
 	struct agt *a = agt_new("agent-term");
 	char *pm = agt_gen(a, "m", 6, NULL);
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	struct agt_opts o = {.env = {"WF_AGENT_FAULT_FILL_DELAY_MS=20000"}};
 	agt_start(a, &o, (const char *[]){"--model", marg, NULL});
 	Weightfloor__V1__Reply *r = agt_ensure(a, "m", false);
@@ -1341,7 +1329,7 @@ Test(agent, sigterm_during_materialization)
 	char *hex = strdup(r->model_info->digest_hex);
 	wf_ctl_reply_free(r);
 	/* a waiting client: it must get an answer (or a dropped connection), not hang */
-	char *wout = xprintf("%s/waiter.out", a->dir);
+	char *wout = agt_printf("%s/waiter.out", a->dir);
 	char *argv[] = {
 	    wft_exe("tests/agent/agent_helper"), "call", a->sock_url, "ensure", "m", "30000", NULL};
 	pid_t waiter = spawn_to(argv, wout);
@@ -1371,7 +1359,7 @@ Test(agent, pread_backend_materializes_the_same_bytes)
 {
 	struct agt *a = agt_new("agent-pread");
 	char *pm = agt_gen(a, "m", 13, "16M");
-	char *marg = xprintf("m=%s", pm);
+	char *marg = agt_printf("m=%s", pm);
 	agt_start(a, NULL, (const char *[]){"--io-backend", "pread", "--model", marg, NULL});
 	Weightfloor__V1__Reply *r = agt_status(a);
 	cr_assert_eq(r->agent_status->reader_backend,
