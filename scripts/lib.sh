@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by setup.sh, demo.sh and test.sh: quiet steps and locked builds.
 #
 # Every step sends its whole output to one log file ($WF_LOG) and prints one line: what it did

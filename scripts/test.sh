@@ -51,5 +51,5 @@ if [ -z "$fuzz_targets" ]; then
 	echo "no fuzz targets found" >&2
 	exit 1
 fi
-CC=clang wf_build build-fuzz --targets "$(echo $fuzz_targets)" "${fuzz_args[@]}"
+CC=clang wf_build build-fuzz --targets "${fuzz_targets//$'\n'/ }" "${fuzz_args[@]}"
 ctest --test-dir build-fuzz -L fuzz --output-on-failure --timeout 600
