@@ -1,6 +1,6 @@
 # wf_add_test(NAME name LABELS l1 [l2] SOURCES s.c... [LIBS lib...] [TIMEOUT s] [SKIP_RC 77])
 # One Criterion executable per call, registered with CTest under the given labels. Tests find the
-# repository (for ../shared/reference) and the build tree through the environment.
+# repository (test data lies in tests/data/) and the build tree through the environment.
 find_library(CRITERION_LIB criterion REQUIRED)
 function(wf_add_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "LABELS;SOURCES;LIBS" ${ARGN})

@@ -3,8 +3,8 @@
  *
  * The ggml part mirrors ggml/include/ggml.h (enum ggml_type) and the type_traits table of
  * ggml/src/ggml.c at llama.cpp tag b10573 (commit d775b896), which is also what the reference
- * models under shared/reference/ were made with. Block sizes and bytes per block were checked by
- * compiling ggml-common.h's block structs at that tag. That tag has three types past MXFP4:
+ * models under tests/data/reference/ were made with. Block sizes and bytes per block were
+ * checked by compiling ggml-common.h's block structs at that tag. That tag has three types past MXFP4:
  * NVFP4 (40), Q1_0 (41) and Q2_0 (42), so GGML_TYPE_COUNT is 43.
  *
  * The enum values of ggml types are ggml's own numbers (the u32 stored in a GGUF tensor info), so

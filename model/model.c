@@ -592,7 +592,7 @@ int wf_model_open(const char *path, struct wf_model **ret_model, struct wf_diag 
 	if (!path || !ret_model)
 		return wf_diag_set(diag, WF_EINVAL, "wf_model_open: NULL %s",
 		                   path ? "ret_model" : "path");
-	enum wf_model_format fmt;
+	enum wf_model_format fmt = 0; /* no format: wf__model_open_format refuses it */
 	int rc = detect(path, &fmt, diag);
 	if (rc)
 		return rc;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of weightfloor from Debian packages.
 # Idempotent: packages already present are left alone. Runs as root or through sudo.
+# Prints one line per step; apt's output goes to a log whose path is printed on failure.
 set -euo pipefail
 
 PKGS=(
@@ -17,6 +18,15 @@ PKGS=(
   procps util-linux                # pgrep, fallocate, flock for scripts
 )
 
+. "$(dirname "$0")/lib.sh"
+# Quiet: apt's output goes to a log; a caller (demo.sh, test.sh) may pass its own in WF_LOG.
+own_log=""
+if [ -z "${WF_LOG:-}" ]; then
+  own_log=$(mktemp -d "${TMPDIR:-/tmp}/weightfloor-setup.XXXXXX")
+  wf_log_open "$own_log"
+  trap 'rc=$?; if [ $rc = 0 ]; then rm -rf "$own_log"; else echo "setup: log kept in $WF_LOG" >&2; fi' EXIT
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -27,10 +37,13 @@ if [ "${#missing[@]}" -eq 0 ]; then
 else
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Another apt (unattended-upgrades, a second demo) may hold the dpkg or lists lock: wait for
+  # it rather than fail.
+  apt_opts=(-o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
+  wf_step "setup: apt-get update" $SUDO apt-get "${apt_opts[@]}" update
+  wf_step "setup: installing ${#missing[@]} packages (${missing[*]})" \
+    $SUDO apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
 fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then

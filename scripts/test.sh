@@ -1,39 +1,55 @@
 #!/usr/bin/env bash
 # Builds weightfloor and passes every test: the README's test command, and what CI runs.
-#  1. the normal build (CUDA compiled when the toolkit exists), all CTest labels:
-#     unit, integ, gpu (skipped, never passed, without a GPU);
-#  2. an ASan+UBSan build running the unit tests;
+#  1. a Release build (-O3, CUDA compiled when the toolkit exists) in build-release, all CTest
+#     labels: unit, integ, gpu (skipped, never passed, without a GPU);
+#  2. an ASan+UBSan build (Debug) running the unit tests;
 #  3. a clang libFuzzer build running each fuzz target for a short time.
 # Set WF_TEST_QUICK=1 to run step 1 only.
+#
+# Setup and builds print one line per step; their output goes to a log in a private temporary
+# directory, removed when the script passes and kept (its path printed) when it fails. Test
+# results are shown as CTest prints them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+logdir=$(mktemp -d "${TMPDIR:-/tmp}/weightfloor-test.XXXXXX")
+wf_log_open "$logdir"
+finish() {
+	local rc=$?
+	if [ "$rc" = 0 ]; then
+		rm -rf "$logdir"
+	else
+		echo "test.sh: FAILED (exit $rc); build and setup log: $WF_LOG" >&2
+	fi
+}
+trap finish EXIT
+
 bash scripts/setup.sh
 
 jobs=$(nproc)
 log() { printf '\n== %s\n' "$*"; }
 
-log "build (RelWithDebInfo)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$jobs"
-
-log "tests: unit, integ, gpu"
-ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+log "Release build, tests: unit, integ, gpu"
+wf_build build-release -DCMAKE_BUILD_TYPE=Release
+ctest --test-dir build-release --output-on-failure -j "$jobs" --timeout 600
 
 [ "${WF_TEST_QUICK:-0}" = 1 ] && exit 0
 
 log "sanitizer build (ASan+UBSan), unit tests"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWF_SANITIZE=ON -DWF_WITH_CUDA=OFF >/dev/null
-cmake --build build-asan -j "$jobs"
+wf_build build-asan -DCMAKE_BUILD_TYPE=Debug -DWF_SANITIZE=ON -DWF_WITH_CUDA=OFF
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
 	ctest --test-dir build-asan -L unit --output-on-failure -j "$jobs" --timeout 900
 
 log "fuzz build (clang libFuzzer + ASan+UBSan), short runs"
-CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWF_FUZZ=ON -DWF_WITH_CUDA=OFF >/dev/null
+fuzz_args=(-DCMAKE_BUILD_TYPE=Debug -DWF_FUZZ=ON -DWF_WITH_CUDA=OFF)
+# The fuzz targets are only known once the tree is configured.
+CC=clang wf_step "configure build-fuzz" cmake -S . -B build-fuzz -G Ninja "${fuzz_args[@]}"
 fuzz_targets=$(cmake --build build-fuzz --target help | sed -n 's/^\(fuzz_[a-z_]*\): .*/\1/p' | sort -u)
 if [ -z "$fuzz_targets" ]; then
 	echo "no fuzz targets found" >&2
 	exit 1
 fi
-cmake --build build-fuzz -j "$jobs" --target $fuzz_targets
+CC=clang wf_build build-fuzz --targets "${fuzz_targets//$'\n'/ }" "${fuzz_args[@]}"
 ctest --test-dir build-fuzz -L fuzz --output-on-failure --timeout 600

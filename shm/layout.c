@@ -233,7 +233,7 @@ int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l,
 	memset(b + l->file_table_offset, 0, l->data_offset - l->file_table_offset);
 	for (uint32_t i = 0; i < m->n_files; i++) {
 		const struct wf_model_file *f = &m->files[i];
-		struct wf_shm_window w;
+		struct wf_shm_window w = {0};
 		size_t n = strlen(f->path);
 		wf_shm_layout_window(f, &w); /* checked by wf_shm_layout_compute() */
 		fe[i].size = f->size;
@@ -531,10 +531,9 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 		struct wf_shm_file_entry e;
 		struct wf_shm_window w;
 		memcpy(&e, b + h->file_table_offset + i * FILE_ENTRY_SIZE, sizeof(e));
-		wf_shm_layout_window(mf, &w);
-		if (e.size != mf->size || e.mtime_ns != mf->mtime_ns ||
-		    e.data_offset != mf->data_offset || e.data_size != mf->data_size ||
-		    e.floor_offset != floor)
+		if (wf_shm_layout_window(mf, &w) < 0 || e.size != mf->size ||
+		    e.mtime_ns != mf->mtime_ns || e.data_offset != mf->data_offset ||
+		    e.data_size != mf->data_size || e.floor_offset != floor)
 			return wf_diag_set(diag, WF_EFORMAT,
 					   "region file %" PRIu32 " does not match '%s'", i,
 					   mf->path);

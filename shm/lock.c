@@ -205,7 +205,7 @@ int wf__shm_lock_path_timed(const char *path, int op, bool create,
 			    const struct wf_shm_config *cfg, int wait_ms, int *ret_fd)
 {
 	for (int tries = 0; tries < LOCK_MAX_RETRIES; tries++) {
-		int fd, rc;
+		int fd = -1, rc;
 		rc = wf__shm_lockfile_open(path, create, cfg, &fd);
 		if (rc < 0)
 			return rc;

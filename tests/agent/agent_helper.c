@@ -4,7 +4,9 @@
  *       drops to U:G (setgroups(0), setgid, setuid) when asked, arranges to be killed with the
  *       test process (PR_SET_PDEATHSIG, set after the drop since a credential change clears it),
  *       then execs PROG: how the tests start every wf-agent, so that an agent never outlives a
- *       test that crashed or timed out.
+ *       test that crashed or timed out. PROG is opened before the drop and executed through that
+ *       descriptor (fexecve): U need not be able to walk the path to the build tree, which a
+ *       clone under /root (mode 0700) does not allow.
  *   agent_helper [--uid U --gid G] call URL status
  *   agent_helper [--uid U --gid G] call URL ensure NAME TIMEOUT_MS
  *       one request (AgentStatus, or EnsureFloor with wait) through the control client library;
@@ -20,6 +22,7 @@
 #include "proto/status.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <signal.h>
@@ -129,6 +132,19 @@ int main(int argc, char **argv)
 		        "usage: agent_helper [--uid U --gid G] [--pdeathsig] exec|call ...\n");
 		return 2;
 	}
+	const char *cmd = argv[optind];
+	int prog_fd = -1;
+	if (strcmp(cmd, "exec") == 0) {
+		if (optind + 1 >= argc)
+			return 2;
+		/* O_CLOEXEC is fine for an ELF program: the kernel has read it before closing fds. */
+		prog_fd = open(argv[optind + 1], O_RDONLY | O_CLOEXEC);
+		if (prog_fd < 0) {
+			fprintf(stderr, "agent_helper: open %s: %s\n", argv[optind + 1],
+			        strerror(errno));
+			return 127;
+		}
+	}
 	if (drop && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) {
 		fprintf(stderr, "agent_helper: drop to %u:%u: %s\n", (unsigned)uid, (unsigned)gid,
 		        strerror(errno));
@@ -140,11 +156,8 @@ int main(int argc, char **argv)
 		if (getppid() != parent) /* the test died before the prctl */
 			return 3;
 	}
-	const char *cmd = argv[optind];
-	if (strcmp(cmd, "exec") == 0) {
-		if (optind + 1 >= argc)
-			return 2;
-		execv(argv[optind + 1], argv + optind + 1);
+	if (prog_fd >= 0) {
+		fexecve(prog_fd, argv + optind + 1, environ);
 		fprintf(stderr, "agent_helper: exec %s: %s\n", argv[optind + 1], strerror(errno));
 		return 127;
 	}

@@ -9,7 +9,7 @@
 const char *wft_source_dir(void);
 /* Build directory (WF_BUILD_DIR, else the compile-time binary dir). */
 const char *wft_build_dir(void);
-/* ../shared/reference beside the repository (WF_REFERENCE_DIR overrides), or NULL if absent. */
+/* tests/data/reference in the repository (the llama.cpp reference models), or NULL if absent. */
 const char *wft_reference_dir(void);
 /* Path of a built executable: "<build>/<rel>", e.g. wft_exe("tools/wf-gen"). Static buffer per
  * call site is not needed: the result is malloc'ed and never freed (tests are short-lived). */

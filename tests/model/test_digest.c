@@ -130,7 +130,7 @@ Test(digest, stable_and_sensitive)
 Test(digest, reference_model_copied_keeps_its_digest)
 {
 	const char *ref = wft_reference_dir();
-	cr_assert_not_null(ref, "shared/reference is missing");
+	cr_assert_not_null(ref, "tests/data/reference is missing");
 	char *src = NULL;
 	cr_assert(asprintf(&src, "%s/mixtral-tiny-f32/mixtral-tiny-f32.gguf", ref) > 0);
 	char *dst = in_dir("copy.gguf");

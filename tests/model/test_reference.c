@@ -1,4 +1,4 @@
-/* The llama.cpp reference models (shared/reference/): every folder's inventory must match its
+/* The llama.cpp reference models (tests/data/reference/): every folder's inventory must match its
  * manifest.json exactly, offsets must agree with an independent minimal GGUF walk in this file,
  * and the split model must be the single-file model byte for byte, tensor by tensor. */
 #include "base/error.h"
@@ -22,8 +22,8 @@ TestSuite(reference, .timeout = 120);
 static const char *refdir(void)
 {
 	const char *r = wft_reference_dir();
-	cr_assert_not_null(r, "shared/reference/ is missing beside the repository "
-	                      "(set WF_REFERENCE_DIR): the reference test cannot pass without it");
+	cr_assert_not_null(r, "tests/data/reference/ is missing from the repository: "
+	                      "the reference test cannot pass without it");
 	return r;
 }
 

@@ -73,7 +73,7 @@ Test(status, round_trip_through_canonical_code, .timeout = 10)
 	for (int s = ST(OK); s <= ST(INTERNAL); s++) {
 		cr_assert(wf_proto_status_valid(s));
 		int err = wf_proto_status_to_err(s);
-		cr_expect_eq(wf_proto_status_from_err(err), s, "%s -> %s -> %s",
+		cr_expect_eq((int)wf_proto_status_from_err(err), s, "%s -> %s -> %s",
 		             wf_proto_status_name(s), wf_err_name(err),
 		             wf_proto_status_name(wf_proto_status_from_err(err)));
 		cr_expect_eq(err == 0, s == ST(OK));

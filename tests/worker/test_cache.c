@@ -687,7 +687,7 @@ Test(cache, load_modes_from_floor)
 		struct wf_cache_model_status ms = st_of(&f, 0);
 		cr_expect(ms.last_load_from_floor);
 		if (mode != WF_STAGE_MODE_AUTO)
-			cr_expect_eq(ms.last_load_mode, mode);
+			cr_expect_eq((int)ms.last_load_mode, mode);
 		verify(&f, 0);
 		struct wf_cache_status *s;
 		cr_assert_eq(wf_cache_status(f.c, &s), 0);
