@@ -4,6 +4,7 @@
  *   wf_stress kill      [--trials 20] [--size 128M] [--time-limit S]
  *   wf_stress malformed [--messages 5000]
  *   wf_stress load      [--clients 64] [--requests 12800]
+ *   wf_stress selftest
  *   common options:     [--seed N] [--stacks FILE] [--keep] [-v]
  *
  * Every subcommand starts real wf-agent processes through the integration-test harness
@@ -31,6 +32,9 @@
  *              the first message, and it must stop cleanly.
  *   load       --clients threads, each with its own client, send AgentStatus, ListModels and
  *              ModelStatus as fast as they can; every one must get an OK reply.
+ *   selftest   plants each fault the checks look for (a stray file in the floor directory, a
+ *              floor byte that differs from the file's, a connection's descriptor) and fails
+ *              unless every one is caught: the checks above cannot pass vacuously.
  *
  * --stacks FILE: when the agent hangs (a request timed out, or SIGTERM did not stop it), append
  * `gdb -batch -ex 'thread apply all bt'` of it to FILE before it is killed.
@@ -428,21 +432,45 @@ static struct agt *stage(const char *tag)
 
 /* ---- floor checks ---------------------------------------------------------------------------- */
 
-/* The floor directory holds exactly wf-HEX, wf-HEX.guard and wf-HEX.holders. */
+/* The floor directory holds wf-HEX, wf-HEX.guard and wf-HEX.holders, and may hold the agent's
+ * keep marker wf-HEX.keep; anything else is a stray file (a temporary, an orphaned lock, a second
+ * region). */
 static bool floor_files_ok(struct agt *a, const char *hex, char *why, size_t len)
 {
-	char names[1024];
-	int n = agt_dir_count(a->floor, names, sizeof names);
-	bool ok = n == 3;
-	const char *suffix[] = {"", ".guard", ".holders"};
-	for (int i = 0; ok && i < 3; i++) {
-		char *p = agt_region_path(a, hex, suffix[i]);
-		ok = agt_inode(p) != 0;
-		free(p);
+	static const char *const suffix[] = {"", ".guard", ".holders", ".keep"};
+	char stray[256] = "";
+	size_t sl = 0;
+	unsigned seen = 0;
+	DIR *d = opendir(a->floor);
+	if (!d) {
+		snprintf(why, len, "%s: %s", a->floor, strerror(errno));
+		return false;
 	}
-	if (!ok)
-		snprintf(why, len, "floor directory holds %d entries: %.300s", n, names);
-	return ok;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		bool known = false;
+		for (unsigned i = 0; i < 4 && !known; i++) {
+			char want[64];
+			snprintf(want, sizeof want, "wf-%s%s", hex, suffix[i]);
+			if (strcmp(de->d_name, want) == 0) {
+				seen |= 1u << i;
+				known = true;
+			}
+		}
+		if (!known && sl + 1 < sizeof stray)
+			sl += (size_t)snprintf(stray + sl, sizeof stray - sl, " %s", de->d_name);
+	}
+	closedir(d);
+	if ((seen & 7u) == 7u && !stray[0])
+		return true;
+	snprintf(why, len, "floor directory:%s%s%s%s", seen & 1u ? "" : " no region",
+		 seen & 2u ? "" : " no guard", seen & 4u ? "" : " no holders file",
+		 stray[0] ? "; stray files:" : "");
+	if (stray[0] && strlen(why) + 1 < len)
+		snprintf(why + strlen(why), len - strlen(why), "%.200s", stray);
+	return false;
 }
 
 /* The region is READY, its checksums hold, and every tensor's bytes equal the model file's at
@@ -1488,10 +1516,100 @@ out:
 	return rcode;
 }
 
+/* ---- selftest -------------------------------------------------------------------------------- */
+
+/* The checks above must be able to fail: plant each fault they look for and see it caught. */
+static int cmd_selftest(const struct opts *o)
+{
+	int fails = 0, rcode = 0;
+	char why[512] = "", hex[WF_DIGEST_HEX_LEN] = "";
+	struct agt *a = stage("stress-selftest");
+	g_step = "generate the model with wf-gen";
+	char *path = agt_gen(a, "m", (int)(o->seed % 100000), NULL);
+	char *marg = xasprintf("m=%s", path);
+	const char *args[] = {"--model", marg, NULL};
+	if (!agent_up(a, args) || ensure_ready(a, 60000, hex, why, sizeof why) < 0) {
+		fprintf(stderr, "selftest: no floor to check: %s\n", why);
+		rcode = 1;
+		goto out;
+	}
+	if (!floor_files_ok(a, hex, why, sizeof why) ||
+	    !floor_bytes_ok(a, hex, path, why, sizeof why)) {
+		fprintf(stderr, "selftest: a good floor fails the checks: %s\n", why);
+		fails++;
+	}
+
+	/* a stray file beside the region */
+	char *stray = xasprintf("%s/wf-%s.tmp", a->floor, hex);
+	int fd = open(stray, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+	if (floor_files_ok(a, hex, why, sizeof why)) {
+		fprintf(stderr, "selftest: a stray file went unnoticed\n");
+		fails++;
+	}
+	logv(o, "selftest: stray file: %s\n", why);
+	unlink(stray);
+	free(stray);
+
+	/* floor bytes that differ from the file's: change one byte of the last tensor in the file
+	 * (the floor keeps the bytes it copied) */
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		fprintf(stderr, "selftest: %s: %s\n", path, strerror(errno));
+		fails++;
+	} else {
+		uint8_t b;
+		off_t off = st.st_size - 1;
+		if (pread(fd, &b, 1, off) == 1) {
+			b ^= 0x5a;
+			if (pwrite(fd, &b, 1, off) != 1)
+				fails++;
+		}
+		if (floor_bytes_ok(a, hex, path, why, sizeof why)) {
+			fprintf(stderr, "selftest: a byte mismatch went unnoticed\n");
+			fails++;
+		}
+		logv(o, "selftest: changed byte: %s\n", why);
+	}
+	if (fd >= 0)
+		close(fd);
+
+	/* the descriptor count sees a connection come and go */
+	int base = count_fds(a->pid), with = -1, after = -1;
+	nng_socket s;
+	if (raw_open(a->sock_url, 5000, &s) == 0) {
+		int64_t end = now_ns() + 5000LL * 1000000;
+		while ((with = count_fds(a->pid)) <= base && now_ns() < end)
+			sleep_ns(10 * 1000000);
+		nng_close(s);
+		while ((after = count_fds(a->pid)) > base && now_ns() < end)
+			sleep_ns(10 * 1000000);
+	}
+	if (with <= base || after != base) {
+		fprintf(stderr, "selftest: fd count %d, %d with a connection, %d after\n", base,
+			with, after);
+		fails++;
+	}
+	logv(o, "selftest: fds %d, %d with a connection, %d after\n", base, with, after);
+
+	int ex = agent_term(o, a);
+	if (ex != 0)
+		fails++;
+	printf("{\"test\":\"selftest\",\"failures\":%d,\"final_exit\":%d}\n", fails, ex);
+	rcode = fails ? 1 : 0;
+out:
+	free(marg);
+	free(path);
+	agt_fini();
+	return rcode;
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static const char usage[] =
-    "usage: wf_stress churn|kill|malformed|load [options]\n"
+    "usage: wf_stress churn|kill|malformed|load|selftest [options]\n"
     "  --clients N      client threads (churn 16, load 64)\n"
     "  --ops N          churn: requests per run over all clients [4000]\n"
     "  --runs N         churn: runs, each with a fresh agent [3]\n"
@@ -1599,6 +1717,8 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(cmd, "malformed") == 0)
 		return cmd_malformed(&o);
+	if (strcmp(cmd, "selftest") == 0)
+		return cmd_selftest(&o);
 	if (strcmp(cmd, "load") == 0) {
 		if (!o.clients)
 			o.clients = 64;
