@@ -20,7 +20,7 @@
  *              floor is not READY with the file's bytes afterwards, or when the agent does not
  *              exit with status 0 within 5 s of SIGTERM.
  *   kill       per trial: release the floor, ask for it again without waiting, SIGKILL the agent
- *              at a random moment of the copy (uniform over 1.2 times the measured fill time),
+ *              at a random moment of the copy (uniform over the measured fill time),
  *              restart it, ensure with wait. The floor must then be READY, its checksums valid
  *              and every tensor's bytes equal to the model file's, and the floor directory must
  *              hold only the region and its two lock files. A trial that fails any of it "lost".
@@ -835,15 +835,36 @@ static int cmd_kill(const struct opts *o)
 		rcode = 1;
 		goto out;
 	}
-	/* Calibration: how long one fill takes here, so that kills land inside it. */
+	/* Calibration: how long one fill takes here (the median of three after the first, cold
+	 * one), so that the kills land inside it; each clean fill after a restart refines it. */
 	int64_t t0 = now_ns();
 	if (ensure_ready(a, 120000, hex, why, sizeof why) < 0) {
 		fprintf(stderr, "wf_stress: first materialization failed: %s\n", why);
 		rcode = 1;
 		goto out;
 	}
-	double fill_ns = (double)(now_ns() - t0);
-	double fill_first_ms = fill_ns / 1e6;
+	double fill_first_ms = (double)(now_ns() - t0) / 1e6;
+	double cal[3];
+	for (int k = 0; k < 3; k++) {
+		Weightfloor__V1__Reply *r = NULL;
+		struct wf_diag d = {{0}};
+		char hx[WF_DIGEST_HEX_LEN];
+		if (call_op(a->cli, OP_RELEASE, "m", 10000, &r, &d) < 0) {
+			fprintf(stderr, "wf_stress: release: %s\n", wf_diag_str(&d, WF_EINTERNAL));
+			rcode = 1;
+			goto out;
+		}
+		wf_ctl_reply_free(r);
+		t0 = now_ns();
+		if (ensure_ready(a, 120000, hx, why, sizeof why) < 0) {
+			fprintf(stderr, "wf_stress: calibration fill failed: %s\n", why);
+			rcode = 1;
+			goto out;
+		}
+		cal[k] = (double)(now_ns() - t0);
+	}
+	double fill_ns = cal[0] < cal[1] ? (cal[1] < cal[2] ? cal[1] : cal[0] < cal[2] ? cal[2] : cal[0])
+					 : (cal[0] < cal[2] ? cal[0] : cal[1] < cal[2] ? cal[2] : cal[1]);
 	int64_t trial_sum_ns = 0;
 
 	for (unsigned i = 0; i < o->trials; i++) {
@@ -865,7 +886,7 @@ static int cmd_kill(const struct opts *o)
 		}
 		wf_ctl_reply_free(r);
 		r = NULL;
-		delay = (int64_t)rng_below(&rng, (uint64_t)(fill_ns * 1.2) + 1);
+		delay = (int64_t)rng_below(&rng, (uint64_t)fill_ns + 1);
 		int64_t ts = now_ns();
 		if (call_op(a->cli, OP_ENSURE, "m", 10000, &r, &d) < 0 || r->code != ST(OK)) {
 			snprintf(why, sizeof why, "ensure (no wait) before the kill failed");
@@ -941,10 +962,10 @@ static int cmd_kill(const struct opts *o)
 	printf("{\"test\":\"kill\",\"trials\":%lu,\"lost\":%lu,\"restart_failures\":%lu,"
 	       "\"ensure_failures\":%lu,\"byte_mismatches\":%lu,\"stray_files\":%lu,"
 	       "\"killed_before_region\":%lu,\"killed_mid_fill\":%lu,\"killed_after_ready\":%lu,"
-	       "\"final_exit\":%d,\"model_bytes\":%" PRIu64 ",\"first_fill_ms\":%.1f,"
+	       "\"final_exit\":%d,\"model_bytes\":%" PRIu64 ",\"first_fill_ms\":%.1f,\"fill_ms\":%.1f,"
 	       "\"trial_ms_mean\":%.1f,\"seed\":%" PRIu64 ",\"elapsed_s\":%.1f}\n",
 	       trials, lost, restart_fail, ensure_fail, mismatch, stray, before_region, mid_fill,
-	       after_ready, ex, model_bytes, fill_first_ms,
+	       after_ready, ex, model_bytes, fill_first_ms, fill_ns / 1e6,
 	       trials ? (double)trial_sum_ns / 1e6 / (double)trials : 0.0, o->seed,
 	       secs_since(t_start));
 	if (lost || trials == 0)
