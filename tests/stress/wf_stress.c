@@ -1,6 +1,7 @@
 /* wf_stress: the reliability harness of wf-agent (docs/RELIABILITY.md).
  *
  *   wf_stress churn     [--clients 16] [--ops 4000] [--runs 3] [--size 64M] [--timeout-ms 10000]
+ *                       [--stop-on-fail]
  *   wf_stress kill      [--trials 20] [--size 128M] [--time-limit S]
  *   wf_stress malformed [--messages 5000]
  *   wf_stress load      [--clients 64] [--requests 12800]
@@ -87,6 +88,7 @@ struct opts {
 	uint64_t seed;
 	const char *stacks;
 	double time_limit_s;
+	bool stop_on_fail;
 	bool verbose;
 };
 
@@ -774,6 +776,8 @@ static int cmd_churn(const struct opts *o)
 		free(marg);
 		free(path);
 		agt_fini();
+		if (run_failed && o->stop_on_fail)
+			break;
 	}
 	lat_sort(&all);
 	printf("{\"test\":\"churn\",\"clients\":%u,\"ops_per_run\":%u,\"runs\":%u,\"failed_runs\":%u,"
@@ -1640,6 +1644,7 @@ static const char usage[] =
     "  --size SIZE      model size for wf-gen (churn 64M, kill 128M)\n"
     "  --timeout-ms N   per-request timeout [10000]\n"
     "  --time-limit S   churn, kill: start no new run or trial after S seconds\n"
+    "  --stop-on-fail   churn: no more runs after the first that fails\n"
     "  --seed N         random seed [time]\n"
     "  --stacks FILE    append gdb stacks of a hung agent to FILE\n"
     "  --keep           keep the test directories\n"
@@ -1659,7 +1664,7 @@ static bool parse_uint(const char *s, unsigned *ret)
 int main(int argc, char **argv)
 {
 	enum { O_CLIENTS = 256, O_OPS, O_RUNS, O_TRIALS, O_MESSAGES, O_REQUESTS, O_SIZE, O_TIMEOUT,
-	       O_SEED, O_STACKS, O_KEEP, O_LIMIT };
+	       O_SEED, O_STACKS, O_KEEP, O_LIMIT, O_STOP };
 	static const struct option lo[] = {
 	    {"clients", required_argument, NULL, O_CLIENTS},
 	    {"ops", required_argument, NULL, O_OPS},
@@ -1673,6 +1678,7 @@ int main(int argc, char **argv)
 	    {"seed", required_argument, NULL, O_SEED},
 	    {"stacks", required_argument, NULL, O_STACKS},
 	    {"keep", no_argument, NULL, O_KEEP},
+	    {"stop-on-fail", no_argument, NULL, O_STOP},
 	    {"verbose", no_argument, NULL, 'v'},
 	    {"help", no_argument, NULL, 'h'},
 	    {0},
@@ -1706,6 +1712,7 @@ int main(int argc, char **argv)
 		case O_SEED: o.seed = strtoull(optarg, NULL, 0); break;
 		case O_STACKS: o.stacks = optarg; break;
 		case O_KEEP: setenv("WF_TEST_KEEP", "1", 1); break;
+		case O_STOP: o.stop_on_fail = true; break;
 		case 'v': o.verbose = true; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: ok = false; break;
