@@ -1246,6 +1246,46 @@ static int count_fds(pid_t pid)
 	return agt_dir_count(p, NULL, 0);
 }
 
+/* ReleaseFloor for every registered model (ListModels); failures show in the fd count. */
+static void release_all(struct agt *a)
+{
+	Weightfloor__V1__Reply *r = NULL;
+	struct wf_diag d = {{0}};
+	if (call_op(a->cli, OP_LIST, NULL, 10000, &r, &d) < 0)
+		return;
+	if (r->code == ST(OK) && r->body_case == WEIGHTFLOOR__V1__REPLY__BODY_MODEL_LIST) {
+		for (size_t i = 0; i < r->model_list->n_models; i++) {
+			Weightfloor__V1__Reply *rr = NULL;
+			call_op(a->cli, OP_RELEASE, r->model_list->models[i]->name, 10000, &rr, &d);
+			wf_ctl_reply_free(rr);
+		}
+	}
+	wf_ctl_reply_free(r);
+}
+
+/* The agent's descriptors and what they point at, for a report of a leak. */
+static void list_fds(pid_t pid)
+{
+	char dir[64];
+	snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *de;
+	fprintf(stderr, "wf-agent %d descriptors:", (int)pid);
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		char p[384], target[256];
+		snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+		ssize_t n = readlink(p, target, sizeof target - 1);
+		target[n > 0 ? n : 0] = '\0';
+		fprintf(stderr, " %s->%s", de->d_name, target);
+	}
+	fputc('\n', stderr);
+	closedir(d);
+}
+
 static int cmd_malformed(const struct opts *o)
 {
 	enum { K_RANDOM, K_SHAPED, K_MUTATED, K_OVERSIZE, K_MAX };
@@ -1374,9 +1414,11 @@ static int cmd_malformed(const struct opts *o)
 	int st;
 	alive = alive && waitpid(pid, &st, WNOHANG) == 0;
 
-	/* Every descriptor the messages cost must come back once our connection is gone; nng
-	 * closes pipes asynchronously, so wait for it. */
+	/* Every descriptor the messages cost must come back once our connection is gone and the
+	 * floors that mutated requests may have made (RegisterModel and EnsureFloor are among the
+	 * valid requests mutated) are released; nng closes pipes asynchronously, so wait for it. */
 	if (alive) {
+		release_all(a);
 		int64_t end = now_ns() + 5000LL * 1000000;
 		do {
 			fd_after = count_fds(pid);
@@ -1384,6 +1426,8 @@ static int cmd_malformed(const struct opts *o)
 				break;
 			sleep_ns(20 * 1000000);
 		} while (now_ns() < end);
+		if (fd_after > fd_base)
+			list_fds(pid);
 		Weightfloor__V1__Reply *r = NULL;
 		struct wf_diag d = {{0}};
 		if (call_op(a->cli, OP_AGENT_STATUS, NULL, 10000, &r, &d) < 0 || r->code != ST(OK))
