@@ -74,9 +74,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ST(x) WEIGHTFLOOR__V1__STATUS__STATUS_##x
-#define FS(x) WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_##x
-#define N_CODES 16 /* Status values counted by name; larger ones count as UNKNOWN */
+#define ST(x)   WEIGHTFLOOR__V1__STATUS__STATUS_##x
+#define FS(x)   WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_##x
+#define N_CODES 16   /* Status values counted by name; larger ones count as UNKNOWN */
 #define STOP_MS 5000 /* an agent must exit this soon after SIGTERM */
 
 /* ---- options and common helpers ------------------------------------------------------------ */
@@ -232,9 +232,9 @@ static void codes_json(FILE *f, const unsigned long *codes)
 		if (!codes[i])
 			continue;
 		fprintf(f, "%s\"%s\":%lu", first ? "" : ",",
-			i == N_CODES - 1 ? "UNKNOWN"
-					 : wf_proto_status_name((Weightfloor__V1__Status)i),
-			codes[i]);
+		        i == N_CODES - 1 ? "UNKNOWN"
+		                         : wf_proto_status_name((Weightfloor__V1__Status)i),
+		        codes[i]);
 		first = false;
 	}
 	fputc('}', f);
@@ -259,13 +259,12 @@ enum op {
 	OP_MAX_
 };
 
-static const char *const op_names[OP_MAX_] = {"ensure-wait", "ensure",  "release",
-					      "pin",         "unpin",   "model-status",
-					      "agent-status", "list"};
+static const char *const op_names[OP_MAX_] = {
+    "ensure-wait", "ensure", "release", "pin", "unpin", "model-status", "agent-status", "list"};
 
 /* One request; the reply is the caller's. Returns the client's code (0 when a reply came). */
 static int call_op(struct wf_ctl_client *c, enum op op, const char *name, int timeout_ms,
-		   Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag)
+                   Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag)
 {
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	Weightfloor__V1__EnsureFloor ef = WEIGHTFLOOR__V1__ENSURE_FLOOR__INIT;
@@ -324,8 +323,8 @@ static int call_op(struct wf_ctl_client *c, enum op op, const char *name, int ti
 static Weightfloor__V1__FloorState reply_state(const Weightfloor__V1__Reply *r)
 {
 	return r && r->body_case == WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO && r->model_info
-		       ? r->model_info->floor_state
-		       : FS(UNSPECIFIED);
+	           ? r->model_info->floor_state
+	           : FS(UNSPECIFIED);
 }
 
 /* ---- agent processes ------------------------------------------------------------------------- */
@@ -468,8 +467,8 @@ static bool floor_files_ok(struct agt *a, const char *hex, char *why, size_t len
 	if ((seen & 7u) == 7u && !stray[0])
 		return true;
 	snprintf(why, len, "floor directory:%s%s%s%s", seen & 1u ? "" : " no region",
-		 seen & 2u ? "" : " no guard", seen & 4u ? "" : " no holders file",
-		 stray[0] ? "; stray files:" : "");
+	         seen & 2u ? "" : " no guard", seen & 4u ? "" : " no holders file",
+	         stray[0] ? "; stray files:" : "");
 	if (stray[0] && strlen(why) + 1 < len)
 		snprintf(why + strlen(why), len - strlen(why), "%.200s", stray);
 	return false;
@@ -478,7 +477,7 @@ static bool floor_files_ok(struct agt *a, const char *hex, char *why, size_t len
 /* The region is READY, its checksums hold, and every tensor's bytes equal the model file's at
  * the tensor's source offset. Attaches as a reader, as a worker would. */
 static bool floor_bytes_ok(struct agt *a, const char *hex, const char *model_path, char *why,
-			   size_t len)
+                           size_t len)
 {
 	struct wf_digest dg;
 	struct wf_shm_config cfg = {.dir = a->floor};
@@ -534,7 +533,8 @@ static bool floor_bytes_ok(struct agt *a, const char *hex, const char *model_pat
 			goto out;
 		}
 		if (memcmp(ti.data, map + ti.source_offset, ti.nbytes) != 0) {
-			snprintf(why, len, "tensor %s: floor bytes differ from the file's", ti.name);
+			snprintf(why, len, "tensor %s: floor bytes differ from the file's",
+			         ti.name);
 			goto out;
 		}
 	}
@@ -592,12 +592,12 @@ static enum op churn_pick(uint64_t *rng)
 {
 	/* weights: ensure-wait 25, ensure 20, release 20, pin 10, unpin 10, model-status 15 */
 	uint64_t x = rng_below(rng, 100);
-	return x < 25 ? OP_ENSURE_WAIT
+	return x < 25   ? OP_ENSURE_WAIT
 	       : x < 45 ? OP_ENSURE
 	       : x < 65 ? OP_RELEASE
 	       : x < 75 ? OP_PIN
 	       : x < 85 ? OP_UNPIN
-			: OP_MODEL_STATUS;
+	                : OP_MODEL_STATUS;
 }
 
 static void *churn_main(void *arg)
@@ -609,7 +609,7 @@ static void *churn_main(void *arg)
 	t->open_rc = wf_ctl_client_open(run->url, run->timeout_ms, NULL, &c, &d);
 	if (t->open_rc < 0) {
 		snprintf(t->first_err, sizeof t->first_err, "open: %s",
-			 wf_diag_str(&d, t->open_rc));
+		         wf_diag_str(&d, t->open_rc));
 		atomic_store(&run->stop, 1);
 		return NULL;
 	}
@@ -635,7 +635,7 @@ static void *churn_main(void *arg)
 		}
 		if (!t->first_err[0])
 			snprintf(t->first_err, sizeof t->first_err, "%s: %s", op_names[op],
-				 wf_diag_str(&d, rc));
+			         wf_diag_str(&d, rc));
 	}
 	wf_ctl_client_close(c);
 	return NULL;
@@ -708,7 +708,7 @@ static int cmd_churn(const struct opts *o)
 			r_to += th[i].timeouts;
 			r_tr += th[i].transport;
 			r_int += th[i].codes[ST(INTERNAL)] + th[i].codes[ST(UNSPECIFIED)] +
-				 th[i].codes[N_CODES - 1];
+			         th[i].codes[N_CODES - 1];
 			for (int k = 0; k < N_CODES; k++)
 				codes[k] += th[i].codes[k];
 			lat_merge(&all, &th[i].lat);
@@ -731,14 +731,15 @@ static int cmd_churn(const struct opts *o)
 			struct wf_diag d = {{0}};
 			int rc = call_op(a->cli, OP_ENSURE_WAIT, "m", 60000, &r, &d);
 			Weightfloor__V1__FloorState fs = reply_state(r);
-			if (rc < 0 || r->code != ST(OK) || (fs != FS(HOST) && fs != FS(PINNED_HOST))) {
+			if (rc < 0 || r->code != ST(OK) ||
+			    (fs != FS(HOST) && fs != FS(PINNED_HOST))) {
 				snprintf(why, sizeof why, "final ensure: %s",
-					 rc < 0 ? wf_diag_str(&d, rc)
-						: r->message[0] ? r->message
-								: wf_proto_status_name(r->code));
+				         rc < 0          ? wf_diag_str(&d, rc)
+				         : r->message[0] ? r->message
+				                         : wf_proto_status_name(r->code));
 			} else if (floor_files_ok(a, r->model_info->digest_hex, why, sizeof why) &&
-				   floor_bytes_ok(a, r->model_info->digest_hex, path, why,
-						  sizeof why)) {
+			           floor_bytes_ok(a, r->model_info->digest_hex, path, why,
+			                          sizeof why)) {
 				why[0] = '\0';
 			}
 			wf_ctl_reply_free(r);
@@ -757,20 +758,24 @@ static int cmd_churn(const struct opts *o)
 		if (ex != 0)
 			run_failed = true;
 		fprintf(stderr,
-			"churn run %u: %lu requests in %.1f s, %lu timed out, %lu transport "
-			"errors, %lu INTERNAL; %s; stop: %s%s%s\n",
-			run + 1, r_done, secs, r_to, r_tr, r_int,
-			why[0] ? why : run_failed ? "floor not checked" : "floor READY and intact",
-			ex < 0 ? "no exit within 5 s of SIGTERM (killed)" : ex == 0 ? "exit 0" : "bad exit",
-			first_err[0] ? "; first error: " : "", first_err);
+		        "churn run %u: %lu requests in %.1f s, %lu timed out, %lu transport "
+		        "errors, %lu INTERNAL; %s; stop: %s%s%s\n",
+		        run + 1, r_done, secs, r_to, r_tr, r_int,
+		        why[0]       ? why
+		        : run_failed ? "floor not checked"
+		                     : "floor READY and intact",
+		        ex < 0    ? "no exit within 5 s of SIGTERM (killed)"
+		        : ex == 0 ? "exit 0"
+		                  : "bad exit",
+		        first_err[0] ? "; first error: " : "", first_err);
 		if (run_failed)
 			log_tail(a, 15);
 	end_run:
 		if (run_failed) {
 			failed++;
 			if (fl + 16 < sizeof failed_ids)
-				fl += (size_t)snprintf(failed_ids + fl, sizeof failed_ids - fl, "%s%u",
-						       fl ? "," : "", run + 1);
+				fl += (size_t)snprintf(failed_ids + fl, sizeof failed_ids - fl,
+				                       "%s%u", fl ? "," : "", run + 1);
 		}
 		runs_done++;
 		free(marg);
@@ -780,12 +785,13 @@ static int cmd_churn(const struct opts *o)
 			break;
 	}
 	lat_sort(&all);
-	printf("{\"test\":\"churn\",\"clients\":%u,\"ops_per_run\":%u,\"runs\":%u,\"failed_runs\":%u,"
-	       "\"failed_run_ids\":[%s],\"requests\":%lu,\"timeouts\":%lu,\"transport_errors\":%lu,"
-	       "\"sigterm_hangs\":%lu,\"bad_exits\":%lu,\"floor_lost\":%lu,\"p50_ms\":%.2f,"
-	       "\"p99_ms\":%.2f,\"max_ms\":%.2f,\"codes\":",
-	       o->clients, o->ops, runs_done, failed, failed_ids, done, timeouts, transport, hangs,
-	       bad_exit, lost, lat_ms(&all, 0.5), lat_ms(&all, 0.99), lat_ms(&all, 1.0));
+	printf(
+	    "{\"test\":\"churn\",\"clients\":%u,\"ops_per_run\":%u,\"runs\":%u,\"failed_runs\":%u,"
+	    "\"failed_run_ids\":[%s],\"requests\":%lu,\"timeouts\":%lu,\"transport_errors\":%lu,"
+	    "\"sigterm_hangs\":%lu,\"bad_exits\":%lu,\"floor_lost\":%lu,\"p50_ms\":%.2f,"
+	    "\"p99_ms\":%.2f,\"max_ms\":%.2f,\"codes\":",
+	    o->clients, o->ops, runs_done, failed, failed_ids, done, timeouts, transport, hangs,
+	    bad_exit, lost, lat_ms(&all, 0.5), lat_ms(&all, 0.99), lat_ms(&all, 1.0));
 	codes_json(stdout, codes);
 	printf(",\"model_bytes\":%" PRIu64 ",\"timeout_ms\":%d,\"seed\":%" PRIu64
 	       ",\"elapsed_s\":%.1f}\n",
@@ -798,7 +804,7 @@ static int cmd_churn(const struct opts *o)
 
 /* Ensure with wait on the running agent; 0 and the digest when the floor is complete. */
 static int ensure_ready(struct agt *a, int timeout_ms, char hex[WF_DIGEST_HEX_LEN], char *why,
-			size_t len)
+                        size_t len)
 {
 	Weightfloor__V1__Reply *r = NULL;
 	struct wf_diag d = {{0}};
@@ -867,8 +873,12 @@ static int cmd_kill(const struct opts *o)
 		}
 		cal[k] = (double)(now_ns() - t0);
 	}
-	double fill_ns = cal[0] < cal[1] ? (cal[1] < cal[2] ? cal[1] : cal[0] < cal[2] ? cal[2] : cal[0])
-					 : (cal[0] < cal[2] ? cal[0] : cal[1] < cal[2] ? cal[2] : cal[1]);
+	double fill_ns = cal[0] < cal[1] ? (cal[1] < cal[2]   ? cal[1]
+	                                    : cal[0] < cal[2] ? cal[2]
+	                                                      : cal[0])
+	                                 : (cal[0] < cal[2]   ? cal[0]
+	                                    : cal[1] < cal[2] ? cal[2]
+	                                                      : cal[1]);
 	int64_t trial_sum_ns = 0;
 
 	for (unsigned i = 0; i < o->trials; i++) {
@@ -942,7 +952,9 @@ static int cmd_kill(const struct opts *o)
 		trial_sum_ns += now_ns() - tt;
 		logv(o, "kill trial %u: kill after %.1f ms, region %s; %s\n", i + 1,
 		     (double)delay / 1e6,
-		     on_disk == -1 ? "absent" : on_disk == WF_SHM_STATE_READY ? "READY" : "partial",
+		     on_disk == -1                   ? "absent"
+		     : on_disk == WF_SHM_STATE_READY ? "READY"
+		                                     : "partial",
 		     bad ? why : "floor READY, bytes equal, no stray files");
 		if (bad) {
 			lost++;
@@ -955,18 +967,19 @@ static int cmd_kill(const struct opts *o)
 		}
 		if (!o->verbose && (i + 1) % 25 == 0)
 			fprintf(stderr, "kill: %u trials, %lu lost, %.0f s\n", i + 1, lost,
-				secs_since(t_start));
+			        secs_since(t_start));
 	}
 	int ex = agent_term(o, a);
 	if (ex != 0) {
 		fprintf(stderr, "wf_stress: the agent's final stop: %s\n",
-			ex < 0 ? "no exit within 5 s of SIGTERM" : "non-zero exit status");
+		        ex < 0 ? "no exit within 5 s of SIGTERM" : "non-zero exit status");
 		rcode = 1;
 	}
 	printf("{\"test\":\"kill\",\"trials\":%lu,\"lost\":%lu,\"restart_failures\":%lu,"
 	       "\"ensure_failures\":%lu,\"byte_mismatches\":%lu,\"stray_files\":%lu,"
 	       "\"killed_before_region\":%lu,\"killed_mid_fill\":%lu,\"killed_after_ready\":%lu,"
-	       "\"final_exit\":%d,\"model_bytes\":%" PRIu64 ",\"first_fill_ms\":%.1f,\"fill_ms\":%.1f,"
+	       "\"final_exit\":%d,\"model_bytes\":%" PRIu64
+	       ",\"first_fill_ms\":%.1f,\"fill_ms\":%.1f,"
 	       "\"trial_ms_mean\":%.1f,\"seed\":%" PRIu64 ",\"elapsed_s\":%.1f}\n",
 	       trials, lost, restart_fail, ensure_fail, mismatch, stray, before_region, mid_fill,
 	       after_ready, ex, model_bytes, fill_first_ms, fill_ns / 1e6,
@@ -1002,10 +1015,11 @@ static size_t shaped(uint64_t *rng, uint8_t *buf, size_t cap, int depth)
 	size_t n = 0;
 	unsigned fields = 1 + (unsigned)rng_below(rng, 6);
 	for (unsigned f = 0; f < fields && n + 32 < cap; f++) {
-		uint64_t num = rng_below(rng, 4) ? known[rng_below(rng, sizeof known / sizeof *known)]
-						 : rng_below(rng, (1u << 29) + 1);
+		uint64_t num = rng_below(rng, 4)
+		                   ? known[rng_below(rng, sizeof known / sizeof *known)]
+		                   : rng_below(rng, (1u << 29) + 1);
 		unsigned wt = rng_below(rng, 8) ? (unsigned[]){0, 1, 2, 5}[rng_below(rng, 4)]
-						: (unsigned)rng_below(rng, 8);
+		                                : (unsigned)rng_below(rng, 8);
 		n += put_varint(buf + n, num << 3 | wt);
 		switch (wt) {
 		case 0:
@@ -1213,7 +1227,7 @@ static int raw_open(const char *url, int timeout_ms, nng_socket *ret_sock)
 enum raw_result { RAW_REPLY, RAW_DROPPED, RAW_TIMEOUT, RAW_BAD_REPLY, RAW_ERROR };
 
 static enum raw_result raw_exchange(nng_socket s, const void *buf, size_t len,
-				    Weightfloor__V1__Reply **ret_reply, int *ret_rv)
+                                    Weightfloor__V1__Reply **ret_reply, int *ret_rv)
 {
 	int rv = nng_send(s, (void *)buf, len, 0);
 	*ret_rv = rv;
@@ -1338,8 +1352,9 @@ static int cmd_malformed(const struct opts *o)
 		} else if (x < 600) {
 			kind = K_RANDOM;
 			uint64_t sz = rng_below(&rng, 10);
-			n = (size_t)(sz < 7 ? rng_below(&rng, 65) : sz < 9 ? rng_below(&rng, 4097)
-									: rng_below(&rng, 65537));
+			n = (size_t)(sz < 7   ? rng_below(&rng, 65)
+			             : sz < 9 ? rng_below(&rng, 4097)
+			                      : rng_below(&rng, 65537));
 			rng_fill(&rng, buf, n);
 		} else if (x < 1000) {
 			kind = K_SHAPED;
@@ -1364,18 +1379,19 @@ static int cmd_malformed(const struct opts *o)
 			break;
 		case RAW_TIMEOUT:
 			timeouts++;
-			fprintf(stderr, "malformed message %u (%s, %zu bytes): no reply within %d ms\n",
-				i + 1, kind_names[kind], n, o->timeout_ms);
+			fprintf(stderr,
+			        "malformed message %u (%s, %zu bytes): no reply within %d ms\n",
+			        i + 1, kind_names[kind], n, o->timeout_ms);
 			break;
 		case RAW_BAD_REPLY:
 			bad_replies++;
-			fprintf(stderr, "malformed message %u (%s): the reply does not parse\n", i + 1,
-				kind_names[kind]);
+			fprintf(stderr, "malformed message %u (%s): the reply does not parse\n",
+			        i + 1, kind_names[kind]);
 			break;
 		default:
 			errors++;
 			fprintf(stderr, "malformed message %u (%s): %s\n", i + 1, kind_names[kind],
-				nng_strerror(nrv));
+			        nng_strerror(nrv));
 			break;
 		}
 
@@ -1395,10 +1411,10 @@ static int cmd_malformed(const struct opts *o)
 		    r->agent_status->pid != (uint32_t)pid) {
 			status_fail++;
 			fprintf(stderr, "AgentStatus after malformed message %u (%s) failed: %s\n",
-				i + 1, kind_names[kind],
-				res == RAW_REPLY ? wf_proto_status_name(r->code)
-						 : res == RAW_DROPPED ? "connection dropped"
-								      : nng_strerror(nrv));
+			        i + 1, kind_names[kind],
+			        res == RAW_REPLY     ? wf_proto_status_name(r->code)
+			        : res == RAW_DROPPED ? "connection dropped"
+			                             : nng_strerror(nrv));
 		}
 		if (r)
 			weightfloor__v1__reply__free_unpacked(r, NULL);
@@ -1407,7 +1423,8 @@ static int cmd_malformed(const struct opts *o)
 			break;
 		}
 		if (!o->verbose && (i + 1) % 10000 == 0)
-			fprintf(stderr, "malformed: %u messages, %.0f s\n", i + 1, secs_since(t_start));
+			fprintf(stderr, "malformed: %u messages, %.0f s\n", i + 1,
+			        secs_since(t_start));
 	}
 	nng_close(s);
 	s_open = false;
@@ -1438,11 +1455,12 @@ static int cmd_malformed(const struct opts *o)
 		log_tail(a, 20);
 		a->pid = 0;
 	}
-	printf("{\"test\":\"malformed\",\"messages\":%lu,\"replies\":%lu,\"dropped\":%lu,"
-	       "\"timeouts\":%lu,\"bad_replies\":%lu,\"errors\":%lu,\"status_failures\":%lu,"
-	       "\"agent_alive\":%s,\"fd_baseline\":%d,\"fd_after\":%d,\"final_exit\":%d,\"kinds\":{",
-	       sent, replies, dropped, timeouts, bad_replies, errors, status_fail,
-	       alive ? "true" : "false", fd_base, fd_after, ex);
+	printf(
+	    "{\"test\":\"malformed\",\"messages\":%lu,\"replies\":%lu,\"dropped\":%lu,"
+	    "\"timeouts\":%lu,\"bad_replies\":%lu,\"errors\":%lu,\"status_failures\":%lu,"
+	    "\"agent_alive\":%s,\"fd_baseline\":%d,\"fd_after\":%d,\"final_exit\":%d,\"kinds\":{",
+	    sent, replies, dropped, timeouts, bad_replies, errors, status_fail,
+	    alive ? "true" : "false", fd_base, fd_after, ex);
 	for (int k = 0; k < K_MAX; k++)
 		printf("%s\"%s\":%lu", k ? "," : "", kind_names[k], kinds[k]);
 	printf("},\"codes\":");
@@ -1507,7 +1525,7 @@ static void *load_main(void *arg)
 		t->failures++;
 		if (!t->first_err[0])
 			snprintf(t->first_err, sizeof t->first_err, "%s: %s", op_names[op],
-				 rc < 0 ? wf_diag_str(&d, rc) : wf_proto_status_name(r->code));
+			         rc < 0 ? wf_diag_str(&d, rc) : wf_proto_status_name(r->code));
 		wf_ctl_reply_free(r);
 	}
 	wf_ctl_client_close(c);
@@ -1569,11 +1587,12 @@ static int cmd_load(const struct opts *o)
 	free(th);
 	ex = agent_term(o, a);
 	lat_sort(&all);
-	printf("{\"test\":\"load\",\"clients\":%u,\"requests\":%lu,\"failures\":%lu,\"p50_ms\":%.2f,"
-	       "\"p99_ms\":%.2f,\"max_ms\":%.2f,\"req_per_s\":%.0f,\"final_exit\":%d,\"seed\":%" PRIu64
-	       ",\"elapsed_s\":%.1f}\n",
-	       o->clients, done, failures, lat_ms(&all, 0.5), lat_ms(&all, 0.99), lat_ms(&all, 1.0),
-	       secs > 0 ? (double)done / secs : 0.0, ex, o->seed, secs_since(t_start));
+	printf(
+	    "{\"test\":\"load\",\"clients\":%u,\"requests\":%lu,\"failures\":%lu,\"p50_ms\":%.2f,"
+	    "\"p99_ms\":%.2f,\"max_ms\":%.2f,\"req_per_s\":%.0f,\"final_exit\":%d,\"seed\":%" PRIu64
+	    ",\"elapsed_s\":%.1f}\n",
+	    o->clients, done, failures, lat_ms(&all, 0.5), lat_ms(&all, 0.99), lat_ms(&all, 1.0),
+	    secs > 0 ? (double)done / secs : 0.0, ex, o->seed, secs_since(t_start));
 	if (failures || ex != 0 || done != o->requests)
 		rcode = 1;
 out:
@@ -1658,7 +1677,7 @@ static int cmd_selftest(const struct opts *o)
 	}
 	if (with <= base || after != base) {
 		fprintf(stderr, "selftest: fd count %d, %d with a connection, %d after\n", base,
-			with, after);
+		        with, after);
 		fails++;
 	}
 	logv(o, "selftest: fds %d, %d with a connection, %d after\n", base, with, after);
@@ -1707,8 +1726,21 @@ static bool parse_uint(const char *s, unsigned *ret)
 
 int main(int argc, char **argv)
 {
-	enum { O_CLIENTS = 256, O_OPS, O_RUNS, O_TRIALS, O_MESSAGES, O_REQUESTS, O_SIZE, O_TIMEOUT,
-	       O_SEED, O_STACKS, O_KEEP, O_LIMIT, O_STOP };
+	enum {
+		O_CLIENTS = 256,
+		O_OPS,
+		O_RUNS,
+		O_TRIALS,
+		O_MESSAGES,
+		O_REQUESTS,
+		O_SIZE,
+		O_TIMEOUT,
+		O_SEED,
+		O_STACKS,
+		O_KEEP,
+		O_LIMIT,
+		O_STOP
+	};
 	static const struct option lo[] = {
 	    {"clients", required_argument, NULL, O_CLIENTS},
 	    {"ops", required_argument, NULL, O_OPS},
@@ -1732,34 +1764,69 @@ int main(int argc, char **argv)
 		return argc < 2 ? 2 : 0;
 	}
 	const char *cmd = argv[1];
-	struct opts o = {.ops = 4000, .runs = 3, .trials = 20, .messages = 5000,
-			 .requests = 12800, .timeout_ms = 10000,
-			 .seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20)};
+	struct opts o = {.ops = 4000,
+	                 .runs = 3,
+	                 .trials = 20,
+	                 .messages = 5000,
+	                 .requests = 12800,
+	                 .timeout_ms = 10000,
+	                 .seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20)};
 	unsigned timeout = 0;
 	int c;
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
 		bool ok = true;
 		switch (c) {
-		case O_CLIENTS: ok = parse_uint(optarg, &o.clients); break;
-		case O_OPS: ok = parse_uint(optarg, &o.ops); break;
-		case O_RUNS: ok = parse_uint(optarg, &o.runs); break;
-		case O_TRIALS: ok = parse_uint(optarg, &o.trials); break;
-		case O_MESSAGES: ok = parse_uint(optarg, &o.messages); break;
-		case O_REQUESTS: ok = parse_uint(optarg, &o.requests); break;
-		case O_SIZE: o.size = optarg; break;
+		case O_CLIENTS:
+			ok = parse_uint(optarg, &o.clients);
+			break;
+		case O_OPS:
+			ok = parse_uint(optarg, &o.ops);
+			break;
+		case O_RUNS:
+			ok = parse_uint(optarg, &o.runs);
+			break;
+		case O_TRIALS:
+			ok = parse_uint(optarg, &o.trials);
+			break;
+		case O_MESSAGES:
+			ok = parse_uint(optarg, &o.messages);
+			break;
+		case O_REQUESTS:
+			ok = parse_uint(optarg, &o.requests);
+			break;
+		case O_SIZE:
+			o.size = optarg;
+			break;
 		case O_TIMEOUT:
 			ok = parse_uint(optarg, &timeout) && timeout <= 600000;
 			o.timeout_ms = (int)timeout;
 			break;
-		case O_LIMIT: o.time_limit_s = atof(optarg); ok = o.time_limit_s > 0; break;
-		case O_SEED: o.seed = strtoull(optarg, NULL, 0); break;
-		case O_STACKS: o.stacks = optarg; break;
-		case O_KEEP: setenv("WF_TEST_KEEP", "1", 1); break;
-		case O_STOP: o.stop_on_fail = true; break;
-		case 'v': o.verbose = true; break;
-		case 'h': fputs(usage, stdout); return 0;
-		default: ok = false; break;
+		case O_LIMIT:
+			o.time_limit_s = atof(optarg);
+			ok = o.time_limit_s > 0;
+			break;
+		case O_SEED:
+			o.seed = strtoull(optarg, NULL, 0);
+			break;
+		case O_STACKS:
+			o.stacks = optarg;
+			break;
+		case O_KEEP:
+			setenv("WF_TEST_KEEP", "1", 1);
+			break;
+		case O_STOP:
+			o.stop_on_fail = true;
+			break;
+		case 'v':
+			o.verbose = true;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return 0;
+		default:
+			ok = false;
+			break;
 		}
 		if (!ok) {
 			fprintf(stderr, "wf_stress: bad option value\n%s", usage);
