@@ -30,86 +30,175 @@ static const char *state_name(Weightfloor__V1__FloorState s)
 	}
 }
 
-static void models_table(Weightfloor__V1__ModelInfo **m, size_t n)
+static void models_table(struct cli *cli, Weightfloor__V1__ModelInfo **m, size_t n)
 {
-	char b1[32], b2[32], b3[32];
-	printf("%-24s %-13s %10s %10s %10s %8s %7s  %-10s %s\n", "MODEL", "STATE", "SIZE", "IN RAM",
-	       "EXPERTS", "TENSORS", "HOLDERS", "ARCH", "DIGEST");
+	static const char *const hdr[] = {"MODEL", "STATE", "SIZE", "IN RAM", "EXPERTS",
+					  "TENSORS", "HOLDERS", "ARCH", "DIGEST", "FILES"};
+	struct cli_table *t = cli_table_new(cli->wide ? 10 : 9, hdr, "..rrrrr...");
+	char b[32];
 	for (size_t i = 0; i < n; i++) {
 		/* IN RAM and HOLDERS are what the floor directory holds now, whatever the state:
 		 * a released floor that workers still map is DISK with bytes in RAM. */
-		printf("%-24s %-13s %10s %10s %10s %8" PRIu64 " %7u  %-10s %.12s%s\n", m[i]->name,
-		       state_name(m[i]->floor_state), cli_fmt_bytes(m[i]->total_bytes, b1, sizeof b1),
-		       m[i]->region_present ? cli_fmt_bytes(m[i]->resident_bytes, b3, sizeof b3) : "-",
-		       cli_fmt_bytes(m[i]->expert_bytes, b2, sizeof b2), m[i]->tensor_count,
-		       m[i]->holder_count, m[i]->arch, m[i]->digest_hex,
-		       m[i]->stale ? "  STALE: a file changed; release and ensure to reload" : "");
+		cli_table_addf(t, 0, "%s", m[i]->name);
+		cli_table_addf(t, 1, "%s%s", state_name(m[i]->floor_state),
+			       m[i]->stale ? " STALE" : "");
+		cli_table_addf(t, 2, "%s", cli_fmt_bytes(m[i]->total_bytes, b, sizeof b));
+		cli_table_addf(t, 3, "%s",
+			       m[i]->region_present ? cli_fmt_bytes(m[i]->resident_bytes, b, sizeof b)
+						    : "-");
+		cli_table_addf(t, 4, "%s", cli_fmt_bytes(m[i]->expert_bytes, b, sizeof b));
+		cli_table_addf(t, 5, "%" PRIu64, m[i]->tensor_count);
+		cli_table_addf(t, 6, "%u", m[i]->holder_count);
+		cli_table_addf(t, 7, "%s", m[i]->arch);
+		cli_table_addf(t, 8, cli->wide ? "%s" : "%.12s", m[i]->digest_hex);
+		if (cli->wide)
+			cli_table_addf(t, 9, "%zu", m[i]->n_files);
+		if (m[i]->stale)
+			cli_table_note(t, "stale: a file changed; release and ensure to reload");
 		if (m[i]->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED &&
 		    m[i]->last_error && *m[i]->last_error)
-			printf("  error: %s\n", m[i]->last_error);
+			cli_table_note(t, "error: %s", m[i]->last_error);
 	}
+	cli_table_print(t, stdout);
+	cli_table_free(t);
 }
 
-static int simple_opts(int argc, char **argv, struct cli *cli, const char *usage_text)
+/* models NAME: everything the agent knows about one model. */
+static void model_detail(const Weightfloor__V1__ModelInfo *m)
+{
+	char b1[32], b2[32], b3[32];
+	printf("model       %s\n", m->name);
+	printf("state       %s%s%s\n", state_name(m->floor_state), m->pin_host ? " (pin requested)" : "",
+	       m->stale ? ", STALE: a file changed; release and ensure to reload" : "");
+	printf("format      %s, arch %s\n", m->format, m->arch[0] ? m->arch : "(unknown)");
+	printf("digest      %s\n", m->digest_hex);
+	printf("size        %s (%s dense, %s experts), %" PRIu64 " tensors\n",
+	       cli_fmt_bytes(m->total_bytes, b1, sizeof b1),
+	       cli_fmt_bytes(m->dense_bytes, b2, sizeof b2),
+	       cli_fmt_bytes(m->expert_bytes, b3, sizeof b3), m->tensor_count);
+	printf("in RAM      %s\n", m->region_present ? cli_fmt_bytes(m->resident_bytes, b1, sizeof b1)
+						      : "- (no floor)");
+	printf("holders     %u", m->holder_count);
+	for (size_t i = 0; i < m->n_holder_pids; i++)
+		printf("%s%u", i ? ", " : " (pids ", m->holder_pids[i]);
+	printf("%s\n", m->n_holder_pids ? ")" : "");
+	if (m->progress && m->progress->bytes_total) {
+		char line[160];
+		printf("progress    %s\n", cli_fmt_progress(line, sizeof line, m->progress->bytes_done,
+							    m->progress->bytes_total,
+							    m->progress->rate_bytes_per_s, 0));
+	}
+	if (m->last_used_unix_ms) {
+		struct timespec now;
+		clock_gettime(CLOCK_REALTIME, &now);
+		int64_t ago = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 - m->last_used_unix_ms;
+		printf("last used   %s ago\n", cli_fmt_duration(ago > 0 ? (uint64_t)ago : 0, b1, sizeof b1));
+	}
+	if (m->last_error && *m->last_error)
+		printf("last error  %s\n", m->last_error);
+	printf("files       %zu\n", m->n_files);
+	static const char *const hdr[] = {"SIZE", "PATH"};
+	struct cli_table *t = cli_table_new(2, hdr, "r.");
+	for (size_t i = 0; i < m->n_files; i++) {
+		cli_table_addf(t, 0, "%s", cli_fmt_bytes(m->files[i]->size_bytes, b1, sizeof b1));
+		cli_table_addf(t, 1, "%s", m->files[i]->path);
+	}
+	cli_table_print(t, stdout);
+	cli_table_free(t);
+}
+
+/* Options of commands that have none but --help. Returns 0, -1 after help, else the exit code
+ * of a usage error. */
+static int simple_opts(int argc, char **argv, struct cli *cli, const char *cmd,
+		       const char *usage_text)
 {
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
 	int c;
-	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
-	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-		if (c == 'j') {
-			cli->json = true;
-		} else if (c == 'h') {
+	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		if (c == 'h') {
 			printf("%s", usage_text);
 			return -1;
-		} else {
-			return -2;
 		}
+		return cli_bad_option(cli, cmd, argc, argv);
 	}
 	return 0;
 }
 
+static int model_status(struct cli *cli, const char *what, const char *name,
+			Weightfloor__V1__Reply **ret);
+
 int cmd_models(struct cli *cli, int argc, char **argv)
 {
-	int o = simple_opts(argc, argv, cli, "usage: agentctl models [--json]\n");
+	int o = simple_opts(argc, argv, cli, "models",
+			    "usage: agentctl models [NAME] [--json] [-o wide]\n"
+			    "  Without NAME: the registered models and their floor states, one per row\n"
+			    "  (-o wide: the whole digest and the file count). With NAME: that model in\n"
+			    "  detail (files, sizes, state, holders, bytes in RAM, progress, last error).\n"
+			    "  --json: ModelList ({\"models\": [ModelInfo...]}), or one ModelInfo.\n");
 	if (o)
-		return o == -1 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+		return o == -1 ? CLI_EXIT_OK : o;
+	int rc = cli_check_args(cli, "models", argc, argv, optind, 0, 1, "");
+	if (rc)
+		return rc;
+	Weightfloor__V1__Reply *rep;
+	if (optind < argc) {
+		rc = model_status(cli, "models", argv[optind], &rep);
+		if (rc)
+			return rc;
+		if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO) {
+			wf_ctl_reply_free(rep);
+			return cli_fail(cli, CLI_EXIT_FAIL, "models: unexpected reply");
+		}
+		if (cli->json)
+			cli_json_print(cli, wf_pb_to_json(&rep->model_info->base));
+		else
+			model_detail(rep->model_info);
+		wf_ctl_reply_free(rep);
+		return CLI_EXIT_OK;
+	}
 	Weightfloor__V1__ListModels lm = WEIGHTFLOOR__V1__LIST_MODELS__INIT;
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_LIST_MODELS;
 	req.list_models = &lm;
-	Weightfloor__V1__Reply *rep;
-	int rc = cli_call(cli, "models", &req, 0, &rep);
+	rc = cli_call(cli, "models", &req, 0, &rep);
 	if (rc)
 		return rc;
 	if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_LIST) {
-		cli_err("models: the agent answered without a model list");
 		wf_ctl_reply_free(rep);
-		return CLI_EXIT_FAIL;
+		return cli_fail(cli, CLI_EXIT_FAIL, "models: the agent answered without a model list");
 	}
 	if (cli->json)
-		cli_json_print(wf_pb_to_json(&rep->model_list->base));
+		cli_json_print(cli, wf_pb_to_json(&rep->model_list->base));
 	else
-		models_table(rep->model_list->models, rep->model_list->n_models);
+		models_table(cli, rep->model_list->models, rep->model_list->n_models);
 	wf_ctl_reply_free(rep);
 	return CLI_EXIT_OK;
 }
 
 int cmd_status(struct cli *cli, int argc, char **argv)
 {
-	int o = simple_opts(argc, argv, cli,
-			    "usage: agentctl status [--json]\n  The agent's state and its models.\n");
+	int o = simple_opts(argc, argv, cli, "status",
+			    "usage: agentctl status [--json] [-o wide]\n"
+			    "  The agent: version, uptime, floor directory, host budget and use, reader\n"
+			    "  backend, model counts, workers, orphan floors; then its models' table.\n"
+			    "  --json: one object, AgentStatusReply's fields with the per-state counts\n"
+			    "  under \"model_counts\" and the models (ModelInfo) under \"models\".\n");
 	if (o)
-		return o == -1 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+		return o == -1 ? CLI_EXIT_OK : o;
+	int rc = cli_check_args(cli, "status", argc, argv, optind, 0, 0, "");
+	if (rc)
+		return rc;
 	Weightfloor__V1__AgentStatus as = WEIGHTFLOOR__V1__AGENT_STATUS__INIT;
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_AGENT_STATUS;
 	req.agent_status = &as;
 	Weightfloor__V1__Reply *rep, *models = NULL;
-	int rc = cli_call(cli, "status", &req, 0, &rep);
+	rc = cli_call(cli, "status", &req, 0, &rep);
 	if (rc)
 		return rc;
 	Weightfloor__V1__ListModels lm = WEIGHTFLOOR__V1__LIST_MODELS__INIT;
@@ -123,17 +212,27 @@ int cmd_status(struct cli *cli, int argc, char **argv)
 	const Weightfloor__V1__AgentStatusReply *s = rep->agent_status;
 	if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_AGENT_STATUS ||
 	    models->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_LIST) {
-		cli_err("status: unexpected reply from the agent");
-		rc = CLI_EXIT_FAIL;
+		rc = cli_fail(cli, CLI_EXIT_FAIL, "status: unexpected reply from the agent");
 	} else if (cli->json) {
+		/* One document: the agent's fields, its models under "models" as in ModelList (the
+		 * reply's own "models" summary moves to "model_counts"). */
 		struct json_object *j = wf_pb_to_json(&s->base);
-		json_object_object_add(j, "model_list", wf_pb_to_json(&models->model_list->base));
-		cli_json_print(j);
+		struct json_object *counts = NULL;
+		if (json_object_object_get_ex(j, "models", &counts)) {
+			json_object_get(counts);
+			json_object_object_del(j, "models");
+			json_object_object_add(j, "model_counts", counts);
+		}
+		struct json_object *ml = wf_pb_to_json(&models->model_list->base), *arr = NULL;
+		if (json_object_object_get_ex(ml, "models", &arr))
+			json_object_object_add(j, "models", json_object_get(arr));
+		json_object_put(ml);
+		cli_json_print(cli, j);
 	} else {
 		char b1[32], b2[32];
 		const Weightfloor__V1__ModelsSummary *ms = s->models;
-		printf("agent       %s pid %u on %s, up %" PRIu64 " s\n", s->version, s->pid,
-		       s->hostname, s->uptime_ms / 1000);
+		printf("agent       %s pid %u on %s, up %s\n", s->version, s->pid, s->hostname,
+		       cli_fmt_duration(s->uptime_ms, b1, sizeof b1));
 		printf("floor       %s\n", s->floor_dir);
 		printf("host budget %s used of %s\n", cli_fmt_bytes(s->host_used_bytes, b1, sizeof b1),
 		       cli_fmt_bytes(s->host_budget_bytes, b2, sizeof b2));
@@ -159,7 +258,7 @@ int cmd_status(struct cli *cli, int argc, char **argv)
 				       s->orphan_floors[i]->kept ? ", kept" : "");
 		}
 		printf("\n");
-		models_table(models->model_list->models, models->model_list->n_models);
+		models_table(cli, models->model_list->models, models->model_list->n_models);
 	}
 	wf_ctl_reply_free(models);
 	wf_ctl_reply_free(rep);
@@ -171,14 +270,15 @@ static Weightfloor__V1__ModelInfo *info_of(Weightfloor__V1__Reply *rep)
 	return rep->body_case == WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO ? rep->model_info : NULL;
 }
 
-static int model_status(struct cli *cli, const char *name, Weightfloor__V1__Reply **ret)
+static int model_status(struct cli *cli, const char *what, const char *name,
+			Weightfloor__V1__Reply **ret)
 {
 	Weightfloor__V1__ModelStatus ms = WEIGHTFLOOR__V1__MODEL_STATUS__INIT;
 	ms.name = (char *)name;
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_MODEL_STATUS;
 	req.model_status = &ms;
-	return cli_call(cli, "floor ensure", &req, 0, ret);
+	return cli_call(cli, what, &req, 0, ret);
 }
 
 static void print_info(struct cli *cli, Weightfloor__V1__Reply *rep)
@@ -186,11 +286,10 @@ static void print_info(struct cli *cli, Weightfloor__V1__Reply *rep)
 	Weightfloor__V1__ModelInfo *mi = info_of(rep);
 	if (!mi)
 		return;
-	if (cli->json) {
-		cli_json_print(wf_pb_to_json(&mi->base));
-	} else {
-		models_table(&mi, 1);
-	}
+	if (cli->json)
+		cli_json_print(cli, wf_pb_to_json(&mi->base));
+	else
+		models_table(cli, &mi, 1);
 }
 
 static volatile sig_atomic_t interrupted;
@@ -222,12 +321,12 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 	struct timespec t0, now;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	char label[64];
-	snprintf(label, sizeof label, "%.24s", name);
+	snprintf(label, sizeof label, "%.40s", name);
+	struct cli_rate rate = {0};
 	for (;;) {
 		Weightfloor__V1__ModelInfo *mi = info_of(rep);
 		if (!mi) {
-			cli_err("floor ensure: unexpected reply");
-			rc = CLI_EXIT_FAIL;
+			rc = cli_fail(cli, CLI_EXIT_FAIL, "floor ensure: unexpected reply");
 			break;
 		}
 		if (mi->floor_state != WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING) {
@@ -236,12 +335,12 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 					     mi->progress->bytes_total, mi->progress->rate_bytes_per_s);
 			cli_progress_end(cli);
 			if (mi->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED) {
-				cli_err("floor ensure %s: materialization failed: %s", name,
-					mi->last_error);
-				rc = CLI_EXIT_FAIL;
+				rc = cli_fail(cli, CLI_EXIT_FAIL,
+					      "floor ensure %s: materialization failed: %s", name,
+					      mi->last_error);
 			} else if (mi->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK) {
-				cli_err("floor ensure %s: materialization was cancelled", name);
-				rc = CLI_EXIT_FAIL;
+				rc = cli_fail(cli, CLI_EXIT_FAILED_PRECONDITION,
+					      "floor ensure %s: materialization was cancelled", name);
 			} else {
 				print_info(cli, rep);
 			}
@@ -249,20 +348,22 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 		}
 		if (mi->progress)
 			cli_progress(cli, label, mi->progress->bytes_done, mi->progress->bytes_total,
-				     mi->progress->rate_bytes_per_s);
+				     mi->progress->rate_bytes_per_s
+					     ? mi->progress->rate_bytes_per_s
+					     : cli_rate_update(&rate, mi->progress->bytes_done));
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (interrupted || (timeout_s > 0 && now.tv_sec - t0.tv_sec >= timeout_s)) {
 			cli_progress_end(cli);
-			cli_err("floor ensure %s: %s; the agent goes on materializing", name,
-				interrupted ? "interrupted" : "timed out");
-			rc = CLI_EXIT_FAIL;
+			rc = cli_fail(cli, interrupted ? CLI_EXIT_FAIL : CLI_EXIT_UNAVAILABLE,
+				      "floor ensure %s: %s; the agent goes on materializing", name,
+				      interrupted ? "interrupted" : "timed out");
 			break;
 		}
 		struct timespec ts = {0, 200 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 		wf_ctl_reply_free(rep);
 		rep = NULL;
-		if ((rc = model_status(cli, name, &rep)))
+		if ((rc = model_status(cli, "floor ensure", name, &rep)))
 			return rc;
 	}
 	wf_ctl_reply_free(rep);
@@ -273,14 +374,14 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 int cmd_floor(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
-		"usage: agentctl floor ensure|release|pin|unpin MODEL [--json]\n"
-		"  ensure   materialize the model's floor (progress bar; --no-wait returns at once,\n"
-		"           --wait-timeout S gives up waiting after S seconds)\n"
+		"usage: agentctl floor ensure|release|pin|unpin MODEL [--no-wait] [--wait-timeout S]\n"
+		"  ensure   materialize the model's floor (progress bar on a terminal; --no-wait\n"
+		"           returns at once, --wait-timeout S gives up waiting after S seconds: exit 4)\n"
 		"  release  drop the agent's hold; the floor goes when no process holds it\n"
 		"  pin      keep the floor (materializing it if needed); never evicted\n"
-		"  unpin    make it evictable again\n";
+		"  unpin    make it evictable again\n"
+		"  Prints the model's row (--json: its ModelInfo).\n";
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"no-wait", no_argument, NULL, 'n'},
 		{"wait-timeout", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
@@ -288,20 +389,24 @@ int cmd_floor(struct cli *cli, int argc, char **argv)
 	};
 	bool wait = true;
 	int timeout_s = 0, c;
-	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
-	while ((c = getopt_long(argc, argv, "jnh", opts, NULL)) != -1) {
+	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":nh", opts, NULL)) != -1) {
 		switch (c) {
-		case 'j': cli->json = true; break;
 		case 'n': wait = false; break;
-		case 't': timeout_s = atoi(optarg); if (timeout_s <= 0) { cli_err("floor: --wait-timeout takes seconds > 0"); return CLI_EXIT_USAGE; } break;
+		case 't':
+			timeout_s = atoi(optarg);
+			if (timeout_s <= 0)
+				return cli_usage(cli, "floor", "--wait-timeout takes seconds > 0, not '%s'",
+						 optarg);
+			break;
 		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: fputs(usage_text, stderr); return CLI_EXIT_USAGE;
+		default: return cli_bad_option(cli, "floor", argc, argv);
 		}
 	}
-	if (argc - optind != 2) {
-		fputs(usage_text, stderr);
-		return CLI_EXIT_USAGE;
-	}
+	int rc = cli_check_args(cli, "floor", argc, argv, optind, 2, 2, "ACTION and MODEL");
+	if (rc)
+		return rc;
 	const char *verb = argv[optind], *name = argv[optind + 1];
 	if (strcmp(verb, "ensure") == 0)
 		return floor_ensure(cli, name, wait, timeout_s);
@@ -323,60 +428,63 @@ int cmd_floor(struct cli *cli, int argc, char **argv)
 		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN_HOST;
 		req.unpin_host = &uh;
 	} else {
-		cli_err("floor: unknown action '%s'", verb);
-		fputs(usage_text, stderr);
-		return CLI_EXIT_USAGE;
+		return cli_usage(cli, "floor", "unknown action '%s' (ensure, release, pin or unpin)",
+				 verb);
 	}
+	bool follow = strcmp(verb, "pin") == 0 && wait;
 	char what[64];
 	snprintf(what, sizeof what, "floor %s %.32s", verb, name);
 	Weightfloor__V1__Reply *rep;
-	int rc = cli_call(cli, what, &req, 0, &rep);
+	rc = cli_call(cli, what, &req, 0, &rep);
 	if (rc)
 		return rc;
-	print_info(cli, rep);
+	/* pin of a model on disk starts a materialization: follow it like ensure does, which
+	 * prints the final row (printing this reply's too would show the table twice). */
+	if (!follow)
+		print_info(cli, rep);
 	wf_ctl_reply_free(rep);
-	/* pin of a model on disk starts a materialization: follow it like ensure does. */
-	if (strcmp(verb, "pin") == 0 && wait)
+	if (follow)
 		return floor_ensure(cli, name, true, timeout_s);
 	return CLI_EXIT_OK;
 }
 
 int cmd_register(struct cli *cli, int argc, char **argv)
 {
-	static const char *usage_text = "usage: agentctl register NAME PATH [--pin] [--json]\n"
-					"  Registers a model with the agent (PATH: a GGUF file or any "
-					"shard, a safetensors file, index.json or directory).\n";
+	static const char *usage_text =
+		"usage: agentctl register NAME PATH [--pin]\n"
+		"  Registers a model with the agent. PATH: a GGUF file or any shard, a safetensors\n"
+		"  file, index.json or directory; a relative PATH must exist here and is sent\n"
+		"  absolute. --pin also pins its floor in host memory. Prints the model's row\n"
+		"  (--json: its ModelInfo).\n";
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"pin", no_argument, NULL, 'p'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
 	bool pin = false;
 	int c;
-	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
-	while ((c = getopt_long(argc, argv, "jph", opts, NULL)) != -1) {
+	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":ph", opts, NULL)) != -1) {
 		switch (c) {
-		case 'j': cli->json = true; break;
 		case 'p': pin = true; break;
 		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: fputs(usage_text, stderr); return CLI_EXIT_USAGE;
+		default: return cli_bad_option(cli, "register", argc, argv);
 		}
 	}
-	if (argc - optind != 2) {
-		fputs(usage_text, stderr);
-		return CLI_EXIT_USAGE;
-	}
+	int crc = cli_check_args(cli, "register", argc, argv, optind, 2, 2, "NAME and PATH");
+	if (crc)
+		return crc;
 	/* The agent refuses relative paths (its working directory is not ours): send the
 	 * absolute one. A path that does not exist here is sent only when it is absolute already:
 	 * it may exist on the agent's side (another mount namespace, a container). */
 	const char *arg = argv[optind + 1];
 	char *abs = realpath(arg, NULL);
 	if (!abs && arg[0] != '/') {
-		cli_err("register: %s: %s (a relative path must exist here; give an absolute path "
-			"for a file that only the agent can see)",
-			arg, strerror(errno));
-		return CLI_EXIT_FAIL;
+		return cli_fail(cli, cli_exit_for_err(-errno),
+				"register: %s: %s (a relative path must exist here; give an absolute "
+				"path for a file that only the agent can see)",
+				arg, strerror(errno));
 	}
 	char *path = abs ? abs : (char *)arg;
 	Weightfloor__V1__RegisterModel rm = WEIGHTFLOOR__V1__REGISTER_MODEL__INIT;
@@ -406,6 +514,7 @@ static const char *event_kind(Weightfloor__V1__EventKind k)
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_HOTSWAP: return "hotswap";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR: return "error";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER: return "worker";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE: return "stale";
 	default: return "?";
 	}
 }
@@ -414,10 +523,11 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
 		"usage: agentctl watch [--count N] [--for SECONDS] [--json]\n"
-		"  Prints the agent's events (floor states, progress, errors, workers) as they "
-		"come.\n";
+		"  Prints the agent's events as they come: floor states, progress, errors, workers\n"
+		"  registering or gone (with the worker's id), and \"agent restarted\" when the\n"
+		"  agent's event epoch changes. Stops after N events or S seconds, else on ^C.\n"
+		"  --json: JSON Lines, one Event object per line.\n";
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"count", required_argument, NULL, 'n'},
 		{"for", required_argument, NULL, 'f'},
 		{"help", no_argument, NULL, 'h'},
@@ -425,32 +535,42 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 	};
 	long count = -1, secs = -1;
 	int c;
-	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
-	while ((c = getopt_long(argc, argv, "jn:f:h", opts, NULL)) != -1) {
+	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
+	opterr = 0;
+	char *end;
+	while ((c = getopt_long(argc, argv, ":n:f:h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'j': cli->json = true; break;
-		case 'n': count = atol(optarg); break;
-		case 'f': secs = atol(optarg); break;
+		case 'n':
+			count = strtol(optarg, &end, 10);
+			if (*end || count <= 0)
+				return cli_usage(cli, "watch", "--count: '%s' is not a number > 0",
+						 optarg);
+			break;
+		case 'f':
+			secs = strtol(optarg, &end, 10);
+			if (*end || secs <= 0)
+				return cli_usage(cli, "watch", "--for: '%s' is not a number of seconds > 0",
+						 optarg);
+			break;
 		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: fputs(usage_text, stderr); return CLI_EXIT_USAGE;
+		default: return cli_bad_option(cli, "watch", argc, argv);
 		}
 	}
-	if (optind != argc || count == 0 || secs == 0) {
-		fputs(usage_text, stderr);
-		return CLI_EXIT_USAGE;
-	}
+	int crc = cli_check_args(cli, "watch", argc, argv, optind, 0, 0, "");
+	if (crc)
+		return crc;
 	struct wf_ctl_sub *sub = NULL;
 	struct wf_diag d = {{0}};
 	struct wf_ctl_client_opts so = {.tls = cli->tls};
 	int rc = wf_ctl_sub_open(cli->events, &so, &sub, &d);
 	if (rc < 0) {
-		cli_err("watch: %s: %s", cli->events, wf_diag_str(&d, rc));
-		return CLI_EXIT_FAIL;
+		return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s: %s", cli->events,
+				wf_diag_str(&d, rc));
 	}
 	signal(SIGINT, on_sigint);
 	struct timespec t0, now;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	uint64_t last_seq = 0;
+	uint64_t last_seq = 0, last_epoch = 0;
 	while (!interrupted && count != 0) {
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (secs > 0 && now.tv_sec - t0.tv_sec >= secs)
@@ -460,21 +580,32 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 		if (rc == WF_ETIMEOUT || rc == WF_EFORMAT)
 			continue;
 		if (rc < 0) {
-			cli_err("watch: %s", wf_diag_str(&d, rc));
 			wf_ctl_sub_close(sub);
-			return CLI_EXIT_FAIL;
+			return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s", wf_diag_str(&d, rc));
 		}
+		/* A new epoch is a new publisher: the agent restarted (its sequence starts over). */
+		bool restarted = last_epoch && ev->epoch != last_epoch;
 		if (cli->json) {
-			cli_json_print(wf_pb_to_json(&ev->base));
+			cli_json_print(cli, wf_pb_to_json(&ev->base));
 		} else {
 			char b1[32], b2[32];
-			if (last_seq && ev->sequence > last_seq + 1)
-				printf("(%" PRIu64 " events missed)\n", ev->sequence - last_seq - 1);
 			time_t t = (time_t)(ev->time_unix_ms / 1000);
 			struct tm tm;
 			localtime_r(&t, &tm);
+			if (restarted)
+				printf("%02d:%02d:%02d agent restarted (event epoch %" PRIx64 ")\n",
+				       tm.tm_hour, tm.tm_min, tm.tm_sec, ev->epoch);
+			else if (last_seq && ev->sequence > last_seq + 1)
+				printf("(%" PRIu64 " events missed)\n", ev->sequence - last_seq - 1);
+			/* Worker events name the worker (their model is empty or secondary). */
+			char subject[192];
+			if (ev->worker_id && *ev->worker_id)
+				snprintf(subject, sizeof subject, "worker %s%s%s", ev->worker_id,
+					 ev->model && *ev->model ? " " : "", ev->model ? ev->model : "");
+			else
+				snprintf(subject, sizeof subject, "%s", ev->model ? ev->model : "");
 			printf("%02d:%02d:%02d %-9s %-20s", tm.tm_hour, tm.tm_min, tm.tm_sec,
-			       event_kind(ev->kind), ev->model);
+			       event_kind(ev->kind), subject);
 			if (ev->kind == WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS)
 				printf(" %s / %s", cli_fmt_bytes(ev->bytes_done, b1, sizeof b1),
 				       cli_fmt_bytes(ev->bytes_total, b2, sizeof b2));
@@ -486,6 +617,7 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 			fflush(stdout);
 		}
 		last_seq = ev->sequence;
+		last_epoch = ev->epoch;
 		wf_ctl_event_free(ev);
 		if (count > 0)
 			count--;

@@ -44,7 +44,7 @@ static struct json_object *model_json(const char *path, const struct wf_model *m
 	struct json_object *o = json_object_new_object();
 	json_object_object_add(o, "path", json_object_new_string(path));
 	json_object_object_add(o, "format", json_object_new_string(wf_model_format_name(m->format)));
-	json_object_object_add(o, "digest", json_object_new_string(digest));
+	json_object_object_add(o, "digest_hex", json_object_new_string(digest));
 	json_object_object_add(o, "hparams", hparams_json(&m->hp));
 	json_object_object_add(o, "tensor_count", json_object_new_int64(m->n_tensors));
 	json_object_object_add(o, "total_bytes", json_object_new_int64((int64_t)m->total_bytes));
@@ -67,7 +67,7 @@ static struct json_object *model_json(const char *path, const struct wf_model *m
 		const struct wf_model_file *f = &m->files[i];
 		struct json_object *e = json_object_new_object();
 		json_object_object_add(e, "path", json_object_new_string(f->path));
-		json_object_object_add(e, "size", json_object_new_int64((int64_t)f->size));
+		json_object_object_add(e, "size_bytes", json_object_new_int64((int64_t)f->size));
 		json_object_object_add(e, "data_offset", json_object_new_int64((int64_t)f->data_offset));
 		json_object_object_add(e, "tensors", json_object_new_int64(f->n_tensors));
 		if (f->gguf_version)
@@ -128,50 +128,61 @@ static void model_print(const char *path, const struct wf_model *m, const char *
 		       m->files[i].n_tensors, m->files[i].path);
 }
 
+static const char inspect_help[] =
+	"usage: agentctl inspect FILE... [--json]\n"
+	"  Prints the inventory of GGUF or safetensors models, read from their headers (no agent\n"
+	"  needed): architecture, hyper-parameters, bytes by type, dense vs expert bytes, shards,\n"
+	"  digest. A shard, an index.json or a directory opens the whole model.\n"
+	"  --json  one document: an object for one FILE, an array of them for several (each with\n"
+	"          \"path\"; a FILE that cannot be read is {\"path\", \"error\"}), listing every\n"
+	"          tensor. Field names as in ModelInfo: digest_hex, total_bytes, files[].size_bytes.\n";
+
 int cmd_inspect(struct cli *cli, int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
 	int c;
-	optind = 0; /* 0, not 1: glibc then re-initializes, dropping main's "+" ordering */
-	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'j':
-			cli->json = true;
-			break;
-		case 'h':
-			printf("usage: agentctl inspect [--json] FILE...\n"
-			       "  Prints the inventory of GGUF or safetensors models (a shard, an\n"
-			       "  index.json or a directory opens the whole model). --json prints one\n"
-			       "  JSON object per FILE, each on its own line, listing every tensor.\n");
-			return CLI_EXIT_OK;
-		default:
-			return CLI_EXIT_USAGE;
+		case 'h': printf("%s", inspect_help); return CLI_EXIT_OK;
+		default: return cli_bad_option(cli, "inspect", argc, argv);
 		}
 	}
-	if (optind >= argc) {
-		cli_err("inspect: no FILE given (see agentctl inspect --help)");
-		return CLI_EXIT_USAGE;
-	}
-	int rc_all = CLI_EXIT_OK;
+	int rc_all = cli_check_args(cli, "inspect", argc, argv, optind, 1, -1, "FILE");
+	if (rc_all)
+		return rc_all;
+	bool many = argc - optind > 1;
+	struct json_object *arr = cli->json && many ? json_object_new_array() : NULL;
 	for (int i = optind; i < argc; i++) {
 		struct wf_model *m = NULL;
 		struct wf_diag diag = {{0}};
 		int rc = wf_model_open(argv[i], &m, &diag);
 		if (rc < 0) {
-			cli_err("inspect %s: %s (%s)", argv[i], wf_diag_str(&diag, rc), wf_err_name(rc));
-			rc_all = CLI_EXIT_FAIL;
+			char msg[512];
+			snprintf(msg, sizeof msg, "inspect %s: %s (%s)", argv[i],
+				 wf_diag_str(&diag, rc), wf_err_name(rc));
+			int ex = cli_fail(cli, cli_exit_for_err(rc), "%s", msg);
+			if (arr) {
+				struct json_object *e = cli_error_json(ex, msg);
+				json_object_object_add(e, "path", json_object_new_string(argv[i]));
+				json_object_array_add(arr, e);
+			}
+			if (!rc_all)
+				rc_all = ex;
 			continue;
 		}
 		struct wf_digest d;
 		char hex[WF_DIGEST_HEX_LEN];
 		wf_model_digest(m, &d);
 		wf_digest_hex(&d, hex);
-		if (cli->json) {
-			cli_json_print(model_json(argv[i], m, hex));
+		if (arr) {
+			json_object_array_add(arr, model_json(argv[i], m, hex));
+		} else if (cli->json) {
+			cli_json_print(cli, model_json(argv[i], m, hex));
 		} else {
 			if (i > optind)
 				printf("\n");
@@ -179,5 +190,7 @@ int cmd_inspect(struct cli *cli, int argc, char **argv)
 		}
 		wf_model_close(m);
 	}
+	if (arr)
+		cli_json_print(cli, arr);
 	return rc_all;
 }

@@ -2,10 +2,11 @@
  *
  *   agentctl [GLOBAL OPTIONS] COMMAND [ARGS]
  *
- * Global options come before the command; each command parses its own. */
+ * Global options may come anywhere on the line (main takes them out of argv first); each command
+ * parses the rest. */
 #include "cli.h"
 
-#include <getopt.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,13 +38,17 @@ static const struct command commands[] = {
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: agentctl [--socket URL] [--events URL] [--json] [--timeout MS] [-q] "
-		     "[--tls-* FILE] COMMAND [ARGS]\n\ncommands:\n");
+	fprintf(out, "usage: agentctl [GLOBAL OPTIONS] COMMAND [ARGS] [GLOBAL OPTIONS]\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-	fprintf(out, "\n'agentctl COMMAND --help' describes a command.\n"
-		     "The agent's URLs default to $WF_AGENT_SOCKET / $WF_AGENT_EVENTS, else\n"
-		     "  %s\n  %s\n"
+	fprintf(out, "\nglobal options (before or after the command):\n"
+		     "  --socket URL            the agent's control URL ($WF_AGENT_SOCKET, else %s)\n"
+		     "  --events URL            the agent's event URL ($WF_AGENT_EVENTS, else %s)\n"
+		     "  --timeout MS            bound every request (default 10000)\n"
+		     "  --json, -o json         one JSON document on stdout, errors included\n"
+		     "  -o wide                 tables with extra columns\n"
+		     "  -q, --quiet             no progress bars; with --json, no error line on stderr\n"
+		     "  --version               print agentctl's version\n"
 		     "For tls+tcp:// URLs:\n"
 		     "  --tls-ca FILE           CA (PEM) that signed the agent's certificate "
 		     "($WF_AGENT_TLS_CA)\n"
@@ -52,8 +57,127 @@ static void usage(FILE *out)
 		     "  --tls-key FILE          its private key (PEM; default: in --tls-cert) "
 		     "($WF_AGENT_TLS_KEY)\n"
 		     "  --tls-server-name NAME  name to verify in the agent's certificate "
-		     "(default: the URL's host)\n",
+		     "(default: the URL's host)\n"
+		     "\n'agentctl COMMAND --help' describes a command. Exit status: 0 ok, 1 failure,\n"
+		     "2 usage, 3 not found, 4 unavailable, 5 resource exhausted, 6 permission denied,\n"
+		     "7 invalid argument, 8 failed precondition, 9 not resident (man agentctl).\n",
 		DEFAULT_SOCKET, DEFAULT_EVENTS);
+}
+
+/* Global options, taken out of argv wherever they are (before or after the command), so that
+ * `agentctl models --json` and `agentctl --json models` mean the same. "--" ends them. */
+struct gopt {
+	const char *name; /* long form without "--" */
+	char shrt;        /* short form, 0: none */
+	bool arg;
+	int key;
+};
+
+static const struct gopt gopts[] = {
+	{"socket", 0, true, 's'},   {"events", 0, true, 'e'},   {"json", 0, false, 'j'},
+	{"timeout", 0, true, 't'},  {"quiet", 'q', false, 'q'}, {"output", 'o', true, 'o'},
+	{"tls-cert", 0, true, 'C'}, {"tls-key", 0, true, 'K'},  {"tls-ca", 0, true, 'A'},
+	{"tls-server-name", 0, true, 'N'}, {"version", 0, false, 'V'},
+};
+
+static int set_global(struct cli *cli, int key, const char *val)
+{
+	switch (key) {
+	case 's': cli->socket = val; break;
+	case 'e': cli->events = val; break;
+	case 'j': cli->json = true; break;
+	case 'q': cli->quiet = true; break;
+	case 'C': cli->tls.cert_file = val; break;
+	case 'K': cli->tls.key_file = val; break;
+	case 'A': cli->tls.ca_file = val; break;
+	case 'N': cli->tls.server_name = val; break;
+	case 't': {
+		char *end;
+		long v = strtol(val, &end, 10);
+		if (!*val || *end || v <= 0 || v > 24L * 3600 * 1000)
+			return cli_usage(cli, NULL,
+					 "--timeout: '%s' is not a number of milliseconds (1..86400000)",
+					 val);
+		cli->timeout_ms = (int)v;
+		cli->timeout_given = true;
+		break;
+	}
+	case 'o':
+		if (strcmp(val, "json") == 0)
+			cli->json = true;
+		else if (strcmp(val, "wide") == 0)
+			cli->wide = true;
+		else if (strcmp(val, "table") == 0)
+			cli->json = cli->wide = false;
+		else
+			return cli_usage(cli, NULL, "-o: '%s' is not json, wide or table", val);
+		break;
+	}
+	return 0;
+}
+
+/* Removes the global options from argv (compacting it); returns the new argc or -exit code. */
+static int take_globals(struct cli *cli, int argc, char **argv, bool *version)
+{
+	int n = 1;
+	bool ended = false;
+	for (int i = 1; i < argc; i++) {
+		char *a = argv[i];
+		if (ended || a[0] != '-' || a[1] == '\0') {
+			argv[n++] = a;
+			continue;
+		}
+		if (strcmp(a, "--") == 0) {
+			ended = true;
+			argv[n++] = a;
+			continue;
+		}
+		const struct gopt *g = NULL;
+		const char *val = NULL;
+		for (size_t k = 0; k < sizeof gopts / sizeof gopts[0] && !g; k++) {
+			size_t l = strlen(gopts[k].name);
+			if (a[1] == '-' && strncmp(a + 2, gopts[k].name, l) == 0 &&
+			    (a[2 + l] == '\0' || (a[2 + l] == '=' && gopts[k].arg))) {
+				g = &gopts[k];
+				val = a[2 + l] == '=' ? a + 3 + l : NULL;
+			} else if (a[1] != '-' && gopts[k].shrt && a[1] == gopts[k].shrt) {
+				/* -q, -o json, -ojson */
+				if (!gopts[k].arg && a[2] != '\0')
+					continue;
+				g = &gopts[k];
+				val = gopts[k].arg && a[2] ? a + 2 : NULL;
+			}
+		}
+		if (!g) {
+			argv[n++] = a; /* the command's own option */
+			continue;
+		}
+		if (g->arg && !val) {
+			if (i + 1 >= argc)
+				return -cli_usage(cli, NULL, "option '%s' needs a value", a);
+			val = argv[++i];
+		}
+		if (g->key == 'V') {
+			*version = true;
+			continue;
+		}
+		int rc = set_global(cli, g->key, val);
+		if (rc)
+			return -rc;
+	}
+	argv[n] = NULL;
+	return n;
+}
+
+static int finish(struct cli *cli, int rc)
+{
+	/* With --json an error is a document on stdout, unless the command printed its own (an
+	 * --all command reports each worker's error in its document). */
+	if (rc != CLI_EXIT_OK && cli->json && !cli->doc_printed)
+		cli_json_print(cli, cli_error_json(rc, cli->err_msg[0] ? cli->err_msg
+								: cli_exit_name(rc)));
+	fflush(stdout);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -71,65 +195,20 @@ int main(int argc, char **argv)
 	cli.tls.key_file = getenv("WF_AGENT_TLS_KEY");
 	cli.tls.ca_file = getenv("WF_AGENT_TLS_CA");
 
-	static const struct option opts[] = {
-		{"socket", required_argument, NULL, 's'},
-		{"events", required_argument, NULL, 'e'},
-		{"json", no_argument, NULL, 'j'},
-		{"timeout", required_argument, NULL, 't'},
-		{"quiet", no_argument, NULL, 'q'},
-		{"tls-cert", required_argument, NULL, 'C'},
-		{"tls-key", required_argument, NULL, 'K'},
-		{"tls-ca", required_argument, NULL, 'A'},
-		{"tls-server-name", required_argument, NULL, 'N'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
-	};
-	int c;
-	/* '+': stop at the first non-option, which is the command. */
-	while ((c = getopt_long(argc, argv, "+s:e:jt:qh", opts, NULL)) != -1) {
-		switch (c) {
-		case 's':
-			cli.socket = optarg;
-			break;
-		case 'e':
-			cli.events = optarg;
-			break;
-		case 'j':
-			cli.json = true;
-			break;
-		case 't': {
-			char *end;
-			long v = strtol(optarg, &end, 10);
-			if (*end || v <= 0 || v > 24L * 3600 * 1000) {
-				cli_err("--timeout: '%s' is not a number of milliseconds", optarg);
-				return CLI_EXIT_USAGE;
-			}
-			cli.timeout_ms = (int)v;
-			cli.timeout_given = true;
-			break;
+	bool version = false;
+	int n = take_globals(&cli, argc, argv, &version);
+	if (n < 0)
+		return finish(&cli, -n);
+	argc = n;
+	if (version) {
+		if (cli.json) {
+			struct json_object *o = json_object_new_object();
+			json_object_object_add(o, "version", json_object_new_string(AGENTCTL_VERSION));
+			cli_json_print(&cli, o);
+		} else {
+			printf("agentctl %s\n", AGENTCTL_VERSION);
 		}
-		case 'q':
-			cli.quiet = true;
-			break;
-		case 'C':
-			cli.tls.cert_file = optarg;
-			break;
-		case 'K':
-			cli.tls.key_file = optarg;
-			break;
-		case 'A':
-			cli.tls.ca_file = optarg;
-			break;
-		case 'N':
-			cli.tls.server_name = optarg;
-			break;
-		case 'h':
-			usage(stdout);
-			return CLI_EXIT_OK;
-		default:
-			usage(stderr);
-			return CLI_EXIT_USAGE;
-		}
+		return CLI_EXIT_OK;
 	}
 	/* Empty environment variables mean unset. */
 	if (cli.tls.cert_file && !*cli.tls.cert_file)
@@ -138,15 +217,18 @@ int main(int argc, char **argv)
 		cli.tls.key_file = NULL;
 	if (cli.tls.ca_file && !*cli.tls.ca_file)
 		cli.tls.ca_file = NULL;
-	if (optind >= argc) {
-		usage(stderr);
-		return CLI_EXIT_USAGE;
+	if (argc < 2)
+		return finish(&cli, cli_usage(&cli, NULL, "no COMMAND given"));
+	const char *name = argv[1];
+	if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+		usage(stdout);
+		return CLI_EXIT_OK;
 	}
-	const char *name = argv[optind];
+	if (name[0] == '-')
+		return finish(&cli, cli_usage(&cli, NULL, "unknown option '%s'", name));
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(commands[i].name, name) == 0)
-			return commands[i].run(&cli, argc - optind, argv + optind);
+			return finish(&cli, commands[i].run(&cli, argc - 1, argv + 1));
 	}
-	cli_err("unknown command '%s' (see agentctl --help)", name);
-	return CLI_EXIT_USAGE;
+	return finish(&cli, cli_usage(&cli, NULL, "unknown command '%s'", name));
 }

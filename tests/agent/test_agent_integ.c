@@ -221,7 +221,7 @@ Test(agent, happy_path)
 	rc = agt_ctl(a, &out, &err, (const char *[]){"inspect", "--json", pa, NULL});
 	cr_assert_eq(rc, 0, "agentctl inspect: exit %d: %s", rc, err);
 	struct json_object *ins = parse_json(out, "inspect --json");
-	cr_assert_str_eq(mi->digest_hex, json_object_get_string(jget(ins, "digest")));
+	cr_assert_str_eq(mi->digest_hex, json_object_get_string(jget(ins, "digest_hex")));
 	cr_assert_eq(mi->total_bytes, (uint64_t)json_object_get_int64(jget(ins, "total_bytes")));
 	cr_assert_eq(mi->expert_bytes, (uint64_t)json_object_get_int64(jget(ins, "expert_bytes")));
 	cr_assert_eq(mi->tensor_count, (uint64_t)json_object_get_int64(jget(ins, "tensor_count")));
@@ -448,7 +448,7 @@ Test(agent, paths_outside_the_model_roots_are_refused)
 	}
 	char *out, *err;
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"register", "bad", out_path, NULL});
-	cr_assert_eq(rc, 1, "agentctl register outside the roots: exit %d", rc);
+	cr_assert_eq(rc, 6, "agentctl register outside the roots: exit %d", rc);
 	cr_assert(strstr(err, "PERMISSION_DENIED") && strstr(err, "outside the model roots"),
 	          "agentctl stderr: %s", err);
 
@@ -782,7 +782,7 @@ Test(agent, host_budget_lru_pins_and_holders)
 	cr_assert_neq(agt_state(agt_model(a, "b")), FS(HOST));
 	char *out, *err;
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"floor", "ensure", "b", NULL});
-	cr_assert_eq(rc, 1, "agentctl floor ensure b over budget: exit %d", rc);
+	cr_assert_eq(rc, 5, "agentctl floor ensure b over budget: exit %d", rc);
 	cr_assert(strstr(err, "RESOURCE_EXHAUSTED") && strstr(err, "budget"), "stderr: %s", err);
 
 	/* a floor another process holds is never evicted either */

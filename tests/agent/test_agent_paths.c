@@ -55,7 +55,7 @@ Test(paths, relative_paths_never_resolve_in_the_agents_cwd)
 	cr_assert_eq(chdir(elsewhere), 0);
 	char *out = NULL, *err = NULL;
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"register", "A", "models/A.gguf", NULL});
-	cr_expect_eq(rc, 1, "agentctl register of a path missing here: exit %d (%s)", rc, out);
+	cr_expect_eq(rc, 3, "agentctl register of a path missing here: exit %d (%s)", rc, out);
 	cr_expect(strstr(err, "models/A.gguf") && strstr(err, "absolute"), "stderr: %s", err);
 	cr_expect(!registered(a, "A"), "the agent's own models/A.gguf was not registered");
 	free(out);
@@ -83,7 +83,7 @@ Test(paths, relative_paths_never_resolve_in_the_agents_cwd)
 	/* An absolute path that does not exist here is still sent (it may exist only on the
 	 * agent's side): the agent answers for it. */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"register", "B", "/nonexistent/B.gguf", NULL});
-	cr_expect_eq(rc, 1);
+	cr_expect_eq(rc, 3, "exit %d: %s", rc, err);
 	cr_expect(strstr(err, "relative path must exist here") == NULL, "the agent's error: %s",
 	          err);
 	free(out);

@@ -182,7 +182,7 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 	/* No client certificate. */
 	const char *none[] = {"--tls-ca", ca, NULL};
 	o = agentctl(url, none);
-	cr_expect_eq(o.status, 1);
+	cr_expect_eq(o.status, 6, "exit %d", o.status);
 	cr_expect(o.err && strstr(o.err, "requires a client certificate"), "%s", o.err);
 	free(o.err);
 
@@ -190,7 +190,7 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 	const char *rogue[] = {"--tls-ca",  ca,        "--tls-cert", rogue_crt,
 	                       "--tls-key", rogue_key, NULL};
 	o = agentctl(url, rogue);
-	cr_expect_eq(o.status, 1);
+	cr_expect_eq(o.status, 6, "exit %d", o.status);
 	cr_expect(o.err && strstr(o.err, "refused the client certificate"), "%s", o.err);
 	free(o.err);
 
@@ -199,14 +199,14 @@ Test(tls_e2e, agent_requires_client_certificates_of_its_ca, .timeout = 120, .fin
 	const char *wrong_ca[] = {"--tls-ca",  other_ca, "--tls-cert", cli_crt,
 	                          "--tls-key", cli_key,  NULL};
 	o = agentctl(url, wrong_ca);
-	cr_expect_eq(o.status, 1);
+	cr_expect_eq(o.status, 6, "exit %d", o.status);
 	cr_expect(o.err && strstr(o.err, "server's certificate does not verify"), "%s", o.err);
 	free(o.err);
 
 	/* No CA at all: refused before connecting. */
 	const char *no_ca[] = {"--tls-cert", cli_crt, "--tls-key", cli_key, NULL};
 	o = agentctl(url, no_ca);
-	cr_expect_eq(o.status, 1);
+	cr_expect_eq(o.status, 4, "exit %d", o.status);
 	cr_expect(o.err && strstr(o.err, "needs a CA file"), "%s", o.err);
 	free(o.err);
 

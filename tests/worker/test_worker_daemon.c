@@ -296,7 +296,7 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	rc = agt_run(argv, &out, &err, 30, a->dir);
 	int64_t ctl_ms = now_ms() - t0;
 	kill(a->pid, SIGCONT);
-	cr_expect_eq(rc, 1, "agentctl prefetch C: exit %d: %s", rc, err);
+	cr_expect_eq(rc, 4, "agentctl prefetch C: exit %d: %s", rc, err);
 	cr_expect_lt(ctl_ms, 5000, "agentctl prefetch C took %lld ms", (long long)ctl_ms);
 	cr_expect(strstr(err, "UNAVAILABLE") != NULL, "agentctl: %s", err);
 	free(out);
