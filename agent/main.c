@@ -55,7 +55,8 @@ static void usage(FILE *out)
 		"      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
 		"      --check-config       validate the configuration and the models, then exit\n"
 		"  -v, --verbose            debug logging\n"
-		"  -h, --help\n");
+		"  -h, --help\n"
+		"      --version            print \"wf-agent VERSION\" and exit\n");
 }
 
 /* Config-file values first, then flags on top: flags are collected and applied afterwards. */
@@ -90,7 +91,8 @@ static int add_model_flag(struct overrides *o, const char *arg, bool preload)
 static int parse_args(int argc, char **argv, struct overrides *o)
 {
 	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
-	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
+	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
+	       O_VERSION };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"floor-dir", required_argument, NULL, O_FLOOR},
@@ -111,6 +113,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		{"janitor-interval", required_argument, NULL, O_JANITOR},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, O_VERSION},
 		{0},
 	};
 	int c;
@@ -167,6 +170,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		case O_CHECK: o->check = true; break;
 		case 'v': o->verbose = true; break;
 		case 'h': usage(stdout); exit(0);
+		case O_VERSION: printf("wf-agent %s\n", WF_VERSION); exit(0);
 		default: usage(stderr); return 2;
 		}
 	}

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WF_AGENT_VERSION "0.1.0"
+#define WF_AGENT_VERSION WF_VERSION /* the CMake project version, one source for all */
 
 static Weightfloor__V1__FloorState floor_state_pb(enum wf_floor_state s)
 {

@@ -32,22 +32,31 @@ static void usage(FILE *out)
 		     "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 		     "                must be a disk file system for the cold figure)\n"
 		     "  --floor-root  where floors are made (default /dev/shm)\n"
-		     "  --size        model size for throughput figures (default 2G)\n");
+		     "  --size        model size for throughput figures (default 2G)\n"
+		     "  wf-bench --version prints \"wf-bench VERSION\".\n");
 }
 
 int main(int argc, char **argv)
 {
 	static char wfgen[PATH_MAX];
 	struct bench_opts o = {.dir = "/var/tmp/wf-bench", .floor_root = "/dev/shm", .size = "2G"};
-	/* wf-gen sits beside us in the build tree (bench/ and tools/ are siblings). */
+	/* wf-gen sits beside us once installed (bin/), and in a sibling directory in the build tree
+	 * (bench/ and tools/); else $PATH finds it. */
 	char self[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
 	if (n > 0) {
 		self[n] = '\0';
-		snprintf(wfgen, sizeof wfgen, "%s/../tools/wf-gen", dirname(self));
+		const char *dir = dirname(self);
+		snprintf(wfgen, sizeof wfgen, "%s/wf-gen", dir);
+		if (access(wfgen, X_OK) != 0)
+			snprintf(wfgen, sizeof wfgen, "%s/../tools/wf-gen", dir);
 		o.wfgen = access(wfgen, X_OK) == 0 ? wfgen : "wf-gen";
 	} else {
 		o.wfgen = "wf-gen";
+	}
+	if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+		printf("wf-bench %s\n", WF_VERSION);
+		return 0;
 	}
 	if (argc < 2 || argv[1][0] == '-') {
 		usage(argc < 2 ? stderr : stdout);

@@ -16,6 +16,8 @@ PKGS=(
   fio                              # benchmark anchor
   openssl                          # the TLS transport test makes its own certificates
   procps util-linux                # pgrep, fallocate, flock for scripts
+  go-md2man man-db                 # roff man pages from docs/man/*.md; man -w in the install test
+  zsh                              # the zsh completion's test
 )
 
 . "$(dirname "$0")/lib.sh"

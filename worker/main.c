@@ -73,7 +73,8 @@ static void usage(FILE *out)
 		"                        to a tls+tcp:// agent\n"
 		"  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
-		"  -v, --verbose\n");
+		"  -v, --verbose\n"
+		"  --version             print \"wf-worker VERSION\" and exit\n");
 }
 
 static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
@@ -101,7 +102,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
-	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
+	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -126,6 +127,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"tls-ca", required_argument, NULL, O_TLS_CA},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, O_VERSION},
 		{0},
 	};
 	int c, rc;
@@ -198,6 +200,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 		case 'v': o->verbose = true; break;
 		case 'h': usage(stdout); exit(0);
+		case O_VERSION: printf("wf-worker %s\n", WF_VERSION); exit(0);
 		default: usage(stderr); return 2;
 		}
 	}

@@ -65,7 +65,8 @@ static const char usage_text[] =
     "                          the filesystem allows it (GGUF only)\n"
     "  --dry-run               print the plan, write nothing\n"
     "  -q, --quiet             no summary line\n"
-    "  -h, --help              this text\n";
+    "  -h, --help              this text\n"
+    "  --version               print \"wf-gen VERSION\" and exit\n";
 
 enum {
 	OPT_ARCH = 256,
@@ -96,6 +97,7 @@ enum {
 	OPT_FSYNC,
 	OPT_BUFFERED,
 	OPT_DRY_RUN,
+	OPT_VERSION,
 };
 
 static const struct option long_opts[] = {
@@ -130,6 +132,7 @@ static const struct option long_opts[] = {
     {"output", required_argument, NULL, 'o'},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
@@ -269,6 +272,9 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case 'h':
 			fputs(usage_text, stdout);
+			return 0;
+		case OPT_VERSION:
+			printf("wf-gen %s\n", WF_VERSION);
 			return 0;
 		case 'q':
 			quiet = true;
