@@ -1290,7 +1290,7 @@ static void janitor_pass(struct wf_floors *f)
 	pthread_mutex_lock(&f->mu);
 	size_t ne = f->n_entries;
 	struct floor_entry **all = calloc(ne ? ne : 1, sizeof(*all));
-	if (all)
+	if (all && ne) /* f->entries is NULL while no model is registered */
 		memcpy(all, f->entries, ne * sizeof(*all));
 	pthread_mutex_unlock(&f->mu);
 	for (size_t i = 0; all && i < ne; i++)
