@@ -145,9 +145,18 @@ void agt_fini(void)
 		pid_t p = extra_pids[i];
 		if (kill(p, SIGTERM) != 0)
 			continue;
-		for (int k = 0; k < 500 && kill(p, 0) == 0; k++)
-			agt_sleep_ms(10);
-		kill(p, SIGKILL);
+		/* A child of ours (a spawned worker) stays a zombie, which kill(p, 0) still finds,
+		 * until it is reaped: reap it, or this waits out the whole 5 s. */
+		bool gone = false;
+		for (int k = 0; k < 500 && !gone; k++) {
+			gone = waitpid(p, NULL, WNOHANG) == p || kill(p, 0) != 0;
+			if (!gone)
+				agt_sleep_ms(10);
+		}
+		if (!gone) {
+			kill(p, SIGKILL);
+			waitpid(p, NULL, WNOHANG);
+		}
 	}
 	n_extra = 0;
 }
