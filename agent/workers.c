@@ -19,6 +19,7 @@ struct worker {
 	uint32_t pid;
 	char *device_name, *endpoint, *device_uuid;
 	int32_t device_index;
+	int mode; /* Weightfloor__V1__ResidencyMode, as the worker said (open enum) */
 	uint64_t device_total, device_budget, pinned_host_budget;
 	int64_t registered_ms, last_seen_ms;
 	unsigned relays; /* in flight to it */
@@ -161,6 +162,7 @@ static Weightfloor__V1__WorkerInfo *worker_info(struct wf_ctl_call *call, const 
 	wi->pinned_host_budget_bytes = k->pinned_host_budget;
 	wi->registered_unix_ms = k->registered_ms;
 	wi->last_seen_unix_ms = k->last_seen_ms;
+	wi->mode = (Weightfloor__V1__ResidencyMode)k->mode;
 	return wi;
 }
 
@@ -325,6 +327,7 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 	k->device_uuid = strdup(r->device_uuid ? r->device_uuid : "");
 	k->pid = r->pid;
 	k->device_index = r->device_index;
+	k->mode = (int)r->mode;
 	k->device_total = r->device_total_bytes;
 	k->device_budget = r->device_budget_bytes;
 	k->pinned_host_budget = r->pinned_host_budget_bytes;
@@ -511,7 +514,19 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	reply->message = copy->message;
 	reply->body_case = (Weightfloor__V1__Reply__BodyCase)copy->body_case;
 	switch (copy->body_case) {
-	case WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO: reply->worker_info = copy->worker_info; break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO: {
+		reply->worker_info = copy->worker_info;
+		/* Only the agent knows when it registered the worker and last heard from it: a
+		 * relayed WorkerStatus says so, as ListWorkers does. */
+		pthread_mutex_lock(&w->mu);
+		const struct worker *kk = find_locked(w, wid);
+		if (kk) {
+			reply->worker_info->registered_unix_ms = kk->registered_ms;
+			reply->worker_info->last_seen_unix_ms = kk->last_seen_ms;
+		}
+		pthread_mutex_unlock(&w->mu);
+		break;
+	}
 	case WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY: reply->residency = copy->residency; break;
 	case WEIGHTFLOOR__V1__REPLY__BODY_COMPACT: reply->compact = copy->compact; break;
 	default: reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET; break;

@@ -237,6 +237,7 @@ static int register_once(struct wf_worker_svc *s, struct wf_diag *diag)
 	rw.device_total_bytes = st->mem_total;
 	rw.device_budget_bytes = st->budget.on_demand;
 	rw.worker_id = (char *)s->worker_id;
+	rw.mode = wf_worker_svc_mode_pb(st->mode);
 	wf_cache_status_free(st);
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.client = (char *)s->worker_id;

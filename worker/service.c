@@ -250,6 +250,15 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 	return rc;
 }
 
+Weightfloor__V1__ResidencyMode wf_worker_svc_mode_pb(enum wf_cache_mode mode)
+{
+	switch (mode) {
+	case WF_CACHE_SELF_MANAGED: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED;
+	case WF_CACHE_EXTERNAL: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL;
+	default: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_UNSPECIFIED;
+	}
+}
+
 static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 		       struct wf_ctl_call *call)
 {
@@ -276,6 +285,10 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 		wi->models = ms;
 		wi->n_models = st->n_models;
 		wi->registered_unix_ms = s->started_unix_ms;
+		wi->mode = wf_worker_svc_mode_pb(st->mode);
+		wi->device_pinned_bytes = st->pinned_bytes;
+		wi->device_weight_pool_bytes = st->budget.weight_pool;
+		wi->device_pinned_overcommit = st->budget.pinned_overcommit;
 		if (!wi->device_name)
 			rc = -ENOMEM;
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO;

@@ -64,5 +64,7 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
  * in the call arena when call is non-NULL; otherwise it is heap memory to free with
  * wf_worker_info_free(). */
 Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r);
+/* The cache's mode as the protocol's ResidencyMode (RegisterWorker, WorkerInfo). */
+Weightfloor__V1__ResidencyMode wf_worker_svc_mode_pb(enum wf_cache_mode mode);
 
 #endif

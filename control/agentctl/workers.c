@@ -26,6 +26,17 @@ static const char *residency_name(Weightfloor__V1__Residency r)
 	}
 }
 
+/* "self-managed", "external" as wf-worker --mode and its log say; "-" from a worker that does
+ * not say (older than the field). */
+static const char *mode_name(Weightfloor__V1__ResidencyMode m)
+{
+	switch (m) {
+	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED: return "self-managed";
+	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL: return "external";
+	default: return "-";
+	}
+}
+
 static int parse_residency(const char *s, Weightfloor__V1__Residency *out)
 {
 	static const struct {
@@ -87,10 +98,13 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		if (c == 'h') {
 			printf("usage: agentctl workers [--json] [-o wide]\n"
-			       "  The node's workers: id, pid, device (whole name), device memory total,\n"
-			       "  budget and use, pinned host memory, endpoint; then each model's residency\n"
-			       "  and device bytes. -o wide adds the device index and uuid, registration\n"
-			       "  and last heartbeat. --json: {\"workers\": [WorkerInfo + \"reachable\"]}.\n");
+			       "  The node's workers: id, residency mode (self-managed or external), pid,\n"
+			       "  device (whole name), device memory total, on-demand budget and use,\n"
+			       "  pinned device bytes / weight pool (OVER: pinned over-commit), pinned host\n"
+			       "  memory, endpoint; then each model's residency and device bytes. -o wide\n"
+			       "  adds the device index and uuid and the last heartbeat. --json:\n"
+			       "  {\"workers\": [WorkerInfo + \"reachable\"]}, \"mode\" SELF_MANAGED or\n"
+			       "  EXTERNAL.\n");
 			return CLI_EXIT_OK;
 		}
 		return cli_bad_option(cli, "workers", argc, argv);
@@ -104,9 +118,10 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 		return rc;
 	const Weightfloor__V1__WorkerList *wl = rep->worker_list;
 	struct json_object *arr = cli->json ? json_object_new_array() : NULL;
-	static const char *const hdr[] = {"WORKER", "PID", "DEVICE", "TOTAL", "BUDGET", "USED",
-					  "PINNED HOST", "ENDPOINT", "INDEX", "UUID", "SEEN"};
-	struct cli_table *t = cli_table_new(cli->wide ? 11 : 8, hdr, ".r.rrrr.r..");
+	static const char *const hdr[] = {"WORKER", "MODE",	 "PID",	     "DEVICE", "TOTAL",
+					  "BUDGET", "USED",	 "PINNED",   "PINNED HOST",
+					  "ENDPOINT", "INDEX", "UUID",	     "SEEN"};
+	struct cli_table *t = cli_table_new(cli->wide ? 13 : 10, hdr, "..r.rrrrr.r..");
 	/* A worker's own status is what it holds now; errors polling it are shown per row. */
 	struct cli quiet = *cli;
 	quiet.quiet = true;
@@ -123,40 +138,44 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 		/* The agent's entry says who the worker is; the worker itself says what it holds. */
 		bool live = worker_status(&quiet, NULL, w->worker_id, &st) == 0;
 		Weightfloor__V1__WorkerInfo *wi = live ? st->worker_info : (Weightfloor__V1__WorkerInfo *)w;
-		/* Only the agent knows when it last heard from the worker. */
-		if (live) {
-			wi->last_seen_unix_ms = w->last_seen_unix_ms;
-			if (!wi->registered_unix_ms)
-				wi->registered_unix_ms = w->registered_unix_ms;
-		}
 		if (cli->json) {
 			struct json_object *o = wf_pb_to_json(&wi->base);
 			json_object_object_add(o, "reachable", json_object_new_boolean(live));
 			json_object_array_add(arr, o);
 		} else {
 			char b[32];
-			cli_table_addf(t, 0, "%s", wi->worker_id);
-			cli_table_addf(t, 1, "%u", wi->pid);
-			cli_table_addf(t, 2, "%s", wi->device_name);
-			cli_table_addf(t, 3, "%s", cli_fmt_bytes(wi->device_total_bytes, b, sizeof b));
-			cli_table_addf(t, 4, "%s", cli_fmt_bytes(wi->device_budget_bytes, b, sizeof b));
-			cli_table_addf(t, 5, "%s", cli_fmt_bytes(wi->device_used_bytes, b, sizeof b));
 			char b2[32];
-			/* over-commit shows as used > budget */
-			cli_table_addf(t, 6, "%s / %s%s",
+			cli_table_addf(t, 0, "%s", wi->worker_id);
+			cli_table_addf(t, 1, "%s", mode_name(wi->mode));
+			cli_table_addf(t, 2, "%u", wi->pid);
+			cli_table_addf(t, 3, "%s", wi->device_name);
+			cli_table_addf(t, 4, "%s", cli_fmt_bytes(wi->device_total_bytes, b, sizeof b));
+			cli_table_addf(t, 5, "%s", cli_fmt_bytes(wi->device_budget_bytes, b, sizeof b));
+			cli_table_addf(t, 6, "%s", cli_fmt_bytes(wi->device_used_bytes, b, sizeof b));
+			/* pinned device bytes against the weight pool; beyond it an over-commit */
+			if (live)
+				cli_table_addf(t, 7, "%s / %s%s",
+					       cli_fmt_bytes(wi->device_pinned_bytes, b, sizeof b),
+					       cli_fmt_bytes(wi->device_weight_pool_bytes, b2,
+							     sizeof b2),
+					       wi->device_pinned_overcommit ? " OVER" : "");
+			else
+				cli_table_addf(t, 7, "-");
+			/* pinned host memory; over-commit shows as used > budget */
+			cli_table_addf(t, 8, "%s / %s%s",
 				       cli_fmt_bytes(wi->pinned_host_used_bytes, b, sizeof b),
 				       cli_fmt_bytes(wi->pinned_host_budget_bytes, b2, sizeof b2),
 				       wi->pinned_host_budget_bytes &&
 						       wi->pinned_host_used_bytes > wi->pinned_host_budget_bytes
 					       ? " OVER"
 					       : "");
-			cli_table_addf(t, 7, "%s%s", wi->endpoint, live ? "" : " (unreachable)");
+			cli_table_addf(t, 9, "%s%s", wi->endpoint, live ? "" : " (unreachable)");
 			if (cli->wide) {
-				cli_table_addf(t, 8, "%d", wi->device_index);
-				cli_table_addf(t, 9, "%s", wi->device_uuid);
-				int64_t ago = now_ms - w->last_seen_unix_ms;
-				cli_table_addf(t, 10, "%s ago",
-					       cli_fmt_duration(w->last_seen_unix_ms && ago > 0
+				cli_table_addf(t, 10, "%d", wi->device_index);
+				cli_table_addf(t, 11, "%s", wi->device_uuid);
+				int64_t ago = now_ms - wi->last_seen_unix_ms;
+				cli_table_addf(t, 12, "%s ago",
+					       cli_fmt_duration(wi->last_seen_unix_ms && ago > 0
 								    ? (uint64_t)ago
 								    : 0,
 								b, sizeof b));

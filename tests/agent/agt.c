@@ -145,9 +145,18 @@ void agt_fini(void)
 		pid_t p = extra_pids[i];
 		if (kill(p, SIGTERM) != 0)
 			continue;
-		for (int k = 0; k < 500 && kill(p, 0) == 0; k++)
-			agt_sleep_ms(10);
-		kill(p, SIGKILL);
+		/* A child of ours (a spawned worker) stays a zombie, which kill(p, 0) still finds,
+		 * until it is reaped: reap it, or this waits out the whole 5 s. */
+		bool gone = false;
+		for (int k = 0; k < 500 && !gone; k++) {
+			gone = waitpid(p, NULL, WNOHANG) == p || kill(p, 0) != 0;
+			if (!gone)
+				agt_sleep_ms(10);
+		}
+		if (!gone) {
+			kill(p, SIGKILL);
+			waitpid(p, NULL, WNOHANG);
+		}
 	}
 	n_extra = 0;
 }
@@ -642,4 +651,49 @@ int64_t agt_now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const char *agent_url,
+		      const char *device, const char *const *extra)
+{
+	snprintf(w->url, sizeof w->url, "ipc://%s/%s.sock", a->run, id);
+	static int seq;
+	snprintf(w->log, sizeof w->log, "%s/worker-%s-%d.log", a->dir, id, ++seq);
+	char *argv[48];
+	int n = 0;
+	argv[n++] = wft_exe("tests/agent/agent_helper");
+	argv[n++] = "--pdeathsig";
+	argv[n++] = "exec";
+	argv[n++] = wft_exe("worker/wf-worker");
+	argv[n++] = "--device";
+	argv[n++] = (char *)(device ? device : "host:mem=256Mi");
+	argv[n++] = "--id";
+	argv[n++] = (char *)id;
+	argv[n++] = "--endpoint";
+	argv[n++] = w->url;
+	argv[n++] = "--agent";
+	argv[n++] = (char *)(agent_url ? agent_url : a->sock_url);
+	argv[n++] = "--floor-dir";
+	argv[n++] = a->floor;
+	for (size_t i = 0; extra && extra[i]; i++) {
+		cr_assert(n < 46);
+		argv[n++] = (char *)extra[i];
+	}
+	argv[n] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->log, O_WRONLY | O_CREAT | O_APPEND,
+					 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	cr_assert_eq(rc, 0, "spawn wf-worker: %s", strerror(rc));
+	agt_track_pid(w->pid);
+}
+
+char *agt_worker_log(const struct agt_worker *w)
+{
+	char *s = wft_read_file(w->log, NULL);
+	return s ? s : strdup("");
 }

@@ -66,6 +66,21 @@ int agt_stop(struct agt *a, int timeout_ms);
 /* The current agent's log (malloc'ed, "" if none). */
 char *agt_log(struct agt *a);
 
+/* A wf-worker started by agt_spawn_worker(). */
+struct agt_worker {
+	pid_t pid;
+	char url[512]; /* its --endpoint, ipc://<run>/<id>.sock */
+	char log[512]; /* its stdout and stderr, <dir>/worker-<id>-<n>.log */
+};
+
+/* Starts wf-worker (through agent_helper, so it dies with the test) as worker `id` of agent a
+ * (agent_url NULL: a->sock_url) on device (NULL: "host:mem=256Mi"), with extra args
+ * (NULL-terminated). Does not wait for it; tracked for cleanup. */
+void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const char *agent_url,
+		      const char *device, const char *const *extra);
+/* The worker's log (malloc'ed, "" if none). */
+char *agt_worker_log(const struct agt_worker *w);
+
 /* One request to the running agent; asserts that a reply came. */
 Weightfloor__V1__Reply *agt_call(struct agt *a, Weightfloor__V1__Request *req, int timeout_ms);
 Weightfloor__V1__Reply *agt_register(struct agt *a, const char *name, const char *path, bool pin);

@@ -13,15 +13,12 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-extern char **environ;
 
 TestSuite(worker_daemon, .fini = agt_fini, .timeout = 120);
 
@@ -32,61 +29,19 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-struct wkr {
-	pid_t pid;
-	char url[512];
-	char log[512];
-};
-
-/* Starts wf-worker (through agent_helper, so it dies with the test) as worker `id` of agent a
- * (agent_url NULL: a->sock_url), with extra args (NULL-terminated). */
-static void wkr_spawn(struct wkr *w, struct agt *a, const char *id, const char *agent_url,
+static void wkr_spawn(struct agt_worker *w, struct agt *a, const char *id, const char *agent_url,
                       const char *const *extra)
 {
-	snprintf(w->url, sizeof w->url, "ipc://%s/%s.sock", a->run, id);
-	static int seq;
-	snprintf(w->log, sizeof w->log, "%s/worker-%s-%d.log", a->dir, id, ++seq);
-	char *argv[48];
-	int n = 0;
-	argv[n++] = wft_exe("tests/agent/agent_helper");
-	argv[n++] = "--pdeathsig";
-	argv[n++] = "exec";
-	argv[n++] = wft_exe("worker/wf-worker");
-	argv[n++] = "--device";
-	argv[n++] = "host:mem=256Mi";
-	argv[n++] = "--id";
-	argv[n++] = (char *)id;
-	argv[n++] = "--endpoint";
-	argv[n++] = w->url;
-	argv[n++] = "--agent";
-	argv[n++] = (char *)(agent_url ? agent_url : a->sock_url);
-	argv[n++] = "--floor-dir";
-	argv[n++] = a->floor;
-	for (size_t i = 0; extra && extra[i]; i++) {
-		cr_assert(n < 46);
-		argv[n++] = (char *)extra[i];
-	}
-	argv[n] = NULL;
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->log, O_WRONLY | O_CREAT | O_APPEND,
-	                                 0644);
-	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	cr_assert_eq(rc, 0, "spawn wf-worker: %s", strerror(rc));
-	agt_track_pid(w->pid);
+	agt_spawn_worker(a, w, id, agent_url, NULL, extra);
 }
 
-static char *wkr_log(const struct wkr *w)
+static char *wkr_log(const struct agt_worker *w)
 {
-	char *s = wft_read_file(w->log, NULL);
-	return s ? s : strdup("");
+	return agt_worker_log(w);
 }
 
 /* Waits for the worker to exit; its status (0..255, 128+signal), or -1 at the time-out. */
-static int wkr_wait_exit(struct wkr *w, int timeout_ms)
+static int wkr_wait_exit(struct agt_worker *w, int timeout_ms)
 {
 	int64_t end = now_ms() + timeout_ms;
 	while (now_ms() < end) {
@@ -126,7 +81,7 @@ static Weightfloor__V1__Reply *worker_status(const char *url, int timeout_ms, in
 }
 
 /* Waits until the worker answers WorkerStatus (asserting, with its log, within 20 s). */
-static void wkr_wait_ready(struct wkr *w)
+static void wkr_wait_ready(struct agt_worker *w)
 {
 	int64_t end = now_ms() + 20000;
 	while (now_ms() < end) {
@@ -222,7 +177,7 @@ Test(worker_daemon, no_agent_no_wait)
 	char *pa = agt_gen(a, "A", 1, NULL);
 	char decl[600];
 	snprintf(decl, sizeof decl, "A=%s", pa);
-	struct wkr w;
+	struct agt_worker w;
 	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, NULL});
 	wkr_wait_ready(&w);
 
@@ -258,7 +213,7 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	}
 	char decl[600];
 	snprintf(decl, sizeof decl, "B=%s", pb);
-	struct wkr w;
+	struct agt_worker w;
 	wkr_spawn(&w, a, "w0", NULL,
 	          (const char *const[]){"--model", decl, "--prefetch", "A", NULL});
 	wkr_wait_ready(&w);
@@ -330,7 +285,7 @@ static bool listed(struct agt *a, const char *id, pid_t pid)
 	return found;
 }
 
-static void wait_listed(struct agt *a, const char *id, const struct wkr *w)
+static void wait_listed(struct agt *a, const char *id, const struct agt_worker *w)
 {
 	int64_t end = now_ms() + 20000;
 	while (!listed(a, id, w->pid)) {
@@ -346,7 +301,7 @@ Test(worker_daemon, duplicate_id_exits)
 {
 	struct agt *a = agt_new("wd-dup");
 	agt_start(a, NULL, NULL);
-	struct wkr w1, w2, w3;
+	struct agt_worker w1, w2, w3;
 	wkr_spawn(&w1, a, "dup", NULL, (const char *const[]){NULL});
 	wait_listed(a, "dup", &w1);
 
@@ -418,7 +373,7 @@ Test(worker_daemon, a_reload_after_release_uses_the_floor_again)
 	char *marg = NULL;
 	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
-	struct wkr w;
+	struct agt_worker w;
 	wkr_spawn(&w, a, "w1", NULL, NULL);
 	wkr_wait_ready(&w);
 
