@@ -118,10 +118,12 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 		return rc;
 	const Weightfloor__V1__WorkerList *wl = rep->worker_list;
 	struct json_object *arr = cli->json ? json_object_new_array() : NULL;
-	static const char *const hdr[] = {"WORKER", "MODE",	 "PID",	     "DEVICE", "TOTAL",
-					  "BUDGET", "USED",	 "PINNED",   "PINNED HOST",
-					  "ENDPOINT", "INDEX", "UUID",	     "SEEN"};
-	struct cli_table *t = cli_table_new(cli->wide ? 13 : 10, hdr, "..r.rrrrr.r..");
+	/* Pinned host memory is a wide column: workers report it only when they pin host memory
+	 * of their own (a budget of 0 says nothing). */
+	static const char *const hdr[] = {"WORKER", "MODE",	   "PID",   "DEVICE",	   "TOTAL",
+					  "BUDGET", "USED",	   "PINNED", "ENDPOINT",    "PINNED HOST",
+					  "INDEX",  "UUID",	   "SEEN"};
+	struct cli_table *t = cli_table_new(cli->wide ? 13 : 9, hdr, "..r.rrrr.rr..");
 	/* A worker's own status is what it holds now; errors polling it are shown per row. */
 	struct cli quiet = *cli;
 	quiet.quiet = true;
@@ -161,16 +163,17 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 					       wi->device_pinned_overcommit ? " OVER" : "");
 			else
 				cli_table_addf(t, 7, "-");
-			/* pinned host memory; over-commit shows as used > budget */
-			cli_table_addf(t, 8, "%s / %s%s",
-				       cli_fmt_bytes(wi->pinned_host_used_bytes, b, sizeof b),
-				       cli_fmt_bytes(wi->pinned_host_budget_bytes, b2, sizeof b2),
-				       wi->pinned_host_budget_bytes &&
-						       wi->pinned_host_used_bytes > wi->pinned_host_budget_bytes
-					       ? " OVER"
-					       : "");
-			cli_table_addf(t, 9, "%s%s", wi->endpoint, live ? "" : " (unreachable)");
+			cli_table_addf(t, 8, "%s%s", wi->endpoint, live ? "" : " (unreachable)");
 			if (cli->wide) {
+				/* pinned host memory; over-commit shows as used > budget */
+				cli_table_addf(t, 9, "%s / %s%s",
+					       cli_fmt_bytes(wi->pinned_host_used_bytes, b, sizeof b),
+					       cli_fmt_bytes(wi->pinned_host_budget_bytes, b2, sizeof b2),
+					       wi->pinned_host_budget_bytes &&
+							       wi->pinned_host_used_bytes >
+								       wi->pinned_host_budget_bytes
+						       ? " OVER"
+						       : "");
 				cli_table_addf(t, 10, "%d", wi->device_index);
 				cli_table_addf(t, 11, "%s", wi->device_uuid);
 				int64_t ago = now_ms - wi->last_seen_unix_ms;
