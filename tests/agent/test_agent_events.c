@@ -302,3 +302,99 @@ Test(agent_events, report_from_unregistered_id_refused)
 	cr_expect(got, "the accepted report was not published");
 	wf_ctl_sub_close(sub);
 }
+
+/* One request straight to the worker's endpoint (no agent involved). */
+static void worker_direct(const char *url, Weightfloor__V1__Request__BodyCase what,
+			  const char *model)
+{
+	struct wf_ctl_client *c = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_ctl_client_open(url, 5000, NULL, &c, &d);
+	cr_assert_eq(rc, 0, "open %s: %s", url, wf_diag_str(&d, rc));
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	Weightfloor__V1__Evict ev = WEIGHTFLOOR__V1__EVICT__INIT;
+	Weightfloor__V1__Prefetch pf = WEIGHTFLOOR__V1__PREFETCH__INIT;
+	req.body_case = what;
+	if (what == WEIGHTFLOOR__V1__REQUEST__BODY_EVICT) {
+		ev.model = (char *)model;
+		req.evict = &ev;
+	} else {
+		pf.model = (char *)model;
+		req.prefetch = &pf;
+	}
+	Weightfloor__V1__Reply *r = NULL;
+	rc = wf_ctl_client_call_timeout(c, &req, 10000, &r, &d);
+	cr_assert_eq(rc, 0, "call %s: %s", url, wf_diag_str(&d, rc));
+	agt_expect_code(r, AGT_ST(OK), "direct worker request");
+	wf_ctl_reply_free(r);
+	wf_ctl_client_close(c);
+}
+
+/* The agent goes away: a change the worker makes meanwhile is dropped, not replayed, and the
+ * first change reported after the agent is back (and the worker re-registered) says how many
+ * were lost; the worker kept serving throughout. */
+Test(agent_events, changes_while_agent_down_are_counted_not_replayed)
+{
+	struct agt *a = agt_new("ev-down");
+	char *pa = agt_gen(a, "A", 1, NULL), *pp = agt_gen(a, "ping", 2, NULL);
+	agt_start(a, NULL, NULL);
+	Weightfloor__V1__Reply *r = agt_register(a, "A", pa, false);
+	agt_expect_code(r, AGT_ST(OK), "register A");
+	wf_ctl_reply_free(r);
+	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
+	char log[1024], url[512];
+	worker_spawn(a, "w-ev.2", log, sizeof log);
+	snprintf(url, sizeof url, "ipc://%s/w-ev.2.sock", a->run);
+	wf_ctl_event_free(wait_event(sub, KIND(WORKER), "w-ev.2", NULL, 0, log));
+	r = worker_cmd(a, WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH, "A", "w-ev.2");
+	agt_expect_code(r, AGT_ST(OK), "prefetch A on w-ev.2");
+	wf_ctl_reply_free(r);
+	wf_ctl_event_free(wait_event(sub, KIND(RESIDENCY), "w-ev.2", "A", RES(DEVICE), log));
+	wf_ctl_sub_close(sub);
+
+	cr_assert_eq(agt_stop(a, 10000), 0);
+	/* Wait until the worker knows the agent is gone, so the eviction below is dropped at
+	 * once rather than tried against a dead socket. */
+	int64_t end = agt_now_ms() + 20000;
+	char *l = NULL;
+	for (;;) {
+		free(l);
+		l = slurp(log);
+		if (strstr(l, "agent unreachable") || agt_now_ms() > end)
+			break;
+		agt_sleep_ms(50);
+	}
+	cr_assert(strstr(l, "agent unreachable"), "worker log:\n%s", l);
+	free(l);
+	worker_direct(url, WEIGHTFLOOR__V1__REQUEST__BODY_EVICT, "A");
+
+	agt_start(a, NULL, NULL);
+	sub = agt_sub_synced(a, "ping-again", pp);
+	/* Re-registered (its WORKER event may have gone out before the subscription was up: the
+	 * worker's log says it). */
+	end = agt_now_ms() + 20000;
+	for (l = NULL;;) {
+		free(l);
+		l = slurp(log);
+		if (agt_count(l, "registered with the agent") >= 2 || agt_now_ms() > end)
+			break;
+		agt_sleep_ms(50);
+	}
+	cr_assert_geq(agt_count(l, "registered with the agent"), 2, "worker log:\n%s", l);
+	free(l);
+	worker_direct(url, WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH, "A");
+	/* Not replayed: the first change the agent publishes is the new one, not the eviction. */
+	Weightfloor__V1__Event *ev = wait_event(sub, KIND(RESIDENCY), "w-ev.2", "A", 0, log);
+	cr_expect_eq(ev->residency, RES(DEVICE));
+	cr_expect(ev->message && strstr(ev->message, "1 earlier residency changes were not reported"),
+		  "message: '%s'", ev->message ? ev->message : "");
+	wf_ctl_event_free(ev);
+	/* Told once: the next change carries no count. */
+	worker_direct(url, WEIGHTFLOOR__V1__REQUEST__BODY_EVICT, "A");
+	ev = wait_event(sub, KIND(RESIDENCY), "w-ev.2", "A", 0, log);
+	cr_expect(ev->residency == RES(DISK) || ev->residency == RES(HOST), "state %d",
+		  (int)ev->residency);
+	cr_expect(!strstr(ev->message, "not reported"), "message: '%s'", ev->message);
+	wf_ctl_event_free(ev);
+	wf_ctl_sub_close(sub);
+}
