@@ -327,6 +327,23 @@ static void on_worker_event(void *ctx, const char *worker_id, const char *messag
 		wf_ctl_pub_publish(a->pub, &e, NULL);
 }
 
+/* A worker's cache change (ReportResidency), published for `agentctl watch` and control planes. */
+static void on_worker_residency(void *ctx, const char *worker_id,
+				const Weightfloor__V1__ResidencyChange *c)
+{
+	struct agent *a = ctx;
+	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
+	e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY;
+	e.worker_id = (char *)worker_id;
+	e.model = c->model;
+	e.residency = c->state;
+	e.message = c->message;
+	if (c->time_unix_ms > 0)
+		e.time_unix_ms = c->time_unix_ms;
+	if (a->pub)
+		wf_ctl_pub_publish(a->pub, &e, NULL);
+}
+
 #define STOP_GRACE_S 10
 
 static void *stop_deadline(void *arg)
@@ -509,6 +526,7 @@ int main(int argc, char **argv)
 		wf_log_error("worker registry: %s", wf_strerror(rc));
 		goto out;
 	}
+	wf_workers_set_residency_fn(a.workers, on_worker_residency, &a);
 	a.svc.worker_count = wf_workers_count;
 	a.svc.worker_ctx = a.workers;
 	a.svc.worker_handle = wf_workers_handle;

@@ -32,6 +32,8 @@ struct wf_workers {
 	uint64_t next_id;
 	wf_workers_event_fn on_change;
 	void *ctx;
+	wf_workers_residency_fn on_residency;
+	void *residency_ctx;
 	char *self[2];       /* the agent's request and events urls */
 	unsigned relays;     /* in flight, all workers */
 	unsigned relay_max;  /* half the server's request threads */
@@ -539,6 +541,59 @@ out:
 	return rc;
 }
 
+void wf_workers_set_residency_fn(struct wf_workers *w, wf_workers_residency_fn fn, void *ctx)
+{
+	w->on_residency = fn;
+	w->residency_ctx = ctx;
+}
+
+/* A worker's report of what its cache did. Only a registered worker may speak for its id: an
+ * unknown id is a worker the agent has not heard from (it registers again within a heartbeat)
+ * or something that is not a worker, and publishing under it would let anyone forge events. */
+static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidency *r,
+		     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	if (!r->worker_id || !*r->worker_id) {
+		reply->message = "ReportResidency needs the worker's worker_id";
+		return WF_EINVAL;
+	}
+	if (r->n_changes > WF_WORKERS_REPORT_MAX) {
+		reply->message = wf_ctl_call_printf(call, "%zu changes in one report: at most %d",
+						    r->n_changes, WF_WORKERS_REPORT_MAX);
+		return WF_EINVAL;
+	}
+	for (size_t i = 0; i < r->n_changes; i++) {
+		const Weightfloor__V1__ResidencyChange *c = r->changes[i];
+		if (!c->model || !*c->model || strlen(c->model) > 1024 ||
+		    (c->message && strlen(c->message) > 4096)) {
+			reply->message = wf_ctl_call_printf(
+			    call, "change %zu: model must be 1-1024 bytes, message at most 4096", i);
+			return WF_EINVAL;
+		}
+		if (c->state <= WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED ||
+		    c->state > WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE) {
+			reply->message = wf_ctl_call_printf(call, "change %zu: unknown residency %d",
+							    i, (int)c->state);
+			return WF_EINVAL;
+		}
+	}
+	char id[64];
+	pthread_mutex_lock(&w->mu);
+	struct worker *k = strlen(r->worker_id) < sizeof id ? find_locked(w, r->worker_id) : NULL;
+	if (k)
+		memcpy(id, k->id, sizeof id);
+	pthread_mutex_unlock(&w->mu);
+	if (!k) {
+		reply->message = wf_ctl_call_printf(
+		    call, "no worker '%.64s' is registered: register (RegisterWorker) first",
+		    r->worker_id);
+		return WF_ENOT_FOUND;
+	}
+	for (size_t i = 0; i < r->n_changes && w->on_residency; i++)
+		w->on_residency(w->residency_ctx, id, r->changes[i]);
+	return 0;
+}
+
 int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
 		      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -548,6 +603,8 @@ int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
 		return do_register(w, req->register_worker, reply, call);
 	case WEIGHTFLOOR__V1__REQUEST__BODY_LIST_WORKERS:
 		return do_list(w, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_REPORT_RESIDENCY:
+		return do_report(w, req->report_residency, reply, call);
 	default:
 		if (target_id(req))
 			return relay(w, req, reply, call);

@@ -36,6 +36,14 @@ struct wf_workers;
 /* on_change(ctx, worker_id, message) is called without locks held for registrations and drops. */
 typedef void (*wf_workers_event_fn)(void *ctx, const char *worker_id, const char *message);
 
+/* At most this many changes in one ReportResidency (more: INVALID_ARGUMENT). */
+#define WF_WORKERS_REPORT_MAX 256
+
+/* on_residency(ctx, worker_id, change) is called without locks held, once per change of a
+ * ReportResidency from a registered worker, in the order the worker sent them. */
+typedef void (*wf_workers_residency_fn)(void *ctx, const char *worker_id,
+					const Weightfloor__V1__ResidencyChange *change);
+
 int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_workers **ret);
 void wf_workers_destroy(struct wf_workers *w);
 uint32_t wf_workers_count(void *w);
@@ -46,7 +54,12 @@ uint32_t wf_workers_count(void *w);
 int wf_workers_set_self(struct wf_workers *w, const char *request_url, const char *events_url,
 			unsigned server_threads);
 
-/* wf_ctl_handle_fn for the worker slice and RegisterWorker/ListWorkers; ctx is the registry. */
+/* Where ReportResidency changes go (NULL: accepted and dropped). Call before the server
+ * starts. */
+void wf_workers_set_residency_fn(struct wf_workers *w, wf_workers_residency_fn fn, void *ctx);
+
+/* wf_ctl_handle_fn for the worker slice and RegisterWorker/ListWorkers/ReportResidency; ctx is
+ * the registry. */
 int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
 		      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 

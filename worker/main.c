@@ -217,6 +217,8 @@ struct heartbeat {
 	struct wf_worker_svc *svc;
 	atomic_bool stop;
 	atomic_bool refused; /* the agent refused us for good: main exits non-zero */
+	atomic_bool registered; /* the last registration was accepted */
+	bool poke;              /* under mu: register now, do not wait for the beat */
 	pthread_t thread;
 	bool running;
 	pthread_mutex_t mu;
@@ -273,6 +275,7 @@ static void *heartbeat_main(void *arg)
 		struct wf_diag d = {{0}};
 		int rc = register_once(hb->svc, &d);
 		bool up = rc == 0;
+		atomic_store(&hb->registered, up);
 		if (refusal_is_final(rc)) {
 			wf_log_error("the agent refused worker '%s': %s; stopping",
 				     hb->svc->worker_id, wf_diag_str(&d, rc));
@@ -296,30 +299,218 @@ static void *heartbeat_main(void *arg)
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_sec += HEARTBEAT_MS / 1000;
-		while (!atomic_load(&hb->stop) &&
+		while (!atomic_load(&hb->stop) && !hb->poke &&
 		       pthread_cond_timedwait(&hb->cv, &hb->mu, &ts) != ETIMEDOUT)
 			;
+		hb->poke = false;
 		pthread_mutex_unlock(&hb->mu);
 	}
 	return NULL;
 }
 
+/* Asks for a registration now (the agent said it does not know us: it restarted). */
+static void heartbeat_poke(struct heartbeat *hb)
+{
+	pthread_mutex_lock(&hb->mu);
+	hb->poke = true;
+	pthread_cond_broadcast(&hb->cv);
+	pthread_mutex_unlock(&hb->mu);
+}
+
+/* ---- residency reports to the agent --------------------------------------------------------
+ *
+ * The cache calls on_cache_event on its manager thread, which must never wait on the agent: it
+ * only appends to a bounded queue (the oldest entry goes when it is full) and wakes the sender
+ * thread, which sends what is queued in one ReportResidency with a short timeout. Nothing is
+ * retried: changes the agent cannot take (down, restarted and not yet re-registered) are dropped
+ * and counted, and the next change sent carries the count in its message, so a watcher knows
+ * it missed some and can query WorkerStatus. */
+
+#define REPORT_QUEUE 256
+#define REPORT_TIMEOUT_MS 1000
+
+struct report_entry {
+	char model[256];
+	char message[192];
+	enum wf_residency state;
+	uint64_t device_bytes;
+	int64_t time_ms;
+};
+
+struct reporter {
+	struct wf_worker_svc *svc;
+	struct heartbeat *hb;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct report_entry q[REPORT_QUEUE]; /* ring: head, n */
+	size_t head, n;
+	uint64_t lost; /* dropped (queue full, or the agent did not take them), not yet told */
+	char evicted_model[256], evicted_why[64]; /* an EVICTED event waiting for its RESIDENCY */
+	bool stop;
+	pthread_t thread;
+	bool running;
+};
+
+static int64_t now_unix_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+static Weightfloor__V1__Residency residency_proto(enum wf_residency s)
+{
+	switch (s) {
+	case WF_RESIDENCY_DISK: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	case WF_RESIDENCY_HOST: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
+	case WF_RESIDENCY_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
+	case WF_RESIDENCY_PINNED_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
+	default: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
+	}
+}
+
+/* Queues one change; never waits on anything but the queue's own short-held lock. */
+static void reporter_push(struct reporter *r, const char *model, enum wf_residency state,
+			  uint64_t device_bytes, const char *message)
+{
+	pthread_mutex_lock(&r->mu);
+	if (r->n == REPORT_QUEUE) {
+		r->head = (r->head + 1) % REPORT_QUEUE;
+		r->n--;
+		r->lost++;
+	}
+	struct report_entry *e = &r->q[(r->head + r->n++) % REPORT_QUEUE];
+	snprintf(e->model, sizeof e->model, "%s", model);
+	snprintf(e->message, sizeof e->message, "%s", message ? message : "");
+	e->state = state;
+	e->device_bytes = device_bytes;
+	e->time_ms = now_unix_ms();
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+}
+
+/* Sends one batch. Returns 0 or the error (the batch is gone either way). */
+static int reporter_send(struct reporter *r, struct report_entry *batch, size_t n, uint64_t lost)
+{
+	Weightfloor__V1__ResidencyChange ch[REPORT_QUEUE];
+	Weightfloor__V1__ResidencyChange *chp[REPORT_QUEUE];
+	char note[256];
+	for (size_t i = 0; i < n; i++) {
+		Weightfloor__V1__ResidencyChange c = WEIGHTFLOOR__V1__RESIDENCY_CHANGE__INIT;
+		c.model = batch[i].model;
+		c.state = residency_proto(batch[i].state);
+		c.device_bytes = batch[i].device_bytes;
+		c.message = batch[i].message;
+		c.time_unix_ms = batch[i].time_ms;
+		ch[i] = c;
+		chp[i] = &ch[i];
+	}
+	if (lost && n) {
+		snprintf(note, sizeof note, "%s%s%llu earlier residency changes were not reported",
+			 ch[0].message, *ch[0].message ? "; " : "", (unsigned long long)lost);
+		ch[0].message = note;
+	}
+	Weightfloor__V1__ReportResidency rr = WEIGHTFLOOR__V1__REPORT_RESIDENCY__INIT;
+	rr.worker_id = (char *)r->svc->worker_id;
+	rr.n_changes = n;
+	rr.changes = chp;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.client = (char *)r->svc->worker_id;
+	req.deadline_ms = REPORT_TIMEOUT_MS;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REPORT_RESIDENCY;
+	req.report_residency = &rr;
+	Weightfloor__V1__Reply *rep = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_ctl_client_call_timeout(r->svc->agent, &req, REPORT_TIMEOUT_MS, &rep, &d);
+	if (rc == 0) {
+		rc = wf_proto_status_to_err(rep->code);
+		wf_ctl_reply_free(rep);
+	}
+	return rc;
+}
+
+static void *reporter_main(void *arg)
+{
+	struct reporter *r = arg;
+	static struct report_entry batch[REPORT_QUEUE]; /* only this thread uses it */
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		while (!r->stop && r->n == 0)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (r->stop)
+			break;
+		size_t n = r->n;
+		for (size_t i = 0; i < n; i++)
+			batch[i] = r->q[(r->head + i) % REPORT_QUEUE];
+		r->head = (r->head + n) % REPORT_QUEUE;
+		r->n = 0;
+		uint64_t lost = r->lost;
+		pthread_mutex_unlock(&r->mu);
+		/* Unregistered (agent down or not yet answered): the agent would refuse the report,
+		 * and waiting for it would send stale news later. */
+		int rc = atomic_load(&r->hb->registered) ? reporter_send(r, batch, n, lost)
+							  : WF_EUNAVAILABLE;
+		if (rc == WF_ENOT_FOUND) {
+			/* The agent restarted and does not know us yet. */
+			atomic_store(&r->hb->registered, false);
+			heartbeat_poke(r->hb);
+		}
+		pthread_mutex_lock(&r->mu);
+		/* Told: what was counted when the batch left; drops since then wait for the next. */
+		if (rc == 0)
+			r->lost -= lost;
+		else
+			r->lost += n;
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
 static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 {
-	(void)ctx;
+	struct reporter *r = ctx;
+	char msg[192];
 	switch (ev->type) {
 	case WF_CACHE_EVENT_RESIDENCY:
 		wf_log_info("model %s: %s%s", ev->name, wf_residency_name(ev->state),
 			    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
 					      "everything else)"
 					    : "");
+		if (!r)
+			break;
+		msg[0] = 0;
+		pthread_mutex_lock(&r->mu);
+		if (r->evicted_model[0] && strcmp(r->evicted_model, ev->name) == 0)
+			snprintf(msg, sizeof msg, "evicted (%s)", r->evicted_why);
+		r->evicted_model[0] = 0;
+		pthread_mutex_unlock(&r->mu);
+		if (!msg[0] && ev->over_budget)
+			snprintf(msg, sizeof msg, "larger than the on-demand budget");
+		reporter_push(r, ev->name, ev->state,
+			      ev->state == WF_RESIDENCY_DEVICE || ev->state == WF_RESIDENCY_PINNED_DEVICE
+				  ? ev->total
+				  : 0,
+			      msg);
 		break;
 	case WF_CACHE_EVENT_LOAD_FAILED:
 		wf_log_error("model %s: load failed: %s", ev->name,
 			     ev->msg ? ev->msg : wf_strerror(ev->error));
+		if (!r)
+			break;
+		snprintf(msg, sizeof msg, "load failed: %s",
+			 ev->msg ? ev->msg : wf_strerror(ev->error));
+		reporter_push(r, ev->name, ev->state, 0, msg);
 		break;
 	case WF_CACHE_EVENT_EVICTED:
 		wf_log_info("model %s: evicted (%s)", ev->name, ev->msg ? ev->msg : "command");
+		if (!r)
+			break;
+		/* The cache follows with the RESIDENCY event of the new state: the reason rides on
+		 * it, one change per eviction. */
+		pthread_mutex_lock(&r->mu);
+		snprintf(r->evicted_model, sizeof r->evicted_model, "%s", ev->name);
+		snprintf(r->evicted_why, sizeof r->evicted_why, "%s", ev->msg ? ev->msg : "command");
+		pthread_mutex_unlock(&r->mu);
 		break;
 	default:
 		break;
@@ -365,10 +556,15 @@ int main(int argc, char **argv)
 	struct wf_ctl_server *srv = NULL;
 	struct wf_worker_svc svc;
 	struct heartbeat hb = {0};
+	static struct reporter rep; /* large: not on the stack */
 	char id[64], endpoint[512];
 	wf_worker_svc_init(&svc);
 	pthread_mutex_init(&hb.mu, NULL);
 	pthread_cond_init(&hb.cv, NULL);
+	pthread_mutex_init(&rep.mu, NULL);
+	pthread_cond_init(&rep.cv, NULL);
+	rep.svc = &svc;
+	rep.hb = &hb;
 
 	if ((rc = wf_device_open(o.device, &dev, &d)) < 0) {
 		wf_log_error("device %s: %s", o.device, wf_diag_str(&d, rc));
@@ -403,6 +599,7 @@ int main(int argc, char **argv)
 								  : WF_STAGE_MODE_AUTO,
 		.alloc_max = o.alloc_max,
 		.event = on_cache_event,
+		.event_ctx = &rep,
 	};
 	if ((rc = wf_cache_create(dev, &co, &cache, &d)) < 0) {
 		wf_log_error("device cache: %s", wf_diag_str(&d, rc));
@@ -457,6 +654,8 @@ int main(int argc, char **argv)
 		hb.svc = &svc;
 		if (pthread_create(&hb.thread, NULL, heartbeat_main, &hb) == 0)
 			hb.running = true;
+		if (pthread_create(&rep.thread, NULL, reporter_main, &rep) == 0)
+			rep.running = true;
 	}
 	for (size_t i = 0; i < o.n_pins + o.n_prefetch; i++) {
 		bool pin = i < o.n_pins;
@@ -488,6 +687,13 @@ out:
 		pthread_mutex_unlock(&hb.mu);
 		pthread_join(hb.thread, NULL);
 	}
+	if (rep.running) {
+		pthread_mutex_lock(&rep.mu);
+		rep.stop = true;
+		pthread_cond_broadcast(&rep.cv);
+		pthread_mutex_unlock(&rep.mu);
+		pthread_join(rep.thread, NULL);
+	}
 	if (srv) {
 		wf_ctl_server_close(srv);
 		wf_ctl_server_stop(srv);
@@ -501,5 +707,7 @@ out:
 	wf_device_close(dev);
 	pthread_cond_destroy(&hb.cv);
 	pthread_mutex_destroy(&hb.mu);
+	pthread_cond_destroy(&rep.cv);
+	pthread_mutex_destroy(&rep.mu);
 	return exit_code;
 }

@@ -519,12 +519,24 @@ static const char *event_kind(Weightfloor__V1__EventKind k)
 	}
 }
 
+static const char *residency_state_name(Weightfloor__V1__Residency r)
+{
+	switch (r) {
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return "DISK";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return "HOST";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return "DEVICE";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return "PINNED_DEVICE";
+	default: return "UNKNOWN";
+	}
+}
+
 int cmd_watch(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
 		"usage: agentctl watch [--count N] [--for SECONDS] [--json]\n"
 		"  Prints the agent's events as they come: floor states, progress, errors, workers\n"
-		"  registering or gone (with the worker's id), and \"agent restarted\" when the\n"
+		"  registering or gone (with the worker's id), residency changes on the workers'\n"
+		"  devices (\"worker ID model NAME STATE\"), and \"agent restarted\" when the\n"
 		"  agent's event epoch changes. Stops after N events or S seconds, else on ^C.\n"
 		"  --json: JSON Lines, one Event object per line.\n";
 	static const struct option opts[] = {
@@ -598,10 +610,11 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 			else if (last_seq && ev->sequence > last_seq + 1)
 				printf("(%" PRIu64 " events missed)\n", ev->sequence - last_seq - 1);
 			/* Worker events name the worker (their model is empty or secondary). */
-			char subject[192];
+			char subject[512];
 			if (ev->worker_id && *ev->worker_id)
 				snprintf(subject, sizeof subject, "worker %s%s%s", ev->worker_id,
-					 ev->model && *ev->model ? " " : "", ev->model ? ev->model : "");
+					 ev->model && *ev->model ? " model " : "",
+					 ev->model ? ev->model : "");
 			else
 				snprintf(subject, sizeof subject, "%s", ev->model ? ev->model : "");
 			printf("%02d:%02d:%02d %-9s %-20s", tm.tm_hour, tm.tm_min, tm.tm_sec,
@@ -611,6 +624,8 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 				       cli_fmt_bytes(ev->bytes_total, b2, sizeof b2));
 			else if (ev->kind == WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE)
 				printf(" %s", state_name(ev->floor_state));
+			else if (ev->kind == WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY)
+				printf(" %s", residency_state_name(ev->residency));
 			if (ev->message && *ev->message)
 				printf(" %s", ev->message);
 			printf("\n");

@@ -64,7 +64,7 @@ Test(messages, every_request_body_round_trips, .timeout = 10)
 	size_t n;
 	every_body(&weightfloor__v1__request__descriptor,
 	           offsetof(Weightfloor__V1__Request, body_case), &n);
-	cr_expect_eq(n, 17, "floor slice (8) + worker slice (9) request kinds");
+	cr_expect_eq(n, 18, "floor slice (8) + worker slice (10) request kinds");
 }
 
 Test(messages, every_reply_body_round_trips, .timeout = 10)
