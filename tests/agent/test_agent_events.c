@@ -24,45 +24,10 @@ TestSuite(agent_events, .fini = agt_fini, .timeout = 120);
 #define KIND(x) WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
 #define REPORT_MAX 256 /* changes per ReportResidency, docs/PROTOCOL.md */
 
-/* A wf-worker on the host device, registered with the test's agent (agent_helper gives it
- * PR_SET_PDEATHSIG; agt_fini kills it). Returns its pid; log is its log file. */
-static pid_t worker_spawn(struct agt *a, const char *id, char *log, size_t log_len)
-{
-	char url[512];
-	snprintf(url, sizeof url, "ipc://%s/%s.sock", a->run, id);
-	snprintf(log, log_len, "%s/worker-%s.log", a->dir, id);
-	char *argv[] = {wft_exe("tests/agent/agent_helper"), "--pdeathsig", "exec",
-			wft_exe("worker/wf-worker"), "--device", "host:mem=256Mi", "--id", (char *)id,
-			"--endpoint", url, "--agent", a->sock_url, "--floor-dir", a->floor, NULL};
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND,
-					 0644);
-	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-	pid_t pid;
-	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	cr_assert_eq(rc, 0, "spawn wf-worker: %s", strerror(rc));
-	agt_track_pid(pid);
-	return pid;
-}
-
 static char *slurp(const char *path)
 {
-	char *s = NULL;
-	size_t n = 0;
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return strdup("");
-	FILE *m = open_memstream(&s, &n);
-	char buf[4096];
-	size_t k;
-	while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-		fwrite(buf, 1, k, m);
-	fclose(f);
-	fclose(m);
-	return s;
+	char *t = wft_read_file(path, NULL);
+	return t ? t : strdup("");
 }
 
 /* Reads events until one of kind from worker_id (and model, state when given) arrives; asserts
@@ -167,8 +132,9 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 		agt_sleep_ms(20);
 	cr_assert_geq(agt_event_peers(a), 3, "agentctl watch did not connect");
 
-	char log[1024];
-	worker_spawn(a, "w-ev.0", log, sizeof log);
+	struct agt_worker wk;
+	agt_spawn_worker(a, &wk, "w-ev.0", NULL, NULL, NULL);
+	const char *log = wk.log;
 	wf_ctl_event_free(wait_event(sub, KIND(WORKER), "w-ev.0", NULL, 0, log));
 
 	/* Relayed through the agent; the worker resolves A with the agent (EnsureFloor) first, so
@@ -273,8 +239,9 @@ Test(agent_events, report_from_unregistered_id_refused)
 	agt_expect_code(r, AGT_ST(INVALID_ARGUMENT), "report without an id");
 	wf_ctl_reply_free(r);
 
-	char log[1024];
-	worker_spawn(a, "w-ev.1", log, sizeof log);
+	struct agt_worker wk;
+	agt_spawn_worker(a, &wk, "w-ev.1", NULL, NULL, NULL);
+	const char *log = wk.log;
 	wf_ctl_event_free(wait_event(sub, KIND(WORKER), "w-ev.1", NULL, 0, log));
 	r = report(a, "w-ev.1", REPORT_MAX + 1);
 	agt_expect_code(r, AGT_ST(INVALID_ARGUMENT), "report with too many changes");
@@ -342,8 +309,10 @@ Test(agent_events, changes_while_agent_down_are_counted_not_replayed)
 	agt_expect_code(r, AGT_ST(OK), "register A");
 	wf_ctl_reply_free(r);
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
-	char log[1024], url[512];
-	worker_spawn(a, "w-ev.2", log, sizeof log);
+	char url[512];
+	struct agt_worker wk;
+	agt_spawn_worker(a, &wk, "w-ev.2", NULL, NULL, NULL);
+	const char *log = wk.log;
 	snprintf(url, sizeof url, "ipc://%s/w-ev.2.sock", a->run);
 	wf_ctl_event_free(wait_event(sub, KIND(WORKER), "w-ev.2", NULL, 0, log));
 	r = worker_cmd(a, WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH, "A", "w-ev.2");
