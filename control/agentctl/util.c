@@ -113,52 +113,17 @@ int cli_exit_for_status(Weightfloor__V1__Status st)
 
 int cli_exit_for_err(int err)
 {
+	/* The protocol's one mapping of codes to statuses, except where a local error means
+	 * something else to a user at a shell: a shard or directory that is not there is "not
+	 * found", and a connection that dropped means the agent is not available. */
 	switch (err) {
-	case 0: return CLI_EXIT_OK;
-	case -ENOENT:
 	case -ENOTDIR:
-	case WF_ENOT_FOUND:
 	case WF_ESHARD:
 		return CLI_EXIT_NOT_FOUND;
-	case -EACCES:
-	case -EPERM:
-	case WF_EPERMISSION:
-		return CLI_EXIT_PERMISSION_DENIED;
-	case -ENOMEM:
-	case -ENOSPC:
-	case WF_ENO_SPACE:
-	case WF_ELIMIT:
-		return CLI_EXIT_RESOURCE_EXHAUSTED;
-	case -ECONNREFUSED:
-	case -ETIMEDOUT:
-	case -EAGAIN:
-	case WF_ETIMEOUT:
-	case WF_EUNAVAILABLE:
 	case WF_ETRANSPORT:
-	case WF_ECANCELED:
 		return CLI_EXIT_UNAVAILABLE;
-	case WF_ESTATE:
-	case WF_ENOT_READY:
-	case WF_ECHANGED:
-		return CLI_EXIT_FAILED_PRECONDITION;
-	case WF_ENOT_RESIDENT:
-		return CLI_EXIT_NOT_RESIDENT;
-	case -EINVAL:
-	case -EISDIR:
-	case WF_EFORMAT:
-	case WF_EMAGIC:
-	case WF_EVERSION:
-	case WF_ETRUNCATED:
-	case WF_EOVERFLOW:
-	case WF_EALIGN:
-	case WF_EOVERLAP:
-	case WF_EDUPLICATE:
-	case WF_EUNKNOWN_TYPE:
-	case WF_EINVAL:
-	case WF_EUNSUPPORTED:
-		return CLI_EXIT_INVALID_ARGUMENT;
 	default:
-		return CLI_EXIT_FAIL;
+		return cli_exit_for_status(wf_proto_status_from_err(err));
 	}
 }
 
