@@ -367,3 +367,39 @@ Test(agent_events, changes_while_agent_down_are_counted_not_replayed)
 	wf_ctl_event_free(ev);
 	wf_ctl_sub_close(sub);
 }
+
+/* `agentctl watch` outlives an agent restart (the subscriber reconnects) and says so when the
+ * events come from a new publisher. */
+Test(agent_events, watch_announces_an_agent_restart)
+{
+	struct agt *a = agt_new("ev-restart");
+	char *pa = agt_gen(a, "A", 3, NULL), *pb = agt_gen(a, "B", 4, NULL);
+	agt_start(a, NULL, NULL);
+	struct watcher wt = {.a = a, .json = false};
+	cr_assert_eq(pthread_create(&wt.th, NULL, watch_main, &wt), 0);
+	int64_t end = agt_now_ms() + 10000;
+	while (agt_event_peers(a) < 1 && agt_now_ms() < end)
+		agt_sleep_ms(20);
+	cr_assert_geq(agt_event_peers(a), 1, "agentctl watch did not connect");
+	/* an event from the first agent, so that watch knows its epoch */
+	Weightfloor__V1__Reply *r = agt_register(a, "A", pa, false);
+	agt_expect_code(r, AGT_ST(OK), "register A");
+	wf_ctl_reply_free(r);
+	cr_assert_eq(agt_stop(a, 10000), 0);
+	agt_start(a, NULL, NULL);
+	/* the watcher redials; register until one of the new agent's events reaches it */
+	end = agt_now_ms() + 8000;
+	char name[32];
+	while (agt_now_ms() < end && agt_event_peers(a) < 1)
+		agt_sleep_ms(50);
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof name, "B%d", i);
+		r = agt_register(a, name, pb, false);
+		wf_ctl_reply_free(r);
+		agt_sleep_ms(200);
+	}
+	pthread_join(wt.th, NULL);
+	cr_assert(strstr(wt.out, "agent restarted"), "watch did not announce the restart:\n%s\n%s",
+		  wt.out, wt.err);
+	cr_assert_eq(agt_stop(a, 10000), 0);
+}
