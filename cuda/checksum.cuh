@@ -1,5 +1,6 @@
-/* The device checksum kernel (the definition is in device/checksum.h). Included by C code in
- * cuda/ and by checksum.cu. */
+/* The device checksum kernel (the definition is in device/checksum.h), one of the CUDA kernels
+ * that cuda/ holds beside the device interface's CUDA backend (device_cuda.c). Included by C
+ * code in cuda/ and by checksum.cu. */
 #ifndef WF_CUDA_CHECKSUM_CUH
 #define WF_CUDA_CHECKSUM_CUH
 

@@ -1,4 +1,9 @@
-/* The CUDA device backend: struct wf_device_ops over the CUDA runtime.
+/* The CUDA backend of the device interface (device/device.h): struct wf_device_ops over the CUDA
+ * runtime. Its kernels (the checksum today, the engine's kernels next) live beside it in cuda/.
+ *
+ * Compute: host work in stream order is cudaLaunchHostFunc, the native stream handed to kernels
+ * is the cudaStream_t, and the CUDA kernel table is registered for WF_DEVICE_KIND_CUDA with
+ * wf_device_kernels_register() by cuda/ (as CPU kernels register for WF_DEVICE_KIND_HOST).
  *
  * Threads: the runtime keeps the current device per host thread, so every entry point selects
  * this handle's device first (cudaSetDevice is a cheap thread-local check once set). All
@@ -364,7 +369,14 @@ static int cuda_stream_create(void *impl, void **ret_stream, struct wf_diag *dia
 
 static void cuda_stream_destroy(void *impl, void *stream)
 {
-	if (use(impl, NULL) == 0 && cudaStreamDestroy(stream) != cudaSuccess)
+	if (use(impl, NULL) < 0)
+		return;
+	/* cudaStreamDestroy returns at once and lets queued work finish later; the interface
+	 * promises that host functions queued on the stream have run when destroy returns (their
+	 * arg may be freed right after), so wait first. A sticky error ends the wait too. */
+	if (cudaStreamSynchronize(stream) != cudaSuccess)
+		(void)cudaGetLastError();
+	if (cudaStreamDestroy(stream) != cudaSuccess)
 		(void)cudaGetLastError();
 }
 
@@ -406,6 +418,28 @@ static int cuda_memset_async(void *impl, void *stream, void *dst, int value, siz
 		return ret;
 	e = cudaMemsetAsync(dst, value, size, stream);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemsetAsync");
+}
+
+/* wf_device_host_fn has the shape of cudaHostFn_t (CUDART_CB is empty on Linux), so fn goes to
+ * the runtime as it is: no wrapper to allocate, none to leak if a sticky error means the runtime
+ * never calls it. */
+static int cuda_host_fn_async(void *impl, void *stream, wf_device_host_fn fn, void *arg,
+                              struct wf_diag *diag)
+{
+	cudaError_t e;
+	int ret = use(impl, diag);
+
+	if (ret < 0)
+		return ret;
+	e = cudaLaunchHostFunc(stream, (cudaHostFn_t)fn, arg);
+	return e == cudaSuccess ? 0 : fail(e, diag, "cudaLaunchHostFunc");
+}
+
+/* The cudaStream_t itself: kernels in cuda/ launch on it (<<<..., stream>>>). */
+static void *cuda_stream_native(void *impl, void *stream)
+{
+	(void)impl;
+	return stream;
 }
 
 static int cuda_event_create(void *impl, unsigned flags, void **ret_event, struct wf_diag *diag)
@@ -571,6 +605,8 @@ static const struct wf_device_ops cuda_ops = {
     .event_synchronize = cuda_event_synchronize,
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .stream_wait_event = cuda_stream_wait_event,
+    .host_fn_async = cuda_host_fn_async,
+    .stream_native = cuda_stream_native,
     .checksum = cuda_checksum,
 };
 

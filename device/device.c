@@ -346,6 +346,11 @@ int wf_device_stream_synchronize(struct wf_device_stream *s, struct wf_diag *dia
 	return s->dev->ops->stream_synchronize(s->dev->impl, s->impl, diag);
 }
 
+struct wf_device *wf_device_stream_device(const struct wf_device_stream *s)
+{
+	return s ? s->dev : NULL;
+}
+
 static const char *copy_name(enum wf_device_copy kind)
 {
 	switch (kind) {
@@ -429,6 +434,22 @@ int wf_device_memset_async(struct wf_device_stream *s, void *dst, int value, siz
 		                   "memset_async %p (%zu bytes): not inside one device allocation",
 		                   dst, size);
 	return s->dev->ops->memset_async(s->dev->impl, s->impl, dst, value, size, diag);
+}
+
+/* ---- Host work and kernels ------------------------------------------------------------------- */
+
+int wf_device_host_fn_async(struct wf_device_stream *s, wf_device_host_fn fn, void *arg,
+                            struct wf_diag *diag)
+{
+	if (!s || !fn)
+		return wf_diag_set(diag, WF_EINVAL, "host_fn_async: %s",
+		                   !s ? "no stream" : "no function");
+	return s->dev->ops->host_fn_async(s->dev->impl, s->impl, fn, arg, diag);
+}
+
+void *wf_device_stream_native(const struct wf_device_stream *s)
+{
+	return s ? s->dev->ops->stream_native(s->dev->impl, s->impl) : NULL;
 }
 
 /* ---- Events ---------------------------------------------------------------------------------- */

@@ -10,6 +10,12 @@
  *   cuda     the CUDA runtime (libwfcuda, built when the toolkit exists). libwfdevice does not
  *            depend on it: an executable registers it with wf_device_backend_register().
  *
+ * Compute: the interface moves bytes and orders work; it runs no kernels itself. An engine
+ * queues host work in stream order (wf_device_host_fn_async), launches its kernels on the
+ * backend's native stream (wf_device_stream_native) and finds them in the kernel table
+ * registered for the device's kind (wf_device_kernels), so CPU and CUDA kernels plug in the
+ * same way.
+ *
  * Device specs (wf_device_open):
  *   "host"                 host backend with default options
  *   "host:k=v,k=v"         options: mem=SIZE (arena, default 8Gi), bw=RATE (bytes/s per
@@ -149,8 +155,8 @@ int wf_device_host_unregister(struct wf_device *dev, const void *ptr, struct wf_
  * a non-blocking stream; host backend: a copy thread). */
 int wf_device_stream_create(struct wf_device *dev, struct wf_device_stream **ret_stream,
                             struct wf_diag *diag);
-/* Destroys a stream. Work already queued on it still completes (host backend: this call waits
- * for it). Accepts NULL. */
+/* Destroys a stream after the work queued on it has completed (both backends wait for it, so
+ * every host function queued on it has run when this returns). Accepts NULL. */
 void wf_device_stream_destroy(struct wf_device_stream *stream);
 /* Waits until all work queued on stream before the call has completed. */
 int wf_device_stream_synchronize(struct wf_device_stream *stream, struct wf_diag *diag);
@@ -164,6 +170,81 @@ int wf_device_memcpy_async(struct wf_device_stream *stream, void *dst, const voi
 /* Queues setting size bytes of device memory to (unsigned char)value. */
 int wf_device_memset_async(struct wf_device_stream *stream, void *dst, int value, size_t size,
                            struct wf_diag *diag);
+
+/* The device that created stream (NULL for NULL): an engine handed a stream finds its kernel
+ * table with wf_device_kernels(wf_device_stream_device(stream)). */
+struct wf_device *wf_device_stream_device(const struct wf_device_stream *stream);
+
+/* ---- Host work and kernels ------------------------------------------------------------------- */
+
+/* Host work in stream order: what an engine queues between kernels (CPU kernels on the host
+ * backend, routing decisions that pick the experts to post-fetch, releasing a staging slot).
+ * It takes one pointer and returns nothing because CUDA's host functions do (see below). */
+typedef void (*wf_device_host_fn)(void *arg);
+
+/* Queues fn(arg) on stream: it runs after all work queued on stream before it has completed,
+ * and work queued on stream after it (copies, event records, other host functions, kernels)
+ * starts only when fn has returned. Returns without waiting; WF_EINVAL for a NULL stream or fn.
+ * CUDA: cudaLaunchHostFunc (fn runs on a thread of the driver); host backend: the stream's own
+ * thread runs it, between copies.
+ *
+ * What fn may do: read and write host memory (pinned, registered or pageable) that earlier work
+ * on the stream produced, and signal the application's own threads. What it must not do: call
+ * any wf_device_* function (CUDA forbids CUDA calls in a host function, and on the host
+ * backend a synchronize from fn waits for fn itself), or block on other device work (CUDA may
+ * run the host functions of every stream of a device on one thread, so waiting for another
+ * stream's host function can deadlock). fn is the stream's work while it runs: a long fn delays
+ * everything queued after it on that stream, and nothing on other streams.
+ *
+ * Errors: fn cannot return one, and no device call reports fn's failure. The convention: fn
+ * writes its status into memory that arg points to (an int, 0 or -errno/WF_E*), and the caller
+ * reads it only after a wf_device_stream_synchronize() of that stream, or a synchronize of an
+ * event recorded after fn, has returned 0; that return orders fn's writes before the read.
+ * Device errors (a failed copy before fn) are reported by that synchronize, not to fn.
+ *
+ * Lifetime: arg must stay valid until fn has run; wf_device_stream_destroy() and
+ * wf_device_close() return only after every queued fn has run. fn runs once for every 0
+ * returned, also when wf_device_close() cancels the copies around it (host backend: a canceled
+ * copy leaves its destination partly written, so fn must not trust bytes once a close began),
+ * so fn may own and free what arg holds. The one exception is a CUDA device that failed with a
+ * sticky error before fn's turn: the runtime does not promise to run fn then, and the
+ * synchronize that follows reports the error. */
+int wf_device_host_fn_async(struct wf_device_stream *stream, wf_device_host_fn fn, void *arg,
+                            struct wf_diag *diag);
+
+/* The backend's native handle for stream, for kernels that launch on it: CUDA returns the
+ * cudaStream_t (as void *; never NULL: the streams are created non-blocking, not the legacy
+ * default stream). The host backend returns NULL: it has no native queue, and CPU kernels
+ * run as host functions queued with wf_device_host_fn_async(). NULL for a NULL stream. The
+ * handle stays owned by the interface: do not destroy it, and work launched on it obeys the
+ * same order as work queued through this interface. */
+void *wf_device_stream_native(const struct wf_device_stream *stream);
+
+/* A table of kernels for one device kind. The device interface does not know what a kernel
+ * is: `ops` points to the kernel ops struct that the engine defines (one layout for every
+ * kind), and `version` says which layout it is, so the engine can refuse a table built for
+ * another. Kernel modules register their table once, at start-up, the way an executable
+ * registers the CUDA backend (wf_device_backend_register): CPU kernels (kernels/) register
+ * for WF_DEVICE_KIND_HOST, cuda/ for WF_DEVICE_KIND_CUDA, and the engine finds the table for
+ * its device with wf_device_kernels(). Registration, not link-time symbols, for the same
+ * reason as backends: libwfdevice must not depend on the modules that hold kernels. */
+struct wf_device_kernel_table {
+	enum wf_device_kind kind; /* the device kind these kernels run on */
+	const char *name;         /* for logs: "cpu", "cuda" */
+	uint32_t version;         /* of the layout `ops` points to; the engine checks it */
+	const void *ops;          /* the engine's kernel ops for this kind (not NULL) */
+};
+
+/* Makes table the kernels for table->kind. The table (and what it points to) must live for the
+ * rest of the process (a static). Registering the same table again is a no-op (0); another
+ * table for a kind that has one is WF_EDUPLICATE; a kind out of range, a NULL table, name or
+ * ops is WF_EINVAL. Thread-safe. */
+int wf_device_kernels_register(const struct wf_device_kernel_table *table);
+/* The kernels registered for kind, or NULL when none is (or kind is out of range). */
+const struct wf_device_kernel_table *wf_device_kernels_for_kind(enum wf_device_kind kind);
+/* The kernels for dev's kind (wf_device_kind(dev)), or NULL when none is registered or dev is
+ * NULL. Thread-safe. */
+const struct wf_device_kernel_table *wf_device_kernels(const struct wf_device *dev);
 
 /* ---- Events ---------------------------------------------------------------------------------- */
 
@@ -244,7 +325,8 @@ struct wf_device_ops {
 	int (*host_unregister)(void *impl, const void *ptr, size_t size, struct wf_diag *diag);
 
 	int (*stream_create)(void *impl, void **ret_stream, struct wf_diag *diag);
-	/* Queued work completes (or was canceled); may block until it has. */
+	/* Returns after queued work has completed (or was canceled) and every host function
+	 * queued on the stream has run. */
 	void (*stream_destroy)(void *impl, void *stream);
 	int (*stream_synchronize)(void *impl, void *stream, struct wf_diag *diag);
 	int (*memcpy_async)(void *impl, void *stream, void *dst, const void *src, size_t size,
@@ -263,6 +345,12 @@ struct wf_device_ops {
 	int (*event_elapsed_ms)(void *impl, void *start, void *end, double *ret_ms,
 	                        struct wf_diag *diag);
 	int (*stream_wait_event)(void *impl, void *stream, void *event, struct wf_diag *diag);
+
+	/* Queues fn(arg) in stream order (see wf_device_host_fn_async); fn is not NULL. */
+	int (*host_fn_async)(void *impl, void *stream, wf_device_host_fn fn, void *arg,
+	                     struct wf_diag *diag);
+	/* The native stream handle, or NULL where the backend has none. Never fails. */
+	void *(*stream_native)(void *impl, void *stream);
 
 	/* Runs after the work queued on stream; blocks for the result. */
 	int (*checksum)(void *impl, void *stream, const void *ptr, size_t size, uint64_t *ret_sum,

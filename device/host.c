@@ -1,4 +1,5 @@
-/* The host device backend: device memory is host memory, a stream is a copy thread.
+/* The host device backend: device memory is host memory, a stream is a copy thread that also
+ * runs the host functions queued on it (so CPU kernels run in stream order, between copies).
  *
  * Why it exists: every residency, staging and post-fetch path must run in CI without a GPU, with
  * the same ordering rules a GPU imposes. So this backend is strict where CUDA is strict (work on
@@ -12,9 +13,9 @@
  * Ordering: one mutex per device guards every queue and event; one condition variable per stream
  * wakes its thread, and one per device ("progress") is broadcast whenever any operation
  * completes, so waiters (stream/event/device synchronize, cross-stream waits) recheck their
- * condition. Copies and memsets run outside the lock. Each operation takes a device-wide
- * sequence number at submission; "all work queued before now" is "every stream's oldest
- * unfinished operation has a larger number", which needs no per-stream snapshot that a
+ * condition. Copies, memsets and host functions run outside the lock. Each operation takes a
+ * device-wide sequence number at submission; "all work queued before now" is "every stream's
+ * oldest unfinished operation has a larger number", which needs no per-stream snapshot that a
  * concurrent stream_destroy could free.
  *
  * Events: each record creates a capture (a small refcounted completion flag) and queues a marker
@@ -61,7 +62,7 @@ struct bucket {
 	uint64_t next_ns; /* when the link is free again, on CLOCK_MONOTONIC */
 };
 
-enum op_type { OP_COPY, OP_MEMSET, OP_MARKER, OP_WAIT };
+enum op_type { OP_COPY, OP_MEMSET, OP_MARKER, OP_WAIT, OP_HOST_FN };
 
 /* One record of an event. Guarded by the device lock. */
 struct capture {
@@ -88,6 +89,10 @@ struct op {
 			size_t size;
 		} set;
 		struct capture *cap; /* OP_MARKER completes it, OP_WAIT waits for it */
+		struct {
+			wf_device_host_fn fn;
+			void *arg;
+		} host;
 	} u;
 };
 
@@ -495,6 +500,13 @@ static void *stream_main(void *arg)
 			run_bytes(d, op);
 			pthread_mutex_lock(&d->lock);
 			break;
+		case OP_HOST_FN:
+			/* Runs even when canceled: fn may own what arg holds (the contract says it
+			 * runs once per successful queueing). Outside the lock, like a copy. */
+			pthread_mutex_unlock(&d->lock);
+			op->u.host.fn(op->u.host.arg);
+			pthread_mutex_lock(&d->lock);
+			break;
 		case OP_WAIT:
 			while (!op->u.cap->done && !atomic_load(&d->canceled))
 				pthread_cond_wait(&d->progress, &d->lock);
@@ -635,6 +647,28 @@ static int host_memset_async(void *impl, void *stream, void *dst, int value, siz
 	op->u.set.value = value;
 	op->u.set.size = size;
 	return submit(impl, stream, op);
+}
+
+static int host_host_fn_async(void *impl, void *stream, wf_device_host_fn fn, void *arg,
+                              struct wf_diag *diag)
+{
+	struct op *op = calloc(1, sizeof(*op));
+	(void)diag;
+
+	if (!op)
+		return -ENOMEM;
+	op->type = OP_HOST_FN;
+	op->u.host.fn = fn;
+	op->u.host.arg = arg;
+	return submit(impl, stream, op);
+}
+
+/* No native queue: CPU kernels are host functions on the stream's thread. */
+static void *host_stream_native(void *impl, void *stream)
+{
+	(void)impl;
+	(void)stream;
+	return NULL;
 }
 
 /* ---- Events ---------------------------------------------------------------------------------- */
@@ -814,6 +848,8 @@ static const struct wf_device_ops host_ops = {
     .event_synchronize = host_event_synchronize,
     .event_elapsed_ms = host_event_elapsed_ms,
     .stream_wait_event = host_stream_wait_event,
+    .host_fn_async = host_host_fn_async,
+    .stream_native = host_stream_native,
     .checksum = host_checksum,
 };
 
