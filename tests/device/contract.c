@@ -2,8 +2,10 @@
  *
  * Compiled twice: as test_device_contract_host (label unit) against the host backend, and with
  * WFT_DEVICE_CUDA as test_cuda_contract (label gpu) against cuda:0, whose main() exits 77 when
- * there is no GPU. Timing-dependent checks (pending states, throttle) live in host.c, where the
- * host backend's bw option makes them deterministic. */
+ * there is no GPU. The compute part (host functions in stream order, native handles, kernel
+ * tables) runs on both too. Timing-dependent checks (pending states, throttle) live in host.c,
+ * where the host backend's bw option makes them deterministic; the one pending state checked
+ * here is held by a host function blocked on a gate, not by timing. */
 #include "base/error.h"
 #include "device/device.h"
 
@@ -11,10 +13,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef WFT_DEVICE_CUDA
@@ -581,5 +585,357 @@ Test(WFT_SUITE, concurrent_users, .timeout = 120)
 	}
 	mem_free_now(dev, &after);
 	assert_near(after, base, WFT_MEM_SLACK, "after concurrent use");
+	wf_device_close(dev);
+}
+
+/* ---- Host work and kernels ------------------------------------------------------------------- */
+
+/* What a host function saw, written by it and read by the test only after a synchronize. */
+struct seen {
+	const unsigned char *want; /* what the bytes must be when fn runs */
+	unsigned char *bytes;      /* host bytes an earlier copy filled; fn then rewrites them */
+	size_t n;
+	int calls;
+	int status; /* the error convention of device.h: 0 or WF_E* */
+};
+
+static void check_then_rewrite(void *p)
+{
+	struct seen *s = p;
+
+	s->calls++;
+	s->status = memcmp(s->bytes, s->want, s->n) == 0 ? 0 : WF_ECHECKSUM;
+	memset(s->bytes, 0x5A, s->n);
+}
+
+static int all_bytes(const unsigned char *p, size_t n, unsigned char v)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != v)
+			return 0;
+	return 1;
+}
+
+/* src -> d1 -> hb, fn checks hb and rewrites it, hb -> d2 -> out. fn must see the copied bytes
+ * (it ran after the D2H), and out must hold fn's bytes (the later H2D waited for fn). A second
+ * stream that waits on an event recorded after fn must see fn's bytes too. */
+Test(WFT_SUITE, host_fn_runs_between_copies_in_stream_order, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *s, *t;
+	struct wf_device_event *after_fn;
+	size_t n = 32 * MiB;
+	void *d1, *d2, *d3;
+	unsigned char *src, *hb, *out, *out2;
+	struct seen seen = {0};
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_stream_create(dev, &t, &diag));
+	OKD(wf_device_event_create(dev, 0, &after_fn, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &d1, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &d2, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &d3, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&src, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&hb, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&out, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&out2, &diag));
+	fill_random(src, n, 7);
+	memset(hb, 0, n);
+	memset(out, 0, n);
+	memset(out2, 0, n);
+	seen = (struct seen){.want = src, .bytes = hb, .n = n, .status = -1};
+
+	OKD(wf_device_memcpy_async(s, d1, src, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memcpy_async(s, hb, d1, n, WF_DEVICE_COPY_D2H, &diag));
+	OKD(wf_device_host_fn_async(s, check_then_rewrite, &seen, &diag));
+	OKD(wf_device_event_record(after_fn, s, &diag));
+	OKD(wf_device_memcpy_async(s, d2, hb, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memcpy_async(s, out, d2, n, WF_DEVICE_COPY_D2H, &diag));
+	/* The other stream: only the event orders it after fn. */
+	OKD(wf_device_stream_wait_event(t, after_fn, &diag));
+	OKD(wf_device_memcpy_async(t, d3, hb, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memcpy_async(t, out2, d3, n, WF_DEVICE_COPY_D2H, &diag));
+
+	/* The event recorded after fn is the caller's licence to read fn's status. */
+	OKD(wf_device_event_synchronize(after_fn, &diag));
+	cr_assert_eq(seen.calls, 1);
+	cr_assert_eq(seen.status, 0, "fn ran before the D2H copy before it finished");
+	OKD(wf_device_stream_synchronize(s, &diag));
+	cr_assert(all_bytes(out, n, 0x5A), "the copy after fn did not wait for it");
+	OKD(wf_device_stream_synchronize(t, &diag));
+	cr_assert(all_bytes(out2, n, 0x5A), "a wait on an event after fn did not wait for fn");
+	cr_assert_eq(seen.calls, 1);
+	wf_device_event_destroy(after_fn);
+	wf_device_close(dev);
+}
+
+struct order_log {
+	atomic_int next;
+	int at[64]; /* at[i]: the position in which fn number i ran */
+};
+
+struct order_arg {
+	struct order_log *log;
+	int id;
+};
+
+static void log_order(void *p)
+{
+	struct order_arg *a = p;
+	a->log->at[a->id] = atomic_fetch_add(&a->log->next, 1);
+}
+
+Test(WFT_SUITE, host_fns_run_once_each_in_queue_order, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *s;
+	struct order_log log = {0};
+	struct order_arg args[64];
+	void *d, *h;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_mem_alloc(dev, MiB, &d, &diag));
+	OKD(wf_device_pinned_alloc(dev, MiB, 0, &h, &diag));
+	atomic_init(&log.next, 0);
+	for (int i = 0; i < 64; i++) {
+		args[i] = (struct order_arg){.log = &log, .id = i};
+		log.at[i] = -1;
+		/* Copies between the functions, so they do not simply run back to back. */
+		if (i % 8 == 0)
+			OKD(wf_device_memcpy_async(s, d, h, MiB, WF_DEVICE_COPY_H2D, &diag));
+		OKD(wf_device_host_fn_async(s, log_order, &args[i], &diag));
+	}
+	OKD(wf_device_stream_synchronize(s, &diag));
+	cr_assert_eq(atomic_load(&log.next), 64);
+	for (int i = 0; i < 64; i++)
+		cr_assert_eq(log.at[i], i, "fn %d ran in position %d", i, log.at[i]);
+	wf_device_close(dev);
+}
+
+/* A gate a host function blocks on until the test opens it (or 20 s pass: then the test fails
+ * on `timed_out`, it does not hang). */
+struct gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int entered, open, timed_out;
+};
+
+static void wait_at_gate(void *p)
+{
+	struct gate *g = p;
+	struct timespec dl;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 20;
+	pthread_mutex_lock(&g->lock);
+	g->entered = 1;
+	pthread_cond_broadcast(&g->cond);
+	while (!g->open && !g->timed_out)
+		if (pthread_cond_timedwait(&g->cond, &g->lock, &dl) == ETIMEDOUT)
+			g->timed_out = 1;
+	pthread_mutex_unlock(&g->lock);
+}
+
+/* While a host function holds stream a, stream b's copies complete, and a's later copies and
+ * event do not start: the streams are independent, and fn holds only its own stream. */
+Test(WFT_SUITE, blocked_host_fn_holds_only_its_stream, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *a, *b;
+	struct wf_device_event *ea;
+	struct gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+	size_t n = 4 * MiB;
+	void *da, *db;
+	unsigned char *src, *out_a, *out_b;
+
+	OKD(wf_device_stream_create(dev, &a, &diag));
+	OKD(wf_device_stream_create(dev, &b, &diag));
+	OKD(wf_device_event_create(dev, 0, &ea, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &da, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &db, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&src, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&out_a, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&out_b, &diag));
+	fill_random(src, n, 11);
+	memset(out_a, 0, n);
+	memset(out_b, 0, n);
+
+	OKD(wf_device_host_fn_async(a, wait_at_gate, &g, &diag));
+	OKD(wf_device_memcpy_async(a, da, src, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memcpy_async(a, out_a, da, n, WF_DEVICE_COPY_D2H, &diag));
+	OKD(wf_device_event_record(ea, a, &diag));
+
+	OKD(wf_device_memcpy_async(b, db, src, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memcpy_async(b, out_b, db, n, WF_DEVICE_COPY_D2H, &diag));
+	OKD(wf_device_stream_synchronize(b, &diag));
+	cr_assert_eq(memcmp(out_b, src, n), 0, "stream b was held up by a's host function");
+
+	pthread_mutex_lock(&g.lock);
+	while (!g.entered && !g.timed_out)
+		pthread_cond_wait(&g.cond, &g.lock);
+	cr_assert_eq(g.timed_out, 0);
+	/* fn is still blocked: nothing queued after it on a may have run. */
+	cr_assert_eq(wf_device_event_query(ea, NULL), -EAGAIN);
+	cr_assert(all_bytes(out_a, n, 0), "a copy queued after a blocked host fn ran");
+	g.open = 1;
+	pthread_cond_broadcast(&g.cond);
+	pthread_mutex_unlock(&g.lock);
+
+	OKD(wf_device_event_synchronize(ea, &diag));
+	cr_assert_eq(memcmp(out_a, src, n), 0);
+	cr_assert_eq(g.timed_out, 0);
+	wf_device_close(dev);
+}
+
+Test(WFT_SUITE, kind_native_and_owner_queries, .timeout = 60)
+{
+	struct wf_device *dev = open_dev(), *other = open_dev();
+	struct wf_device_stream *s, *s2, *so;
+	struct wf_device_event *eo;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_stream_create(dev, &s2, &diag));
+	OKD(wf_device_stream_create(other, &so, &diag));
+	OKD(wf_device_event_create(other, 0, &eo, &diag));
+	cr_assert_eq(wf_device_kind(dev), WFT_KIND);
+	cr_assert_eq(wf_device_kind(NULL), WF_DEVICE_KIND_MAX);
+	cr_assert_eq(wf_device_stream_device(s), dev);
+	cr_assert_eq(wf_device_stream_device(so), other);
+	cr_assert_null(wf_device_stream_device(NULL));
+#ifdef WFT_DEVICE_CUDA
+	/* The cudaStream_t of each stream: real, distinct, not the legacy default stream (NULL). */
+	cr_assert_not_null(wf_device_stream_native(s));
+	cr_assert_not_null(wf_device_stream_native(s2));
+	cr_assert_neq(wf_device_stream_native(s), wf_device_stream_native(s2));
+#else
+	/* The host backend has no native queue: CPU kernels are host functions. */
+	cr_assert_null(wf_device_stream_native(s));
+	cr_assert_null(wf_device_stream_native(s2));
+#endif
+	cr_assert_null(wf_device_stream_native(NULL));
+	/* A stream of another device: its work (host functions included) is ordered only by that
+	 * device's events, and mixing the two devices' objects is refused. */
+	OKD(wf_device_event_record(eo, so, &diag));
+	cr_assert_eq(wf_device_stream_wait_event(s, eo, NULL), WF_EINVAL);
+	cr_assert_eq(wf_device_event_record(eo, s, NULL), WF_EINVAL);
+	wf_device_close(other);
+	wf_device_close(dev);
+}
+
+static void count_call(void *p)
+{
+	atomic_fetch_add((atomic_int *)p, 1);
+}
+
+Test(WFT_SUITE, host_fn_bad_arguments_are_einval, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *s;
+	struct wf_diag dg = {0};
+	atomic_int calls;
+
+	atomic_init(&calls, 0);
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	cr_assert_eq(wf_device_host_fn_async(s, NULL, &calls, &dg), WF_EINVAL);
+	cr_assert(strstr(wf_diag_str(&dg, WF_EINVAL), "no function"), "%s",
+	          wf_diag_str(&dg, WF_EINVAL));
+	cr_assert_eq(wf_device_host_fn_async(NULL, count_call, &calls, NULL), WF_EINVAL);
+	/* The refused calls queued nothing; an accepted one runs once. */
+	OKD(wf_device_host_fn_async(s, count_call, &calls, &diag));
+	OKD(wf_device_stream_synchronize(s, &diag));
+	cr_assert_eq(atomic_load(&calls), 1);
+	wf_device_close(dev);
+}
+
+/* fn owns its argument and frees it: destroy and close must run every queued fn first (the
+ * calls counter proves it; ASan would report the leak otherwise). */
+struct owned {
+	atomic_int *calls;
+	char payload[64];
+};
+
+static void free_owned(void *p)
+{
+	struct owned *o = p;
+	atomic_fetch_add(o->calls, 1);
+	free(o);
+}
+
+Test(WFT_SUITE, destroy_and_close_run_queued_host_fns, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *s[2];
+	atomic_int calls;
+	size_t n = 32 * MiB;
+	void *d, *h;
+
+	atomic_init(&calls, 0);
+	OKD(wf_device_mem_alloc(dev, n, &d, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, &h, &diag));
+	memset(h, 1, n);
+	for (int i = 0; i < 2; i++)
+		OKD(wf_device_stream_create(dev, &s[i], &diag));
+	for (int k = 0; k < 4; k++) {
+		for (int i = 0; i < 2; i++) {
+			struct owned *o = calloc(1, sizeof(*o));
+			cr_assert_not_null(o);
+			o->calls = &calls;
+			OKD(wf_device_memcpy_async(s[i], d, h, n, WF_DEVICE_COPY_H2D, &diag));
+			OKD(wf_device_host_fn_async(s[i], free_owned, o, &diag));
+		}
+	}
+	wf_device_stream_destroy(s[0]);
+	cr_assert_eq(atomic_load(&calls) >= 4, 1, "destroy returned before its fns ran");
+	wf_device_close(dev); /* s[1] still has copies and fns queued */
+	cr_assert_eq(atomic_load(&calls), 8, "close returned before every queued fn ran");
+}
+
+/* Kernel tables: one per kind, found through the device. The ops are opaque to the interface;
+ * an int stands in for the engine's ops struct. */
+static const int cpu_ops_stub = 1, cuda_ops_stub = 2, other_ops_stub = 3;
+static const struct wf_device_kernel_table host_kernels = {
+    .kind = WF_DEVICE_KIND_HOST, .name = "cpu-test", .version = 1, .ops = &cpu_ops_stub};
+static const struct wf_device_kernel_table cuda_kernels = {
+    .kind = WF_DEVICE_KIND_CUDA, .name = "cuda-test", .version = 1, .ops = &cuda_ops_stub};
+
+Test(WFT_SUITE, kernel_tables_register_and_resolve_per_kind, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	const struct wf_device_kernel_table *mine =
+	    WFT_KIND == WF_DEVICE_KIND_HOST ? &host_kernels : &cuda_kernels;
+	const struct wf_device_kernel_table *theirs =
+	    WFT_KIND == WF_DEVICE_KIND_HOST ? &cuda_kernels : &host_kernels;
+	struct wf_device_kernel_table other = *mine, bad;
+
+	/* Each Criterion test is its own process: nothing is registered yet. */
+	cr_assert_null(wf_device_kernels(dev));
+	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_HOST));
+
+	cr_assert_eq(wf_device_kernels_register(theirs), 0);
+	cr_assert_null(wf_device_kernels(dev), "another kind's table must not serve this device");
+	cr_assert_eq(wf_device_kernels_register(mine), 0);
+	cr_assert_eq(wf_device_kernels(dev), mine);
+	cr_assert_eq(wf_device_kernels(dev)->ops, mine->ops);
+	cr_assert_eq(wf_device_kernels_for_kind(theirs->kind), theirs);
+	cr_assert_eq(wf_device_kernels_register(mine), 0, "the same table again is a no-op");
+
+	/* One table per kind: a second is refused and the first stays. */
+	other.name = "other";
+	other.ops = &other_ops_stub;
+	cr_assert_eq(wf_device_kernels_register(&other), WF_EDUPLICATE);
+	cr_assert_eq(wf_device_kernels(dev), mine);
+
+	cr_assert_eq(wf_device_kernels_register(NULL), WF_EINVAL);
+	bad = *mine;
+	bad.kind = WF_DEVICE_KIND_MAX;
+	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
+	bad = *mine;
+	bad.name = NULL;
+	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
+	bad = *mine;
+	bad.ops = NULL;
+	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
+	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_MAX));
+	cr_assert_null(wf_device_kernels(NULL));
 	wf_device_close(dev);
 }
