@@ -1,5 +1,5 @@
 /* The event publisher: a PUB socket on which the agent (and workers) announce floor state,
- * progress, residency, hot-swaps, errors and worker changes as weightfloor.v1.Event messages.
+ * progress, residency, errors, worker changes and stale files as weightfloor.v1.Event messages.
  *
  * Publishing never blocks: nng's PUB queues up to queue_depth messages per subscriber and drops
  * the newest for a subscriber that is that far behind, so a stuck `agentctl watch` cannot stall

@@ -26,7 +26,9 @@
  *   "auto"                 the first registered non-host backend that probes at least one
  *                          device, its ordinal 0; otherwise "host". wf_device_selection() says
  *                          what was chosen and why.
- * Sizes and rates take K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (powers of 1024).
+ * Sizes and rates are parsed by wf_parse_size() (base/units.h), like every other size in the
+ * project: K, M, G, T and Ki, Mi, Gi, Ti (with an optional B) are all powers of 1024, so
+ * "host:mem=8G" is 8 GiB, as 8G is to --arena or a config file.
  *
  * Pointers: device pointers are void * values that only mean something to the device (host
  * backend: real host addresses; CUDA: device virtual addresses). The interface tracks every

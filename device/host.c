@@ -38,6 +38,7 @@
 #include "device/device.h"
 
 #include "base/error.h"
+#include "base/units.h"
 #include "device/internal.h"
 
 #include <errno.h>
@@ -170,7 +171,7 @@ static int parse_args(struct host_dev *d, const char *args, struct wf_diag *diag
 			return wf_diag_set(diag, WF_EINVAL, "host device option '%s': expected k=v",
 			                   kv);
 		*eq = '\0';
-		if (wf__device_parse_size(eq + 1, &v) < 0)
+		if (wf_parse_size(eq + 1, &v) < 0)
 			return wf_diag_set(diag, WF_EINVAL, "host device option %s: bad value '%s'",
 			                   kv, eq + 1);
 		if (strcmp(kv, "mem") == 0) {
@@ -230,8 +231,8 @@ static int host_open(const char *args, void **ret_impl, char *name, size_t name_
 	pthread_mutex_init(&d->h2d.lock, NULL);
 	pthread_mutex_init(&d->d2h.lock, NULL);
 	if (d->bw)
-		snprintf(name, name_len, "host (arena %.2f GiB, bw %.3f GB/s)",
-		         (double)d->total / (1 << 30), (double)d->bw / 1e9);
+		snprintf(name, name_len, "host (arena %.2f GiB, bw %.3f GiB/s)",
+		         (double)d->total / (1 << 30), (double)d->bw / (1 << 30));
 	else
 		snprintf(name, name_len, "host (arena %.2f GiB, unthrottled)",
 		         (double)d->total / (1 << 30));

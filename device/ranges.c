@@ -47,12 +47,6 @@ int wf__device_ranges_contains(const struct wf__device_ranges *rs, uintptr_t p, 
 	return size <= rend - p;
 }
 
-size_t wf__device_ranges_find(const struct wf__device_ranges *rs, uintptr_t base)
-{
-	size_t i = upper(rs, base);
-	return i > 0 && rs->v[i - 1].base == base ? rs->v[i - 1].size : 0;
-}
-
 int wf__device_ranges_add(struct wf__device_ranges *rs, uintptr_t base, size_t size)
 {
 	if (size == 0)

@@ -23,8 +23,6 @@ int wf__device_ranges_add(struct wf__device_ranges *rs, uintptr_t base, size_t s
 /* Removes the range starting exactly at base; writes its size to *ret_size (optional).
  * WF_EINVAL when there is none. */
 int wf__device_ranges_remove(struct wf__device_ranges *rs, uintptr_t base, size_t *ret_size);
-/* The size of the range starting exactly at base, or 0 when there is none. */
-size_t wf__device_ranges_find(const struct wf__device_ranges *rs, uintptr_t base);
 /* 1 when [p, p+size) lies inside one member, else 0. size 0 asks whether p itself does. */
 int wf__device_ranges_contains(const struct wf__device_ranges *rs, uintptr_t p, size_t size);
 /* 1 when [p, p+size) touches any member. */

@@ -4,8 +4,6 @@
 
 #include "base/error.h"
 
-#include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,35 +114,5 @@ int wf__device_registry_resolve(const char *spec, const struct wf_device_ops **r
 	snprintf(sel, sel_len, "%s", spec);
 	*ret_ops = ops;
 	*ret_args = colon ? colon + 1 : "";
-	return 0;
-}
-
-int wf__device_parse_size(const char *s, uint64_t *ret_bytes)
-{
-	char *end;
-	double v, mult = 1;
-
-	if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
-		return WF_EINVAL;
-	errno = 0;
-	v = strtod(s, &end);
-	if (end == s || errno || !isfinite(v) || v < 0)
-		return WF_EINVAL;
-	static const char units[] = "KMGT";
-	const char *u = *end ? strchr(units, *end) : NULL;
-	if (*end && !u)
-		return WF_EINVAL;
-	if (u) {
-		int binary = end[1] == 'i';
-		for (int i = 0; i <= u - units; i++)
-			mult *= binary ? 1024.0 : 1000.0;
-		end += binary ? 2 : 1;
-	}
-	if (*end)
-		return WF_EINVAL;
-	v *= mult;
-	if (v > 4611686018427387904.0) /* 2^62 */
-		return WF_EOVERFLOW;
-	*ret_bytes = (uint64_t)(v + 0.5);
 	return 0;
 }

@@ -1251,11 +1251,6 @@ uint64_t wf_gguf_writer_tensor_nbytes(const struct wf_gguf_writer *w, uint32_t i
 	return w && index < w->n_tensors ? w->tensors[index].nbytes : 0;
 }
 
-uint32_t wf_gguf_writer_tensor_file(const struct wf_gguf_writer *w, uint32_t index)
-{
-	return w && index < w->n_tensors ? w->tensors[index].file : 0;
-}
-
 uint32_t wf_gguf_writer_n_files(const struct wf_gguf_writer *w)
 {
 	return w ? w->n_files : 0;
@@ -1269,9 +1264,4 @@ const char *wf_gguf_writer_file_path(const struct wf_gguf_writer *w, uint32_t fi
 uint64_t wf_gguf_writer_bytes_written(const struct wf_gguf_writer *w)
 {
 	return w ? w->bytes_written : 0;
-}
-
-uint64_t wf_gguf_writer_data_bytes(const struct wf_gguf_writer *w)
-{
-	return w ? w->data_bytes : 0;
 }

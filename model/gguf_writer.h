@@ -132,12 +132,9 @@ int wf_gguf_writer_finish(struct wf_gguf_writer *w, struct wf_diag *diag);
  * the tensor getters after add_tensor. bytes_written counts every byte put in any file. */
 uint32_t wf_gguf_writer_n_tensors(const struct wf_gguf_writer *w);
 uint64_t wf_gguf_writer_tensor_nbytes(const struct wf_gguf_writer *w, uint32_t index);
-uint32_t wf_gguf_writer_tensor_file(const struct wf_gguf_writer *w, uint32_t index);
 uint32_t wf_gguf_writer_n_files(const struct wf_gguf_writer *w);
 const char *wf_gguf_writer_file_path(const struct wf_gguf_writer *w, uint32_t file);
 uint64_t wf_gguf_writer_bytes_written(const struct wf_gguf_writer *w);
-/* Sum of all tensors' nbytes (no padding): the total write() must deliver. */
-uint64_t wf_gguf_writer_data_bytes(const struct wf_gguf_writer *w);
 
 #ifdef __cplusplus
 }

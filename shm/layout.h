@@ -111,6 +111,14 @@
  *     after g+1 is published. Space comes back when the region is rebuilt.
  * A publisher that dies mid-publish leaves an odd generation; the next attacher treats the region
  * as broken and rebuilds it.
+ * Why generations, and not a new region under a new digest ("a model name now points at other
+ * weights", a design the protocol once carried as the HOTSWAP event): hot-swapping one tensor and
+ * trainers' live updates both change a few tensors of a large model. A new region would copy the
+ * whole model and hold it twice in RAM, and make every worker attach it and reload everything;
+ * a generation copies the changed bytes once, and a worker re-uploads only the entries whose
+ * generation moved. The region keeps the digest it was materialized under (its name); the
+ * per-tensor checksum and generation describe the bytes it serves now. The cost: the spare area
+ * is sized at materialization and comes back only when the region is rebuilt.
  *
  * Validation (shm/layout.c, on every attach): the header, then every section bound with overflow
  * checks (sections in order, inside total_size, 4096-aligned where stated), both checksums, every

@@ -60,9 +60,7 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
-/* The WorkerInfo reply body (for RegisterWorker heartbeats and WorkerStatus). The result lives
- * in the call arena when call is non-NULL; otherwise it is heap memory to free with
- * wf_worker_info_free(). */
+/* A residency state as the protocol's Residency (ModelResidency, ReportResidency). */
 Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r);
 /* The cache's mode as the protocol's ResidencyMode (RegisterWorker, WorkerInfo). */
 Weightfloor__V1__ResidencyMode wf_worker_svc_mode_pb(enum wf_cache_mode mode);

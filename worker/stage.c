@@ -239,15 +239,6 @@ void wf_stage_info(const struct wf_stage *st, struct wf_stage_info *ret_info)
 	};
 }
 
-int wf_stage_set_preferred(struct wf_stage *st, enum wf_stage_mode mode)
-{
-	if (!st || (unsigned)mode >= WF_STAGE_MODE_MAX)
-		return WF_EINVAL;
-	st->preferred = mode;
-	st->calibrated = false;
-	return 0;
-}
-
 /* ---- planning ------------------------------------------------------------------------------- */
 
 static int grow(void **arr, size_t *cap, size_t need, size_t elem)

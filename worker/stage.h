@@ -162,10 +162,6 @@ void wf_stage_destroy(struct wf_stage *stage);
 
 void wf_stage_info(const struct wf_stage *stage, struct wf_stage_info *ret_info);
 
-/* Sets what AUTO picks for sources with a mapping (STAGED or DIRECT); AUTO restores the
- * default. Returns 0 or WF_EINVAL. */
-int wf_stage_set_preferred(struct wf_stage *stage, enum wf_stage_mode mode);
-
 /* Moves every item from src to the device and returns when all of it is there (the copies have
  * completed). Items are validated first (dst non-NULL, no offset overflow, inside map_size when
  * the mode is DIRECT): a bad one fails the call before any byte moves. ctl may be NULL (AUTO,

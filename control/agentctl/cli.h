@@ -83,7 +83,6 @@ char *cli_fmt_progress(char *buf, size_t len, uint64_t done, uint64_t total, uin
 /* A table whose column widths come from its content. Cells are copied. */
 struct cli_table;
 struct cli_table *cli_table_new(int ncols, const char *const *headers, const char *right_align);
-void cli_table_add(struct cli_table *t, const char *const *cells);
 void cli_table_addf(struct cli_table *t, int col, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Adds a line printed as is after the current row (an error, a note), indented by two. */

@@ -511,7 +511,6 @@ static const char *event_kind(Weightfloor__V1__EventKind k)
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE: return "floor";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS: return "progress";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY: return "residency";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_HOTSWAP: return "hotswap";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR: return "error";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER: return "worker";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE: return "stale";

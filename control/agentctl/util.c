@@ -267,13 +267,6 @@ static struct row *new_row(struct cli_table *t)
 	return r;
 }
 
-void cli_table_add(struct cli_table *t, const char *const *cells)
-{
-	struct row *r = new_row(t);
-	for (int i = 0; i < t->ncols; i++)
-		r->cells[i] = strdup(cells[i] ? cells[i] : "");
-}
-
 void cli_table_addf(struct cli_table *t, int col, const char *fmt, ...)
 {
 	struct row *r = col == 0 || !t->n ? new_row(t) : &t->rows[t->n - 1];

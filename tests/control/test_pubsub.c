@@ -273,11 +273,11 @@ Test(pubsub, subscriber_without_publisher, .timeout = 30)
 	cr_assert_eq(wf_ctl_sub_open(url, &o, &sub, NULL), 0);
 	struct wf_ctl_pub *pub = make_pub(dir, 0);
 	sync_sub(pub, sub);
-	uint64_t s = publish(pub, KIND(HOTSWAP), "m", 0);
+	uint64_t s = publish(pub, KIND(STALE), "m", 0);
 	Weightfloor__V1__Event *ev = NULL;
 	cr_assert_eq(wf_ctl_sub_recv(sub, 2000, &ev, NULL), 0);
 	cr_expect_eq(ev->sequence, s);
-	cr_expect_eq(ev->kind, KIND(HOTSWAP));
+	cr_expect_eq(ev->kind, KIND(STALE));
 	wf_ctl_event_free(ev);
 	wf_ctl_sub_close(sub);
 	wf_ctl_pub_destroy(pub);
