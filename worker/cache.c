@@ -14,6 +14,7 @@
 #include "worker/cache.h"
 
 #include "base/error.h"
+#include "base/lru.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -437,9 +438,9 @@ static int evict_model(struct wf_cache *c, struct model *m, bool by_lru, const c
 	return 0;
 }
 
-/* The unpinned resident models other than skip, as planner entries. Lock held. */
-static size_t entries_locked(struct wf_cache *c, const struct model *skip,
-                             struct wf_devbudget_entry *e, struct model **who)
+/* The unpinned resident models other than skip, as LRU items (acquired ones busy). Lock held. */
+static size_t entries_locked(struct wf_cache *c, const struct model *skip, struct wf_lru_item *e,
+                             struct model **who)
 {
 	size_t n = 0;
 
@@ -447,7 +448,9 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip,
 		struct model *m = c->models[i];
 		if (m == skip || m->state != WF_RESIDENCY_DEVICE)
 			continue;
-		e[n] = (struct wf_devbudget_entry){m->device_bytes, m->lru, m->acquired == 0};
+		e[n] = (struct wf_lru_item){.bytes = m->device_bytes,
+		                            .last_used = m->lru,
+		                            .busy = m->acquired != 0};
 		who[n++] = m;
 	}
 	return n;
@@ -459,7 +462,7 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip,
 static int make_room(struct wf_cache *c, const struct model *target, uint64_t need,
                      uint64_t extra_pinned, bool allow_evict, bool *ret_over, struct wf_diag *diag)
 {
-	struct wf_devbudget_entry *e = NULL;
+	struct wf_lru_item *e = NULL;
 	struct model **who = NULL;
 	size_t *victims = NULL;
 	int ret = 0;
@@ -474,7 +477,7 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 	for (int attempt = 0;; attempt++) {
 		struct wf_devbudget b;
 		struct wf_devbudget_in in;
-		enum wf_devbudget_fit fit;
+		enum wf_lru_fit fit;
 		size_t n, nv = 0, busy = 0;
 		uint64_t used = 0;
 
@@ -483,15 +486,15 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 		in.pinned += extra_pinned;
 		(void)wf_devbudget_compute(&in, &b);
 		n = entries_locked(c, target, e, who);
-		fit = wf_devbudget_plan(e, n, b.on_demand, need, victims, &nv);
 		for (size_t i = 0; i < n; i++) {
 			used += e[i].bytes;
-			busy += !e[i].evictable;
+			busy += e[i].busy;
 		}
+		fit = wf_lru_plan(e, n, b.on_demand, used, need, victims, &nv);
 		pthread_mutex_unlock(&c->lock);
 
-		*ret_over = fit == WF_DEVBUDGET_OVERSIZED;
-		if (fit == WF_DEVBUDGET_NO_ROOM || (nv && !allow_evict)) {
+		*ret_over = fit == WF_LRU_OVERSIZED;
+		if (fit == WF_LRU_NO_ROOM || (nv && !allow_evict)) {
 			ret = wf_diag_set(
 			    diag, WF_ENO_SPACE,
 			    "model '%s': %" PRIu64 " bytes do not fit: on-demand budget %" PRIu64
@@ -530,24 +533,32 @@ out:
  * when there is none. For allocations the device refuses although the budget allows them. */
 static int evict_one_lru(struct wf_cache *c, const struct model *skip)
 {
+	struct wf_lru_item *e = calloc(c->cap_models + 1, sizeof(*e));
+	struct model **who = calloc(c->cap_models + 1, sizeof(*who));
+	int ret = WF_ENO_SPACE;
+
+	if (!e || !who) {
+		ret = -ENOMEM;
+		goto out;
+	}
 	for (int attempt = 0; attempt < PLAN_RETRIES; attempt++) {
-		struct model *best = NULL;
+		size_t n, k;
 
 		pthread_mutex_lock(&c->lock);
-		for (size_t i = 0; i < c->n_models; i++) {
-			struct model *m = c->models[i];
-			if (m == skip || m->state != WF_RESIDENCY_DEVICE || m->acquired)
-				continue;
-			if (!best || m->lru < best->lru)
-				best = m;
-		}
+		n = entries_locked(c, skip, e, who);
+		k = wf_lru_oldest(e, n);
 		pthread_mutex_unlock(&c->lock);
-		if (!best)
-			return WF_ENO_SPACE;
-		if (evict_model(c, best, true, "lru: device memory") == 0)
-			return 0;
+		if (k == n)
+			break;
+		if (evict_model(c, who[k], true, "lru: device memory") == 0) {
+			ret = 0;
+			break;
+		}
 	}
-	return WF_ENO_SPACE;
+out:
+	free(e);
+	free(who);
+	return ret;
 }
 
 /* Self-managed: brings the unpinned resident bytes back under the budget (after a pin or a budget
