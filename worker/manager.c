@@ -1,399 +1,15 @@
-/* The device weight cache (worker/cache.h).
- *
- * Locking. One mutex guards the command queue and every field that a thread other than the
- * manager reads (the model table, states, acquisition counts, LRU stamps, progress, the budget).
- * The manager is the only writer of residency: it takes the mutex for each state change and
- * never holds it across a load, an allocation or a free, so acquire/release/status stay cheap
- * while a load runs. The one field other threads write is `acquired` (and the LRU stamp with
- * it); the manager re-checks `acquired` under the mutex in the same critical section that takes
- * a model off the device, so an acquisition either happens before (and the eviction fails with
- * -EBUSY) or after (and sees the model gone).
- *
- * A load is published only once it is complete: during the load the model keeps its host level
- * (DISK or HOST) with `loading` set, so a request never sees a half-loaded model. */
-#include "worker/cache.h"
+/* The cache's manager thread (worker/cache_internal.h): commands, budget, eviction, lifecycle. */
+#include "worker/cache_internal.h"
 
 #include "base/error.h"
 #include "base/lru.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define NO_ID          0u
-#define LAYOUT_GAP     4096u /* source gaps kept in the device layout (padding, headers) */
-#define LAYOUT_ALIGN   256u
-#define PROGRESS_EVENT (64ull << 20)
-#define PLAN_RETRIES   8
-
-enum cmd_type {
-	CMD_ADD,
-	CMD_REMOVE,
-	CMD_SET_RESIDENCY,
-	CMD_EVICT,
-	CMD_UNPIN,
-	CMD_PREFETCH,
-	CMD_ACQUIRE,
-	CMD_COMPACT,
-	CMD_RELEASE_ALL,
-	CMD_SET_BUDGET,
-};
-
-struct cmd {
-	struct cmd *next;
-	enum cmd_type type;
-	uint32_t id;
-	enum wf_residency state;
-	const uint32_t *ids;
-	size_t n_ids;
-	struct wf_cache_budget budget;
-	const char *name;
-	const struct wf_model *model;
-	uint32_t out_id;
-	bool async, done;
-	int result;
-	struct wf_diag diag;
-};
-
-struct model {
-	uint32_t id;
-	char name[WF_CACHE_NAME_MAX];
-	const struct wf_model *model;
-	struct wf_digest digest;
-
-	struct wf_shm_region *region; /* our own read-only attachment, or NULL */
-	bool registered;              /* region mapping registered with the device */
-	bool register_failed;
-	int floor_error;
-
-	enum wf_residency state;
-	bool loading;
-	uint64_t load_done, load_total;
-	bool over_budget;
-
-	/* The device copy (manager-owned; readers use tensors only while holding the model). */
-	uint32_t n_segs;
-	void **seg_ptr;
-	uint64_t *seg_size;
-	void **tensors;
-	uint64_t *src_off; /* where each tensor's bytes came from (floor or file offset) */
-	bool from_floor;
-	uint64_t device_bytes;
-
-	unsigned acquired;
-	uint64_t lru;
-
-	double last_seconds, last_gbps;
-	enum wf_stage_mode last_mode;
-	uint64_t loads, evictions;
-	int last_error;
-	char last_error_msg[WF_DIAG_MAX];
-};
-
-struct wf_cache {
-	struct wf_device *dev;
-	struct wf_io_reader *io;
-	struct wf_stage *stage;
-	struct wf_cache_opts opts; /* budget, shm, io pointers cleared: copies below */
-	bool have_shm;
-	struct wf_shm_config shm;
-	char *shm_dir;
-
-	pthread_mutex_t lock;
-	pthread_cond_t wake; /* the manager: a command arrived, or closing */
-	pthread_cond_t done; /* callers: some command finished */
-	struct cmd *head, *tail;
-	pthread_t thread;
-	bool started, closing, stopped;
-	bool init_done; /* the manager built its reader and stage (or failed: init_ret) */
-	int init_ret;
-	struct wf_diag init_diag;
-	struct wf_io_opts io_opts;
-	bool have_io_opts;
-	uint32_t active_id; /* the model the manager loads (or is about to) */
-	int cancel_flag;    /* read by the stage with an atomic load */
-
-	struct model **models;
-	size_t n_models, cap_models;
-	uint32_t next_id;
-	uint64_t tick;
-
-	enum wf_cache_mode mode;
-	struct wf_stage_info stage_info; /* the manager's copy for status (the stage is its own) */
-	struct wf_cache_budget bin;
-	struct wf_devbudget budget;
-	uint64_t loads, evictions, lru_evictions;
-};
-
-const char *wf_residency_name(enum wf_residency state)
-{
-	static const char *const names[] = {"DISK", "HOST", "DEVICE", "PINNED_DEVICE"};
-	return (unsigned)state < WF_RESIDENCY_MAX ? names[state] : "?";
-}
-
-const char *wf_cache_mode_name(enum wf_cache_mode mode)
-{
-	return mode == WF_CACHE_SELF_MANAGED ? "self-managed"
-	       : mode == WF_CACHE_EXTERNAL   ? "external"
-	                                     : "?";
-}
-
-static enum wf_cache_mode get_mode(struct wf_cache *c)
-{
-	enum wf_cache_mode mode;
-
-	pthread_mutex_lock(&c->lock);
-	mode = c->mode;
-	pthread_mutex_unlock(&c->lock);
-	return mode;
-}
-
-static bool resident(const struct model *m)
-{
-	return m->state == WF_RESIDENCY_DEVICE || m->state == WF_RESIDENCY_PINNED_DEVICE;
-}
-
-static enum wf_residency host_level(const struct model *m)
-{
-	return m->region ? WF_RESIDENCY_HOST : WF_RESIDENCY_DISK;
-}
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) & ~(a - 1);
-}
-
-/* Called with the lock held. */
-static struct model *find_locked(struct wf_cache *c, uint32_t id)
-{
-	for (size_t i = 0; i < c->n_models; i++)
-		if (c->models[i]->id == id)
-			return c->models[i];
-	return NULL;
-}
-
-/* Recomputes the budget from its inputs and the pinned bytes. Lock held. */
-static void budget_update_locked(struct wf_cache *c)
-{
-	struct wf_devbudget_in in = {
-	    .arena = c->bin.arena,
-	    .weight_fraction = c->bin.weight_fraction,
-	    .wiggle_fraction = c->bin.wiggle_fraction,
-	    .max_scratch = c->bin.max_scratch,
-	};
-
-	for (size_t i = 0; i < c->n_models; i++)
-		if (c->models[i]->state == WF_RESIDENCY_PINNED_DEVICE)
-			in.pinned += c->models[i]->device_bytes;
-	/* The inputs were validated when they were set. */
-	(void)wf_devbudget_compute(&in, &c->budget);
-}
-
-static void emit(struct wf_cache *c, enum wf_cache_event_type type, const struct model *m,
-                 int error, const char *msg)
-{
-	struct wf_cache_event ev = {
-	    .type = type,
-	    .id = m->id,
-	    .name = m->name,
-	    .state = m->state,
-	    .over_budget = m->over_budget,
-	    .done = m->load_done,
-	    .total = m->load_total,
-	    .error = error,
-	    .msg = msg,
-	};
-
-	if (c->opts.event)
-		c->opts.event(c->opts.event_ctx, &ev);
-}
-
-static void set_error(struct wf_cache *c, struct model *m, int err, const struct wf_diag *diag)
-{
-	pthread_mutex_lock(&c->lock);
-	m->last_error = err;
-	snprintf(m->last_error_msg, sizeof(m->last_error_msg), "%s", wf_diag_str(diag, err));
-	pthread_mutex_unlock(&c->lock);
-}
-
-/* ---- floors ---------------------------------------------------------------------------------- */
-
-/* Attaches the model's floor if floors are configured and a READY one exists. Never waits on a
- * materialization in progress (NOWAIT): loading from the files meanwhile is as fast as waiting.
- * Returns 0 or the attach error (also kept in floor_error). */
-static int floor_attach(struct wf_cache *c, struct model *m, struct wf_diag *diag)
-{
-	struct wf_shm_region *r = NULL;
-	int ret;
-
-	if (m->region)
-		return 0;
-	if (!c->have_shm)
-		return wf_diag_set(diag, WF_EUNSUPPORTED,
-		                   "model '%s': no floor directory configured", m->name);
-	ret =
-	    wf_shm_region_attach(&c->shm, &m->digest, m->model,
-	                         WF_SHM_ATTACH_READER | WF_SHM_ATTACH_NOWAIT, NULL, NULL, &r, diag);
-	pthread_mutex_lock(&c->lock);
-	m->floor_error = ret;
-	if (ret == 0) {
-		m->region = r;
-		m->register_failed = false;
-		if (!resident(m))
-			m->state = WF_RESIDENCY_HOST;
-	}
-	pthread_mutex_unlock(&c->lock);
-	return ret;
-}
-
-/* Unregisters and detaches the floor. Only when the model is not resident (nothing on the device
- * may still be read from the mapping: copies finished when the load returned). */
-static void floor_detach(struct wf_cache *c, struct model *m)
-{
-	struct wf_shm_region *r = m->region;
-
-	if (!r)
-		return;
-	if (m->registered)
-		(void)wf_device_host_unregister(c->dev, wf_shm_region_data(r), NULL);
-	pthread_mutex_lock(&c->lock);
-	m->region = NULL;
-	m->registered = false;
-	if (!resident(m))
-		m->state = WF_RESIDENCY_DISK;
-	pthread_mutex_unlock(&c->lock);
-	wf_shm_region_detach(r);
-}
-
-/* ---- device copies --------------------------------------------------------------------------- */
-
-struct devcopy {
-	uint32_t n_segs;
-	void **seg_ptr;
-	uint64_t *seg_size;
-	void **tensors;
-	uint64_t *src_off;
-	uint32_t *seg_of; /* per tensor, during a load only */
-	uint64_t *dev_off;
-	bool from_floor;
-	uint64_t bytes;
-};
-
-static void devcopy_free(struct wf_cache *c, struct devcopy *d)
-{
-	for (uint32_t i = 0; d->seg_ptr && i < d->n_segs; i++)
-		if (d->seg_ptr[i])
-			(void)wf_device_mem_free(c->dev, d->seg_ptr[i], NULL);
-	free(d->seg_ptr);
-	free(d->seg_size);
-	free(d->tensors);
-	free(d->src_off);
-	free(d->seg_of);
-	free(d->dev_off);
-	*d = (struct devcopy){0};
-}
-
-/* Source offset of each tensor: in the floor (the current generation's bytes) or in its file. */
-static int source_offsets(struct model *m, struct devcopy *d, struct wf_diag *diag)
-{
-	const struct wf_model *mo = m->model;
-
-	for (uint32_t i = 0; i < mo->n_tensors; i++) {
-		if (!d->from_floor) {
-			d->src_off[i] = mo->tensors[i].offset;
-			continue;
-		}
-		struct wf_shm_tensor_info ti;
-		int ret = wf_shm_region_tensor(m->region, i, &ti);
-		if (ret < 0)
-			return wf_diag_set(diag, ret, "model '%s': floor tensor %u: %s", m->name, i,
-			                   wf_strerror(ret));
-		if (ti.nbytes != mo->tensors[i].nbytes)
-			return wf_diag_set(diag, WF_EFORMAT,
-			                   "model '%s': floor tensor '%s' has %" PRIu64
-			                   " bytes, the model %" PRIu64,
-			                   m->name, mo->tensors[i].name, ti.nbytes,
-			                   mo->tensors[i].nbytes);
-		d->src_off[i] = ti.floor_offset;
-	}
-	return 0;
-}
-
-/* The device layout (see the top of cache.h): per tensor a segment and an offset in it. */
-static int layout(struct wf_cache *c, struct model *m, struct devcopy *d, struct wf_diag *diag)
-{
-	const struct wf_model *mo = m->model;
-	uint32_t nt = mo->n_tensors, seg = 0;
-	uint64_t prev_src = 0, prev_src_end = 0, prev_dev = 0, prev_dev_end = 0;
-	uint32_t prev_file = 0;
-	bool empty = true;
-	int ret;
-
-	d->src_off = calloc(nt ? nt : 1, sizeof(*d->src_off));
-	d->seg_of = calloc(nt ? nt : 1, sizeof(*d->seg_of));
-	d->dev_off = calloc(nt ? nt : 1, sizeof(*d->dev_off));
-	d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
-	/* At most one segment per tensor. */
-	d->seg_size = calloc(nt ? nt : 1, sizeof(*d->seg_size));
-	d->seg_ptr = calloc(nt ? nt : 1, sizeof(*d->seg_ptr));
-	if (!d->src_off || !d->seg_of || !d->dev_off || !d->tensors || !d->seg_size || !d->seg_ptr)
-		return -ENOMEM;
-	ret = source_offsets(m, d, diag);
-	if (ret < 0)
-		return ret;
-	for (uint32_t i = 0; i < nt; i++) {
-		uint64_t src = d->src_off[i], nb = mo->tensors[i].nbytes, dev;
-		uint32_t file = d->from_floor ? 0 : mo->tensors[i].file;
-
-		if (!empty && file == prev_file && src >= prev_src_end &&
-		    src - prev_src_end <= LAYOUT_GAP) {
-			/* Keep the source spacing: this tensor and the previous one are then one
-			 * read and one copy. */
-			dev = prev_dev + (src - prev_src);
-		} else {
-			dev = align_up(prev_dev_end, LAYOUT_ALIGN) + src % LAYOUT_ALIGN;
-		}
-		if (c->opts.alloc_max && !empty && dev + nb > c->opts.alloc_max) {
-			seg++;
-			dev = src % LAYOUT_ALIGN;
-		}
-		if (dev + nb < dev)
-			return wf_diag_set(diag, WF_EOVERFLOW, "model '%s': layout overflows",
-			                   m->name);
-		d->seg_of[i] = seg;
-		d->dev_off[i] = dev;
-		if (dev + nb > d->seg_size[seg])
-			d->seg_size[seg] = dev + nb;
-		prev_src = src;
-		prev_src_end = src + nb;
-		prev_dev = dev;
-		prev_dev_end = dev + nb;
-		prev_file = file;
-		empty = false;
-	}
-	d->n_segs = nt ? seg + 1 : 0;
-	d->bytes = 0;
-	for (uint32_t s = 0; s < d->n_segs; s++) {
-		/* A segment of zero-byte tensors still gets a (tiny) allocation. */
-		if (!d->seg_size[s])
-			d->seg_size[s] = 1;
-		d->bytes += d->seg_size[s];
-	}
-	return 0;
-}
-
-static void fill_pointers(struct model *m, struct devcopy *d)
-{
-	for (uint32_t i = 0; i < m->model->n_tensors; i++)
-		d->tensors[i] = (unsigned char *)d->seg_ptr[d->seg_of[i]] + d->dev_off[i];
-}
-
-/* ---- eviction -------------------------------------------------------------------------------- */
 
 /* Takes the model off the device. -EBUSY when acquired (checked under the lock, atomically with
  * the state change). 0 when it was not resident. */
@@ -430,11 +46,11 @@ static int evict_model(struct wf_cache *c, struct model *m, bool by_lru, const c
 	if (by_lru)
 		c->lru_evictions++;
 	if (was_pinned)
-		budget_update_locked(c);
+		wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
-	devcopy_free(c, &d);
-	emit(c, WF_CACHE_EVENT_EVICTED, m, 0, why);
-	emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
+	wf__cache_devcopy_free(c, &d);
+	wf__cache_emit(c, WF_CACHE_EVENT_EVICTED, m, 0, why);
+	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 	return 0;
 }
 
@@ -568,143 +184,9 @@ static void enforce_budget(struct wf_cache *c)
 	bool over;
 	struct wf_diag ignore = {0};
 
-	if (get_mode(c) != WF_CACHE_SELF_MANAGED)
+	if (wf__cache_mode_get(c) != WF_CACHE_SELF_MANAGED)
 		return;
 	(void)make_room(c, NULL, 0, 0, true, &over, &ignore);
-}
-
-/* ---- loading --------------------------------------------------------------------------------- */
-
-struct progress_ctx {
-	struct wf_cache *c;
-	struct model *m;
-	uint64_t base;
-	uint64_t last_event;
-};
-
-static void on_progress(void *vctx, uint64_t done, uint64_t total)
-{
-	struct progress_ctx *p = vctx;
-	uint64_t now = p->base + done;
-	(void)total;
-
-	pthread_mutex_lock(&p->c->lock);
-	p->m->load_done = now;
-	pthread_mutex_unlock(&p->c->lock);
-	if (now - p->last_event >= PROGRESS_EVENT || now == p->m->load_total) {
-		p->last_event = now;
-		emit(p->c, WF_CACHE_EVENT_PROGRESS, p->m, 0, NULL);
-	}
-}
-
-/* Moves the bytes of every tensor into d's allocations. */
-static int transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
-                    struct wf_stage_stats *ret_stats, struct wf_diag *diag)
-{
-	const struct wf_model *mo = m->model;
-	struct progress_ctx pc = {.c = c, .m = m};
-	struct wf_stage_ctl ctl = {
-	    .mode = c->opts.load_mode,
-	    .progress = on_progress,
-	    .progress_ctx = &pc,
-	    .cancel = &c->cancel_flag,
-	};
-	struct wf_stage_item *items = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*items));
-	struct wf_stage_stats st = {0}, total = {0};
-	int ret = 0;
-
-	if (!items)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < mo->n_tensors; i++)
-		items[i] = (struct wf_stage_item){d->src_off[i], mo->tensors[i].nbytes,
-		                                  d->tensors[i], d->seg_of[i] + 1};
-	if (d->from_floor) {
-		struct wf_stage_src src = {
-		    .fd = wf_shm_region_fd(m->region),
-		    .map = wf_shm_region_data(m->region),
-		    .map_size = (size_t)wf_shm_region_size(m->region),
-		};
-		/* Register the floor once per attachment, not per load: pinning a large
-		 * mapping costs (cudaHostRegister walks every page). */
-		if (ctl.mode != WF_STAGE_MODE_STAGED && !m->registered && !m->register_failed) {
-			struct wf_diag rd = {0};
-			int r = wf_device_host_register(c->dev, src.map, src.map_size,
-			                                WF_DEVICE_REGISTER_READONLY, NULL, &rd);
-			if (r == 0)
-				m->registered = true;
-			else if (ctl.mode == WF_STAGE_MODE_DIRECT)
-				ret = wf_diag_set(diag, r, "model '%s': registering the floor: %s",
-				                  m->name, wf_diag_str(&rd, r));
-			else
-				m->register_failed = true;
-		}
-		if (ret < 0)
-			goto out;
-		if (!m->registered)
-			ctl.mode = WF_STAGE_MODE_STAGED;
-		src.map_registered = m->registered;
-		/* A small model would measure call overheads, not rates: wait for a real one. */
-		if (ctl.mode == WF_STAGE_MODE_AUTO && m->registered &&
-		    mo->total_bytes >= WF_CACHE_CALIBRATE_MIN) {
-			struct wf_stage_info si;
-			wf_stage_info(c->stage, &si);
-			if (!si.calibrated) {
-				ret = wf_stage_calibrate(c->stage, &src, items, mo->n_tensors,
-				                         WF_CACHE_CALIBRATE_MAX, &c->cancel_flag,
-				                         NULL, NULL, diag);
-				if (ret < 0)
-					goto out;
-			}
-		}
-		ret = wf_stage_load(c->stage, &src, items, mo->n_tensors, &ctl, &total, diag);
-		if (ret < 0)
-			goto out;
-	} else {
-		double seconds = 0;
-
-		/* One load per file, its tensors in model order. */
-		ctl.mode = WF_STAGE_MODE_STAGED;
-		for (uint32_t f = 0; f < mo->n_files; f++) {
-			const struct wf_model_file *mf = &mo->files[f];
-			struct wf_stage_src src = {
-			    .fd = -1,
-			    .path = mf->path,
-			    .expect_size = mf->size,
-			    .expect_mtime_ns = mf->mtime_ns,
-			};
-			size_t k = 0;
-			uint64_t bytes = 0;
-
-			for (uint32_t i = 0; i < mo->n_tensors; i++) {
-				if (mo->tensors[i].file != f)
-					continue;
-				items[k] =
-				    (struct wf_stage_item){d->src_off[i], mo->tensors[i].nbytes,
-				                           d->tensors[i], d->seg_of[i] + 1};
-				bytes += mo->tensors[i].nbytes;
-				k++;
-			}
-			if (!k)
-				continue;
-			ret = wf_stage_load(c->stage, &src, items, k, &ctl, &st, diag);
-			if (ret < 0)
-				goto out;
-			pc.base += bytes;
-			seconds += st.seconds;
-			total.bytes += st.bytes;
-			total.bytes_read += st.bytes_read;
-			total.batches += st.batches;
-			total.reads += st.reads;
-			total.copies += st.copies;
-			total.mode = st.mode;
-		}
-		total.seconds = seconds;
-		total.gbps = seconds > 0 ? (double)total.bytes / seconds / 1e9 : 0;
-	}
-	*ret_stats = total;
-out:
-	free(items);
-	return ret;
 }
 
 /* Marks the model the manager is loading, so wf_cache_cancel() can find it. A new model resets
@@ -778,7 +260,7 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 		if (pin && m->state == WF_RESIDENCY_DEVICE) {
 			m->state = WF_RESIDENCY_PINNED_DEVICE;
 			m->over_budget = false;
-			budget_update_locked(c);
+			wf__cache_budget_update_locked(c);
 			pinned_now = true;
 		}
 		if (acquire)
@@ -789,15 +271,15 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 			/* Its bytes now shrink the on-demand budget: the rest may have to go. */
 			if (allow_evict)
 				enforce_budget(c);
-			emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
+			wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 		}
 		return 0;
 	}
 	set_active(c, m->id);
 	if (c->have_shm && !m->region)
-		(void)floor_attach(c, m, NULL);
+		(void)wf__cache_floor_attach(c, m, NULL);
 	d.from_floor = m->region != NULL;
-	ret = layout(c, m, &d, diag);
+	ret = wf__cache_layout(c, m, &d, diag);
 	if (ret < 0)
 		goto fail;
 	ret = check_fits(c, m, d.bytes, diag);
@@ -833,18 +315,18 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 		if (ret < 0)
 			goto fail;
 	}
-	fill_pointers(m, &d);
+	wf__cache_fill_pointers(m, &d);
 
 	pthread_mutex_lock(&c->lock);
 	m->loading = true;
 	m->load_done = 0;
 	m->load_total = m->model->total_bytes;
 	pthread_mutex_unlock(&c->lock);
-	emit(c, WF_CACHE_EVENT_PROGRESS, m, 0, NULL);
+	wf__cache_emit(c, WF_CACHE_EVENT_PROGRESS, m, 0, NULL);
 	if (cancel_requested(c))
 		ret = wf_diag_set(diag, WF_ECANCELED, "model '%s': load canceled", m->name);
 	else
-		ret = transfer(c, m, &d, &stats, diag);
+		ret = wf__cache_transfer(c, m, &d, &stats, diag);
 	pthread_mutex_lock(&c->lock);
 	m->loading = false;
 	wf_stage_info(c->stage, &c->stage_info);
@@ -873,16 +355,17 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 	m->last_error = 0;
 	m->last_error_msg[0] = '\0';
 	if (pin)
-		budget_update_locked(c);
+		wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
 	free(d.seg_of);
 	free(d.dev_off);
-	emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, over ? "larger than the on-demand budget" : NULL);
+	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0,
+	               over ? "larger than the on-demand budget" : NULL);
 	return 0;
 fail:
 	/* Frees waits for the copies queued before it: nothing is left behind. */
-	devcopy_free(c, &d);
-	emit(c, WF_CACHE_EVENT_LOAD_FAILED, m, ret, wf_diag_str(diag, ret));
+	wf__cache_devcopy_free(c, &d);
+	wf__cache_emit(c, WF_CACHE_EVENT_LOAD_FAILED, m, ret, wf_diag_str(diag, ret));
 	return ret;
 }
 
@@ -896,16 +379,14 @@ static int unpin_model(struct wf_cache *c, struct model *m, struct wf_diag *diag
 	}
 	m->state = WF_RESIDENCY_DEVICE;
 	m->lru = ++c->tick;
-	budget_update_locked(c);
+	wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
 	/* It now counts against the budget like any other; in self-managed mode the budget is
 	 * enforced (the LRU may pick this very model if it is the oldest). */
 	enforce_budget(c);
-	emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
+	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 	return 0;
 }
-
-/* ---- commands -------------------------------------------------------------------------------- */
 
 /* No count in the message: `acquired` moves under the lock, and callers hold it or not. */
 static int busy_error(const struct model *m, struct wf_diag *diag)
@@ -965,9 +446,9 @@ static int cmd_add(struct wf_cache *c, struct cmd *k)
 		return ret;
 	}
 	if (c->have_shm)
-		(void)floor_attach(c, m, NULL);
+		(void)wf__cache_floor_attach(c, m, NULL);
 	k->out_id = m->id;
-	emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
+	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 	return 0;
 }
 
@@ -977,7 +458,7 @@ static int cmd_remove(struct wf_cache *c, struct model *m, struct wf_diag *diag)
 
 	if (ret == -EBUSY)
 		return busy_error(m, diag);
-	floor_detach(c, m);
+	wf__cache_floor_detach(c, m);
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < c->n_models; i++) {
 		if (c->models[i] == m) {
@@ -995,7 +476,7 @@ static int cmd_remove(struct wf_cache *c, struct model *m, struct wf_diag *diag)
 static int cmd_set_residency(struct wf_cache *c, struct model *m, enum wf_residency to,
                              struct wf_diag *diag)
 {
-	bool self = get_mode(c) == WF_CACHE_SELF_MANAGED;
+	bool self = wf__cache_mode_get(c) == WF_CACHE_SELF_MANAGED;
 	int ret;
 
 	switch (to) {
@@ -1008,10 +489,10 @@ static int cmd_set_residency(struct wf_cache *c, struct model *m, enum wf_reside
 		if (ret == -EBUSY)
 			return busy_error(m, diag);
 		if (to == WF_RESIDENCY_DISK) {
-			floor_detach(c, m);
+			wf__cache_floor_detach(c, m);
 			return 0;
 		}
-		ret = floor_attach(c, m, diag);
+		ret = wf__cache_floor_attach(c, m, diag);
 		if (ret < 0)
 			return wf_diag_set(diag, ret, "model '%s': no floor: %s", m->name,
 			                   wf_strerror(ret));
@@ -1041,7 +522,7 @@ static int cmd_compact(struct wf_cache *c, struct cmd *k)
 	/* All or nothing: check every id and every acquisition before freeing anything. */
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < k->n_ids; i++) {
-		if (!find_locked(c, k->ids[i])) {
+		if (!wf__cache_find_locked(c, k->ids[i])) {
 			pthread_mutex_unlock(&c->lock);
 			free(list);
 			return wf_diag_set(&k->diag, WF_ENOT_FOUND, "compact: no model %u",
@@ -1073,12 +554,12 @@ static int cmd_compact(struct wf_cache *c, struct cmd *k)
 		int ret;
 
 		pthread_mutex_lock(&c->lock);
-		m = find_locked(c, k->ids[i]);
+		m = wf__cache_find_locked(c, k->ids[i]);
 		pthread_mutex_unlock(&c->lock);
 		set_active(c, m->id);
 		ret = load_model(c, m, false, false, false, &d);
 		if (ret < 0) {
-			set_error(c, m, ret, &d);
+			wf__cache_set_error(c, m, ret, &d);
 			if (!first) {
 				first = ret;
 				wf_diag_set(&k->diag, ret, "compact: %s", wf_diag_str(&d, ret));
@@ -1123,7 +604,7 @@ static int check_budget(const struct wf_cache_budget *b, struct wf_diag *diag)
 static int run_cmd(struct wf_cache *c, struct cmd *k)
 {
 	struct model *m = NULL;
-	bool self = get_mode(c) == WF_CACHE_SELF_MANAGED;
+	bool self = wf__cache_mode_get(c) == WF_CACHE_SELF_MANAGED;
 	int ret;
 
 	switch (k->type) {
@@ -1139,7 +620,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 			return ret;
 		pthread_mutex_lock(&c->lock);
 		c->bin = k->budget;
-		budget_update_locked(c);
+		wf__cache_budget_update_locked(c);
 		pthread_mutex_unlock(&c->lock);
 		enforce_budget(c);
 		return 0;
@@ -1147,7 +628,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		break;
 	}
 	pthread_mutex_lock(&c->lock);
-	m = find_locked(c, k->id);
+	m = wf__cache_find_locked(c, k->id);
 	pthread_mutex_unlock(&c->lock);
 	if (!m)
 		return wf_diag_set(&k->diag, WF_ENOT_FOUND, "no model with id %u", k->id);
@@ -1183,7 +664,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		ret = wf_diag_set(&k->diag, WF_EINTERNAL, "unknown command %d", (int)k->type);
 	}
 	if (ret < 0)
-		set_error(c, m, ret, &k->diag);
+		wf__cache_set_error(c, m, ret, &k->diag);
 	return ret;
 }
 
@@ -1265,7 +746,7 @@ static void *manager_main(void *arg)
 }
 
 /* Posts k and, unless it is async (then heap-allocated and freed by the manager), waits for it. */
-static int post(struct wf_cache *c, struct cmd *k, struct wf_diag *diag)
+int wf__cache_post(struct wf_cache *c, struct cmd *k, struct wf_diag *diag)
 {
 	int ret;
 
@@ -1295,8 +776,6 @@ static int post(struct wf_cache *c, struct cmd *k, struct wf_diag *diag)
 		*diag = k->diag;
 	return ret;
 }
-
-/* ---- create / shutdown ----------------------------------------------------------------------- */
 
 int wf_cache_create(struct wf_device *dev, const struct wf_cache_opts *opts,
                     struct wf_cache **ret_cache, struct wf_diag *diag)
@@ -1339,7 +818,7 @@ int wf_cache_create(struct wf_device *dev, const struct wf_cache_opts *opts,
 			goto err;
 		c->bin.arena = fr;
 	}
-	budget_update_locked(c);
+	wf__cache_budget_update_locked(c);
 	if (c->opts.shm) {
 		c->have_shm = true;
 		c->shm = *c->opts.shm;
@@ -1435,7 +914,7 @@ void wf_cache_destroy(struct wf_cache *c)
 		(void)evict_model(c, c->models[i], false, "shutdown");
 	}
 	for (size_t i = 0; i < c->n_models; i++) {
-		floor_detach(c, c->models[i]);
+		wf__cache_floor_detach(c, c->models[i]);
 		free(c->models[i]);
 	}
 	free(c->models);
@@ -1446,8 +925,6 @@ void wf_cache_destroy(struct wf_cache *c)
 	free(c);
 }
 
-/* ---- public commands ------------------------------------------------------------------------- */
-
 int wf_cache_model_add(struct wf_cache *c, const char *name, const struct wf_model *model,
                        uint32_t *ret_id, struct wf_diag *diag)
 {
@@ -1456,7 +933,7 @@ int wf_cache_model_add(struct wf_cache *c, const char *name, const struct wf_mod
 
 	if (!c || !model || !ret_id)
 		return wf_diag_set(diag, WF_EINVAL, "model add: NULL argument");
-	ret = post(c, &k, diag);
+	ret = wf__cache_post(c, &k, diag);
 	if (ret == 0)
 		*ret_id = k.out_id;
 	return ret;
@@ -1465,25 +942,7 @@ int wf_cache_model_add(struct wf_cache *c, const char *name, const struct wf_mod
 int wf_cache_model_remove(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 {
 	struct cmd k = {.type = CMD_REMOVE, .id = id};
-	return c ? post(c, &k, diag) : WF_EINVAL;
-}
-
-int wf_cache_model_find(struct wf_cache *c, const char *name, uint32_t *ret_id)
-{
-	int ret = WF_ENOT_FOUND;
-
-	if (!c || !name || !ret_id)
-		return WF_EINVAL;
-	pthread_mutex_lock(&c->lock);
-	for (size_t i = 0; i < c->n_models; i++) {
-		if (strcmp(c->models[i]->name, name) == 0) {
-			*ret_id = c->models[i]->id;
-			ret = 0;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&c->lock);
-	return ret;
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }
 
 int wf_cache_set_residency(struct wf_cache *c, uint32_t id, enum wf_residency state,
@@ -1493,7 +952,7 @@ int wf_cache_set_residency(struct wf_cache *c, uint32_t id, enum wf_residency st
 
 	if (!c || (unsigned)state >= WF_RESIDENCY_MAX)
 		return wf_diag_set(diag, WF_EINVAL, "set residency: bad argument");
-	return post(c, &k, diag);
+	return wf__cache_post(c, &k, diag);
 }
 
 int wf_cache_pin(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
@@ -1504,13 +963,13 @@ int wf_cache_pin(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 int wf_cache_unpin(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 {
 	struct cmd k = {.type = CMD_UNPIN, .id = id};
-	return c ? post(c, &k, diag) : WF_EINVAL;
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }
 
 int wf_cache_evict(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 {
 	struct cmd k = {.type = CMD_EVICT, .id = id};
-	return c ? post(c, &k, diag) : WF_EINVAL;
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }
 
 int wf_cache_prefetch(struct wf_cache *c, uint32_t id, bool wait, struct wf_diag *diag)
@@ -1520,13 +979,13 @@ int wf_cache_prefetch(struct wf_cache *c, uint32_t id, bool wait, struct wf_diag
 	if (!c)
 		return WF_EINVAL;
 	if (wait)
-		return post(c, &local, diag);
+		return wf__cache_post(c, &local, diag);
 	k = calloc(1, sizeof(*k));
 	if (!k)
 		return -ENOMEM;
 	*k = local;
 	k->async = true;
-	return post(c, k, diag);
+	return wf__cache_post(c, k, diag);
 }
 
 int wf_cache_compact(struct wf_cache *c, const uint32_t *ids, size_t n, struct wf_diag *diag)
@@ -1535,13 +994,13 @@ int wf_cache_compact(struct wf_cache *c, const uint32_t *ids, size_t n, struct w
 
 	if (!c || (n && !ids))
 		return wf_diag_set(diag, WF_EINVAL, "compact: bad argument");
-	return post(c, &k, diag);
+	return wf__cache_post(c, &k, diag);
 }
 
 int wf_cache_release_all(struct wf_cache *c, struct wf_diag *diag)
 {
 	struct cmd k = {.type = CMD_RELEASE_ALL};
-	return c ? post(c, &k, diag) : WF_EINVAL;
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }
 
 int wf_cache_set_budget(struct wf_cache *c, const struct wf_cache_budget *budget,
@@ -1557,7 +1016,7 @@ int wf_cache_set_budget(struct wf_cache *c, const struct wf_cache_budget *budget
 		k.budget.arena = c->bin.arena;
 		pthread_mutex_unlock(&c->lock);
 	}
-	return post(c, &k, diag);
+	return wf__cache_post(c, &k, diag);
 }
 
 int wf_cache_set_mode(struct wf_cache *c, enum wf_cache_mode mode)
@@ -1603,215 +1062,4 @@ int wf_cache_cancel(struct wf_cache *c, uint32_t id)
 	pthread_cond_broadcast(&c->done);
 	pthread_mutex_unlock(&c->lock);
 	return ret;
-}
-
-/* ---- requests -------------------------------------------------------------------------------- */
-
-/* Acquires a resident model under the lock. 1 when done, 0 when not resident, <0 error. */
-static int try_acquire_locked(struct wf_cache *c, uint32_t id, struct wf_cache_view *view)
-{
-	struct model *m = find_locked(c, id);
-
-	if (!m)
-		return WF_ENOT_FOUND;
-	if (!resident(m))
-		return 0;
-	m->acquired++;
-	m->lru = ++c->tick;
-	if (view)
-		*view = (struct wf_cache_view){m->model, m->model->n_tensors, m->tensors};
-	return 1;
-}
-
-int wf_cache_acquire(struct wf_cache *c, uint32_t id, struct wf_cache_view *ret_view,
-                     struct wf_diag *diag)
-{
-	struct cmd k = {.type = CMD_ACQUIRE, .id = id};
-	int ret;
-	bool self;
-
-	if (!c)
-		return WF_EINVAL;
-	pthread_mutex_lock(&c->lock);
-	ret = try_acquire_locked(c, id, ret_view);
-	self = c->mode == WF_CACHE_SELF_MANAGED;
-	pthread_mutex_unlock(&c->lock);
-	if (ret < 0)
-		return wf_diag_set(diag, ret, "acquire: no model with id %u", id);
-	if (ret == 1)
-		return 0;
-	if (!self)
-		return wf_diag_set(diag, WF_ENOT_RESIDENT,
-		                   "model %u is not resident (external mode)", id);
-	ret = post(c, &k, diag);
-	if (ret < 0)
-		return ret;
-	/* The manager counted our hold when it published the model: only the view is left. */
-	if (ret_view) {
-		pthread_mutex_lock(&c->lock);
-		struct model *m = find_locked(c, id);
-		*ret_view = (struct wf_cache_view){m->model, m->model->n_tensors, m->tensors};
-		pthread_mutex_unlock(&c->lock);
-	}
-	return 0;
-}
-
-int wf_cache_release(struct wf_cache *c, uint32_t id)
-{
-	struct model *m;
-	int ret = 0;
-
-	if (!c)
-		return WF_EINVAL;
-	pthread_mutex_lock(&c->lock);
-	m = find_locked(c, id);
-	if (!m)
-		ret = WF_ENOT_FOUND;
-	else if (!m->acquired)
-		ret = WF_ESTATE;
-	else
-		m->acquired--;
-	pthread_mutex_unlock(&c->lock);
-	return ret;
-}
-
-int wf_cache_verify(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
-{
-	const struct wf_model *mo;
-	struct wf_stage_item *items = NULL;
-	struct model *m;
-	int ret;
-
-	if (!c)
-		return WF_EINVAL;
-	pthread_mutex_lock(&c->lock);
-	ret = try_acquire_locked(c, id, NULL);
-	m = find_locked(c, id);
-	pthread_mutex_unlock(&c->lock);
-	if (ret < 0)
-		return wf_diag_set(diag, ret, "verify: no model with id %u", id);
-	if (ret == 0)
-		return wf_diag_set(diag, WF_ENOT_RESIDENT, "verify: model '%s' is not resident",
-		                   m->name);
-	/* Held: the device copy, its source offsets and the floor attachment stay as they are. */
-	mo = m->model;
-	items = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*items));
-	if (!items) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t f = 0; f < (m->from_floor ? 1u : mo->n_files); f++) {
-		struct wf_stage_src src = {.fd = -1};
-		size_t k = 0, bad = 0;
-		uint32_t *index = NULL;
-
-		if (m->from_floor) {
-			src.fd = wf_shm_region_fd(m->region);
-			src.map = wf_shm_region_data(m->region);
-			src.map_size = (size_t)wf_shm_region_size(m->region);
-		} else {
-			src.path = mo->files[f].path;
-		}
-		index = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*index));
-		if (!index) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < mo->n_tensors; i++) {
-			if (!m->from_floor && mo->tensors[i].file != f)
-				continue;
-			index[k] = i;
-			items[k++] = (struct wf_stage_item){m->src_off[i], mo->tensors[i].nbytes,
-			                                    m->tensors[i], 0};
-		}
-		struct wf_diag vd = {0};
-		ret = wf_stage_verify(c->dev, &src, items, k, &bad, &vd);
-		if (ret < 0) {
-			const char *tn =
-			    ret == WF_ECHECKSUM && bad < k ? mo->tensors[index[bad]].name : "?";
-			wf_diag_set(diag, ret, "verify: model '%s' tensor '%s': %s", m->name, tn,
-			            wf_diag_str(&vd, ret));
-		}
-		free(index);
-		if (ret < 0)
-			goto out;
-	}
-out:
-	free(items);
-	(void)wf_cache_release(c, id);
-	return ret;
-}
-
-/* ---- status ---------------------------------------------------------------------------------- */
-
-int wf_cache_status(struct wf_cache *c, struct wf_cache_status **ret_status)
-{
-	struct wf_cache_status *s;
-	size_t n;
-
-	if (!c || !ret_status)
-		return WF_EINVAL;
-	s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	pthread_mutex_lock(&c->lock);
-	n = c->n_models;
-	s->models = calloc(n ? n : 1, sizeof(*s->models));
-	if (!s->models) {
-		pthread_mutex_unlock(&c->lock);
-		free(s);
-		return -ENOMEM;
-	}
-	s->mode = c->mode;
-	s->budget = c->budget;
-	s->loads = c->loads;
-	s->evictions = c->evictions;
-	s->lru_evictions = c->lru_evictions;
-	s->n_models = n;
-	for (size_t i = 0; i < n; i++) {
-		const struct model *m = c->models[i];
-		struct wf_cache_model_status *ms = &s->models[i];
-
-		ms->id = m->id;
-		memcpy(ms->name, m->name, sizeof(ms->name));
-		ms->digest = m->digest;
-		ms->state = m->state;
-		ms->floor = m->region != NULL;
-		ms->floor_error = m->region ? 0 : m->floor_error;
-		ms->loading = m->loading;
-		ms->load_done = m->load_done;
-		ms->load_total = m->load_total;
-		ms->over_budget = m->over_budget;
-		ms->bytes = m->model->total_bytes;
-		ms->device_bytes = m->device_bytes;
-		ms->n_allocs = m->n_segs;
-		ms->acquired = m->acquired;
-		ms->lru_stamp = m->lru;
-		ms->last_load_seconds = m->last_seconds;
-		ms->last_load_gbps = m->last_gbps;
-		ms->last_load_mode = m->last_mode;
-		ms->last_load_from_floor = m->from_floor;
-		ms->loads = m->loads;
-		ms->evictions = m->evictions;
-		ms->last_error = m->last_error;
-		memcpy(ms->last_error_msg, m->last_error_msg, sizeof(ms->last_error_msg));
-		if (m->state == WF_RESIDENCY_DEVICE)
-			s->resident_bytes += m->device_bytes;
-		else if (m->state == WF_RESIDENCY_PINNED_DEVICE)
-			s->pinned_bytes += m->device_bytes;
-	}
-	s->stage = c->stage_info;
-	pthread_mutex_unlock(&c->lock);
-	s->over_budget = s->resident_bytes > s->budget.on_demand;
-	(void)wf_device_mem_info(c->dev, &s->mem_free, &s->mem_total, NULL);
-	*ret_status = s;
-	return 0;
-}
-
-void wf_cache_status_free(struct wf_cache_status *s)
-{
-	if (!s)
-		return;
-	free(s->models);
-	free(s);
 }
