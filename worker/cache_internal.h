@@ -39,6 +39,8 @@ enum cmd_type {
 	CMD_COMPACT,
 	CMD_RELEASE_ALL,
 	CMD_SET_BUDGET,
+	CMD_WSET_LOAD,
+	CMD_WSET_EVICT,
 };
 
 struct cmd {
@@ -46,6 +48,7 @@ struct cmd {
 	enum cmd_type type;
 	uint32_t id;
 	enum wf_residency state;
+	uint32_t set; /* CMD_WSET_* */
 	const uint32_t *ids;
 	size_t n_ids;
 	struct wf_cache_budget budget;
@@ -55,6 +58,18 @@ struct cmd {
 	bool async, done;
 	int result;
 	struct wf_diag diag;
+};
+
+/* One weight set's device copy. Readers look at resident/pinned/device_bytes under the lock; the
+ * rest is the manager's. */
+struct wset {
+	struct wf_wset_def def;
+	bool resident, pinned;
+	bool from_floor; /* loaded from the floor (else from the model files) */
+	uint32_t n_segs;
+	void **seg_ptr;
+	uint64_t *seg_size;
+	uint64_t device_bytes;
 };
 
 struct model {
@@ -68,18 +83,22 @@ struct model {
 	bool register_failed;
 	int floor_error;
 
+	/* Derived from the sets (model_refresh_locked): every set resident is DEVICE, or
+	 * PINNED_DEVICE when every set is pinned; anything less is the host level. */
 	enum wf_residency state;
 	bool loading;
 	uint64_t load_done, load_total;
 	bool over_budget;
 
-	/* The device copy (manager-owned; readers use tensors only while holding the model). */
-	uint32_t n_segs;
-	void **seg_ptr;
-	uint64_t *seg_size;
+	/* The weight sets, each tensor in exactly one (worker/wset.h). */
+	uint32_t n_sets;
+	struct wset *sets;
+	/* Per tensor, valid for the tensors of resident sets (readers use them only while holding
+	 * the model). */
 	void **tensors;
 	uint64_t *src_off; /* where each tensor's bytes came from (floor or file offset) */
-	bool from_floor;
+	bool from_floor;   /* of the last load */
+	uint32_t n_segs;   /* sums over the resident sets */
 	uint64_t device_bytes;
 
 	unsigned acquired;
@@ -127,17 +146,29 @@ struct wf_cache {
 	uint64_t loads, evictions, lru_evictions;
 };
 
+/* One set's copy while it loads: arrays by position in the set. */
 struct devcopy {
+	struct wset *set;
 	uint32_t n_segs;
 	void **seg_ptr;
 	uint64_t *seg_size;
 	void **tensors;
 	uint64_t *src_off;
-	uint32_t *seg_of; /* per tensor, during a load only */
+	uint32_t *seg_of;
 	uint64_t *dev_off;
 	bool from_floor;
 	uint64_t bytes;
 };
+
+/* A load's progress across its sets. */
+struct progress_ctx {
+	struct wf_cache *c;
+	struct model *m;
+	uint64_t base;
+	uint64_t last_event;
+};
+
+#define ALL_SETS UINT32_MAX
 
 static inline bool resident(const struct model *m)
 {
@@ -150,6 +181,16 @@ static inline enum wf_residency host_level(const struct model *m)
 }
 
 /* wset.c */
+
+/* Bytes of the model's resident sets that are (not) pinned. Lock held or manager. */
+uint64_t wf__cache_set_bytes(const struct model *m, bool pinned);
+/* Whether the model has a resident set that is (not) pinned. */
+bool wf__cache_any_set(const struct model *m, bool pinned);
+/* Recomputes the model's state and totals from its sets. Lock held. */
+void wf__cache_model_refresh_locked(struct model *m);
+/* Builds the model's sets and per-tensor arrays (cmd_add); frees them and m. */
+int wf__cache_model_sets_init(struct model *m);
+void wf__cache_model_free(struct model *m);
 
 enum wf_cache_mode wf__cache_mode_get(struct wf_cache *c);
 /* Called with the lock held. */
@@ -172,12 +213,16 @@ int wf__cache_floor_attach(struct wf_cache *c, struct model *m, struct wf_diag *
  * may still be read from the mapping: copies finished when the load returned). */
 void wf__cache_floor_detach(struct wf_cache *c, struct model *m);
 void wf__cache_devcopy_free(struct wf_cache *c, struct devcopy *d);
-/* The device layout (see the top of cache.h): per tensor a segment and an offset in it. */
+/* The device layout of d->set (see the top of cache.h): per tensor a segment and an offset in
+ * it. d->from_floor says where from. */
 int wf__cache_layout(struct wf_cache *c, struct model *m, struct devcopy *d, struct wf_diag *diag);
-void wf__cache_fill_pointers(struct model *m, struct devcopy *d);
-/* Moves the bytes of every tensor into d's allocations. */
+/* Device address of each of the set's tensors, once its segments are allocated. */
+void wf__cache_fill_pointers(struct devcopy *d);
+/* Moves the bytes of the set's tensors into d's allocations; progress continues from pc->base
+ * (advanced by the set's bytes). */
 int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
-                       struct wf_stage_stats *ret_stats, struct wf_diag *diag);
+                       struct progress_ctx *pc, struct wf_stage_stats *ret_stats,
+                       struct wf_diag *diag);
 
 /* manager.c */
 

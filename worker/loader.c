@@ -73,14 +73,18 @@ void wf__cache_devcopy_free(struct wf_cache *c, struct devcopy *d)
 	*d = (struct devcopy){0};
 }
 
-/* Source offset of each tensor: in the floor (the current generation's bytes) or in its file. */
+/* Source offset of each of the set's tensors: in the floor (the current generation's bytes) or
+ * in its file. */
 static int source_offsets(struct model *m, struct devcopy *d, struct wf_diag *diag)
 {
 	const struct wf_model *mo = m->model;
+	const struct wf_wset_def *def = &d->set->def;
 
-	for (uint32_t i = 0; i < mo->n_tensors; i++) {
+	for (uint32_t k = 0; k < def->n_tensors; k++) {
+		uint32_t i = def->tensors[k];
+
 		if (!d->from_floor) {
-			d->src_off[i] = mo->tensors[i].offset;
+			d->src_off[k] = mo->tensors[i].offset;
 			continue;
 		}
 		struct wf_shm_tensor_info ti;
@@ -94,16 +98,17 @@ static int source_offsets(struct model *m, struct devcopy *d, struct wf_diag *di
 			                   " bytes, the model %" PRIu64,
 			                   m->name, mo->tensors[i].name, ti.nbytes,
 			                   mo->tensors[i].nbytes);
-		d->src_off[i] = ti.floor_offset;
+		d->src_off[k] = ti.floor_offset;
 	}
 	return 0;
 }
 
-/* The device layout (see the top of cache.h): per tensor a segment and an offset in it. */
+/* The device layout of one set (see the top of cache.h): per tensor a segment and an offset in
+ * it. */
 int wf__cache_layout(struct wf_cache *c, struct model *m, struct devcopy *d, struct wf_diag *diag)
 {
 	const struct wf_model *mo = m->model;
-	uint32_t nt = mo->n_tensors, seg = 0;
+	uint32_t nt = d->set->def.n_tensors, seg = 0;
 	uint64_t prev_src = 0, prev_src_end = 0, prev_dev = 0, prev_dev_end = 0;
 	uint32_t prev_file = 0;
 	bool empty = true;
@@ -121,8 +126,9 @@ int wf__cache_layout(struct wf_cache *c, struct model *m, struct devcopy *d, str
 	ret = source_offsets(m, d, diag);
 	if (ret < 0)
 		return ret;
-	for (uint32_t i = 0; i < nt; i++) {
-		uint64_t src = d->src_off[i], nb = mo->tensors[i].nbytes, dev;
+	for (uint32_t k = 0; k < nt; k++) {
+		uint32_t i = d->set->def.tensors[k];
+		uint64_t src = d->src_off[k], nb = mo->tensors[i].nbytes, dev;
 		uint32_t file = d->from_floor ? 0 : mo->tensors[i].file;
 
 		if (!empty && file == prev_file && src >= prev_src_end &&
@@ -140,8 +146,8 @@ int wf__cache_layout(struct wf_cache *c, struct model *m, struct devcopy *d, str
 		if (dev + nb < dev)
 			return wf_diag_set(diag, WF_EOVERFLOW, "model '%s': layout overflows",
 			                   m->name);
-		d->seg_of[i] = seg;
-		d->dev_off[i] = dev;
+		d->seg_of[k] = seg;
+		d->dev_off[k] = dev;
 		if (dev + nb > d->seg_size[seg])
 			d->seg_size[seg] = dev + nb;
 		prev_src = src;
@@ -162,18 +168,11 @@ int wf__cache_layout(struct wf_cache *c, struct model *m, struct devcopy *d, str
 	return 0;
 }
 
-void wf__cache_fill_pointers(struct model *m, struct devcopy *d)
+void wf__cache_fill_pointers(struct devcopy *d)
 {
-	for (uint32_t i = 0; i < m->model->n_tensors; i++)
-		d->tensors[i] = (unsigned char *)d->seg_ptr[d->seg_of[i]] + d->dev_off[i];
+	for (uint32_t k = 0; k < d->set->def.n_tensors; k++)
+		d->tensors[k] = (unsigned char *)d->seg_ptr[d->seg_of[k]] + d->dev_off[k];
 }
-
-struct progress_ctx {
-	struct wf_cache *c;
-	struct model *m;
-	uint64_t base;
-	uint64_t last_event;
-};
 
 static void on_progress(void *vctx, uint64_t done, uint64_t total)
 {
@@ -190,27 +189,30 @@ static void on_progress(void *vctx, uint64_t done, uint64_t total)
 	}
 }
 
-/* Moves the bytes of every tensor into d's allocations. */
+/* Moves the bytes of the set's tensors into d's allocations. */
 int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
-                       struct wf_stage_stats *ret_stats, struct wf_diag *diag)
+                       struct progress_ctx *pc, struct wf_stage_stats *ret_stats,
+                       struct wf_diag *diag)
 {
 	const struct wf_model *mo = m->model;
-	struct progress_ctx pc = {.c = c, .m = m};
+	const struct wf_wset_def *def = &d->set->def;
+	uint64_t base = pc->base;
 	struct wf_stage_ctl ctl = {
 	    .mode = c->opts.load_mode,
 	    .progress = on_progress,
-	    .progress_ctx = &pc,
+	    .progress_ctx = pc,
 	    .cancel = &c->cancel_flag,
 	};
-	struct wf_stage_item *items = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*items));
+	struct wf_stage_item *items = calloc(def->n_tensors ? def->n_tensors : 1, sizeof(*items));
 	struct wf_stage_stats st = {0}, total = {0};
 	int ret = 0;
 
 	if (!items)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < mo->n_tensors; i++)
-		items[i] = (struct wf_stage_item){d->src_off[i], mo->tensors[i].nbytes,
-		                                  d->tensors[i], d->seg_of[i] + 1};
+	for (uint32_t k = 0; k < def->n_tensors; k++)
+		items[k] =
+		    (struct wf_stage_item){d->src_off[k], mo->tensors[def->tensors[k]].nbytes,
+		                           d->tensors[k], d->seg_of[k] + 1};
 	if (d->from_floor) {
 		struct wf_stage_src src = {
 		    .fd = wf_shm_region_fd(m->region),
@@ -238,18 +240,18 @@ int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
 		src.map_registered = m->registered;
 		/* A small model would measure call overheads, not rates: wait for a real one. */
 		if (ctl.mode == WF_STAGE_MODE_AUTO && m->registered &&
-		    mo->total_bytes >= WF_CACHE_CALIBRATE_MIN) {
+		    def->bytes >= WF_CACHE_CALIBRATE_MIN) {
 			struct wf_stage_info si;
 			wf_stage_info(c->stage, &si);
 			if (!si.calibrated) {
-				ret = wf_stage_calibrate(c->stage, &src, items, mo->n_tensors,
+				ret = wf_stage_calibrate(c->stage, &src, items, def->n_tensors,
 				                         WF_CACHE_CALIBRATE_MAX, &c->cancel_flag,
 				                         NULL, NULL, diag);
 				if (ret < 0)
 					goto out;
 			}
 		}
-		ret = wf_stage_load(c->stage, &src, items, mo->n_tensors, &ctl, &total, diag);
+		ret = wf_stage_load(c->stage, &src, items, def->n_tensors, &ctl, &total, diag);
 		if (ret < 0)
 			goto out;
 	} else {
@@ -268,12 +270,13 @@ int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
 			size_t k = 0;
 			uint64_t bytes = 0;
 
-			for (uint32_t i = 0; i < mo->n_tensors; i++) {
+			for (uint32_t p = 0; p < def->n_tensors; p++) {
+				uint32_t i = def->tensors[p];
 				if (mo->tensors[i].file != f)
 					continue;
 				items[k] =
-				    (struct wf_stage_item){d->src_off[i], mo->tensors[i].nbytes,
-				                           d->tensors[i], d->seg_of[i] + 1};
+				    (struct wf_stage_item){d->src_off[p], mo->tensors[i].nbytes,
+				                           d->tensors[p], d->seg_of[p] + 1};
 				bytes += mo->tensors[i].nbytes;
 				k++;
 			}
@@ -282,7 +285,7 @@ int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
 			ret = wf_stage_load(c->stage, &src, items, k, &ctl, &st, diag);
 			if (ret < 0)
 				goto out;
-			pc.base += bytes;
+			pc->base += bytes;
 			seconds += st.seconds;
 			total.bytes += st.bytes;
 			total.bytes_read += st.bytes_read;
@@ -294,16 +297,57 @@ int wf__cache_transfer(struct wf_cache *c, struct model *m, struct devcopy *d,
 		total.seconds = seconds;
 		total.gbps = seconds > 0 ? (double)total.bytes / seconds / 1e9 : 0;
 	}
+	pc->base = base + def->bytes;
 	*ret_stats = total;
 out:
 	free(items);
 	return ret;
 }
 
+/* Verifies one resident set against its source (floor, or each model file in turn). */
+static int verify_set(struct wf_cache *c, struct model *m, const struct wset *set,
+                      struct wf_stage_item *items, uint32_t *index, struct wf_diag *diag)
+{
+	const struct wf_model *mo = m->model;
+	const struct wf_wset_def *def = &set->def;
+	int ret = 0;
+
+	for (uint32_t f = 0; f < (set->from_floor ? 1u : mo->n_files); f++) {
+		struct wf_stage_src src = {.fd = -1};
+		size_t k = 0, bad = 0;
+
+		if (set->from_floor) {
+			src.fd = wf_shm_region_fd(m->region);
+			src.map = wf_shm_region_data(m->region);
+			src.map_size = (size_t)wf_shm_region_size(m->region);
+		} else {
+			src.path = mo->files[f].path;
+		}
+		for (uint32_t p = 0; p < def->n_tensors; p++) {
+			uint32_t i = def->tensors[p];
+			if (!set->from_floor && mo->tensors[i].file != f)
+				continue;
+			index[k] = i;
+			items[k++] = (struct wf_stage_item){m->src_off[i], mo->tensors[i].nbytes,
+			                                    m->tensors[i], 0};
+		}
+		struct wf_diag vd = {0};
+		ret = wf_stage_verify(c->dev, &src, items, k, &bad, &vd);
+		if (ret < 0) {
+			const char *tn =
+			    ret == WF_ECHECKSUM && bad < k ? mo->tensors[index[bad]].name : "?";
+			return wf_diag_set(diag, ret, "verify: model '%s' tensor '%s': %s", m->name,
+			                   tn, wf_diag_str(&vd, ret));
+		}
+	}
+	return 0;
+}
+
 int wf_cache_verify(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 {
 	const struct wf_model *mo;
 	struct wf_stage_item *items = NULL;
+	uint32_t *index = NULL;
 	struct model *m;
 	int ret;
 
@@ -321,48 +365,17 @@ int wf_cache_verify(struct wf_cache *c, uint32_t id, struct wf_diag *diag)
 	/* Held: the device copy, its source offsets and the floor attachment stay as they are. */
 	mo = m->model;
 	items = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*items));
-	if (!items) {
+	index = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*index));
+	if (!items || !index) {
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (uint32_t f = 0; f < (m->from_floor ? 1u : mo->n_files); f++) {
-		struct wf_stage_src src = {.fd = -1};
-		size_t k = 0, bad = 0;
-		uint32_t *index = NULL;
-
-		if (m->from_floor) {
-			src.fd = wf_shm_region_fd(m->region);
-			src.map = wf_shm_region_data(m->region);
-			src.map_size = (size_t)wf_shm_region_size(m->region);
-		} else {
-			src.path = mo->files[f].path;
-		}
-		index = calloc(mo->n_tensors ? mo->n_tensors : 1, sizeof(*index));
-		if (!index) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < mo->n_tensors; i++) {
-			if (!m->from_floor && mo->tensors[i].file != f)
-				continue;
-			index[k] = i;
-			items[k++] = (struct wf_stage_item){m->src_off[i], mo->tensors[i].nbytes,
-			                                    m->tensors[i], 0};
-		}
-		struct wf_diag vd = {0};
-		ret = wf_stage_verify(c->dev, &src, items, k, &bad, &vd);
-		if (ret < 0) {
-			const char *tn =
-			    ret == WF_ECHECKSUM && bad < k ? mo->tensors[index[bad]].name : "?";
-			wf_diag_set(diag, ret, "verify: model '%s' tensor '%s': %s", m->name, tn,
-			            wf_diag_str(&vd, ret));
-		}
-		free(index);
-		if (ret < 0)
-			goto out;
-	}
+	ret = 0;
+	for (uint32_t s = 0; s < m->n_sets && ret == 0; s++)
+		ret = verify_set(c, m, &m->sets[s], items, index, diag);
 out:
 	free(items);
+	free(index);
 	(void)wf_cache_release(c, id);
 	return ret;
 }

@@ -11,50 +11,83 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Takes the model off the device. -EBUSY when acquired (checked under the lock, atomically with
- * the state change). 0 when it was not resident. */
-static int evict_model(struct wf_cache *c, struct model *m, bool by_lru, const char *why)
+/* Takes sets of m off the device: one set, or every set (ALL_SETS); unpinned_only leaves pinned
+ * sets (the LRU's victims). -EBUSY when the model is acquired (checked under the lock,
+ * atomically with the state change). 0 when there was nothing to evict. */
+static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool unpinned_only,
+                      bool by_lru, const char *why)
 {
-	struct devcopy d = {0};
-	bool was_pinned;
+	struct devcopy *d = NULL;
+	uint32_t nd = 0;
+	bool had_pinned = false;
 
+	d = calloc(m->n_sets ? m->n_sets : 1, sizeof(*d));
 	pthread_mutex_lock(&c->lock);
-	if (!resident(m)) {
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		const struct wset *w = &m->sets[s];
+		if ((set == ALL_SETS || s == set) && w->resident && !(unpinned_only && w->pinned))
+			nd++;
+	}
+	if (!nd) {
 		pthread_mutex_unlock(&c->lock);
+		free(d);
 		return 0;
 	}
 	if (m->acquired) {
 		pthread_mutex_unlock(&c->lock);
+		free(d);
 		return -EBUSY;
 	}
-	was_pinned = m->state == WF_RESIDENCY_PINNED_DEVICE;
-	m->state = host_level(m);
-	d.n_segs = m->n_segs;
-	d.seg_ptr = m->seg_ptr;
-	d.seg_size = m->seg_size;
-	d.tensors = m->tensors;
-	d.src_off = m->src_off;
-	m->n_segs = 0;
-	m->seg_ptr = NULL;
-	m->seg_size = NULL;
-	m->tensors = NULL;
-	m->src_off = NULL;
-	m->device_bytes = 0;
-	m->over_budget = false;
+	if (!d) {
+		/* Nothing changed yet: the caller sees the failure like any other. */
+		pthread_mutex_unlock(&c->lock);
+		return -ENOMEM;
+	}
+	nd = 0;
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		struct wset *w = &m->sets[s];
+		if (!((set == ALL_SETS || s == set) && w->resident && !(unpinned_only && w->pinned)))
+			continue;
+		had_pinned |= w->pinned;
+		d[nd].n_segs = w->n_segs;
+		d[nd].seg_ptr = w->seg_ptr;
+		d[nd].seg_size = w->seg_size;
+		nd++;
+		for (uint32_t k = 0; k < w->def.n_tensors; k++)
+			m->tensors[w->def.tensors[k]] = NULL;
+		w->resident = false;
+		w->pinned = false;
+		w->n_segs = 0;
+		w->seg_ptr = NULL;
+		w->seg_size = NULL;
+		w->device_bytes = 0;
+	}
+	wf__cache_model_refresh_locked(m);
+	if (set == ALL_SETS)
+		m->over_budget = false;
 	m->evictions++;
 	c->evictions++;
 	if (by_lru)
 		c->lru_evictions++;
-	if (was_pinned)
+	if (had_pinned)
 		wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
-	wf__cache_devcopy_free(c, &d);
+	for (uint32_t k = 0; k < nd; k++)
+		wf__cache_devcopy_free(c, &d[k]);
+	free(d);
 	wf__cache_emit(c, WF_CACHE_EVENT_EVICTED, m, 0, why);
 	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 	return 0;
 }
 
-/* The unpinned resident models other than skip, as LRU items (acquired ones busy). Lock held. */
+/* Takes every set of the model off the device, pinned ones included. */
+static int evict_model(struct wf_cache *c, struct model *m, bool by_lru, const char *why)
+{
+	return evict_sets(c, m, ALL_SETS, false, by_lru, why);
+}
+
+/* The models other than skip with unpinned resident sets, as LRU items (acquired ones busy): a
+ * model's unpinned sets go together, as the model did before it had sets. Lock held. */
 static size_t entries_locked(struct wf_cache *c, const struct model *skip, struct wf_lru_item *e,
                              struct model **who)
 {
@@ -62,11 +95,10 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip, struc
 
 	for (size_t i = 0; i < c->n_models; i++) {
 		struct model *m = c->models[i];
-		if (m == skip || m->state != WF_RESIDENCY_DEVICE)
+		uint64_t b = wf__cache_set_bytes(m, false);
+		if (m == skip || !wf__cache_any_set(m, false))
 			continue;
-		e[n] = (struct wf_lru_item){.bytes = m->device_bytes,
-		                            .last_used = m->lru,
-		                            .busy = m->acquired != 0};
+		e[n] = (struct wf_lru_item){.bytes = b, .last_used = m->lru, .busy = m->acquired != 0};
 		who[n++] = m;
 	}
 	return n;
@@ -106,6 +138,10 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 			used += e[i].bytes;
 			busy += e[i].busy;
 		}
+		/* The target's own resident sets (a model completing itself) stay: they count,
+		 * but are nobody's victim. */
+		if (target)
+			used += wf__cache_set_bytes(target, false);
 		fit = wf_lru_plan(e, n, b.on_demand, used, need, victims, &nv);
 		pthread_mutex_unlock(&c->lock);
 
@@ -121,7 +157,7 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 		}
 		bool raced = false;
 		for (size_t k = 0; k < nv; k++) {
-			ret = evict_model(c, who[victims[k]], true, "lru");
+			ret = evict_sets(c, who[victims[k]], ALL_SETS, true, true, "lru");
 			if (ret == -EBUSY) {
 				/* Acquired since the plan: plan again. */
 				raced = true;
@@ -166,7 +202,7 @@ static int evict_one_lru(struct wf_cache *c, const struct model *skip)
 		pthread_mutex_unlock(&c->lock);
 		if (k == n)
 			break;
-		if (evict_model(c, who[k], true, "lru: device memory") == 0) {
+		if (evict_sets(c, who[k], ALL_SETS, true, true, "lru: device memory") == 0) {
 			ret = 0;
 			break;
 		}
@@ -224,10 +260,9 @@ static int check_fits(struct wf_cache *c, const struct model *target, uint64_t b
 		const struct model *m = c->models[i];
 		if (m == target)
 			continue;
-		if (m->state == WF_RESIDENCY_PINNED_DEVICE)
-			pinned += m->device_bytes;
-		else if (m->state == WF_RESIDENCY_DEVICE && !m->acquired)
-			evictable += m->device_bytes;
+		pinned += wf__cache_set_bytes(m, true);
+		if (!m->acquired)
+			evictable += wf__cache_set_bytes(m, false);
 	}
 	pthread_mutex_unlock(&c->lock);
 	uint64_t room = arena > pinned ? arena - pinned : 0;
@@ -244,25 +279,53 @@ static int check_fits(struct wf_cache *c, const struct model *target, uint64_t b
 	return 0;
 }
 
-/* Loads m (pin: as PINNED_DEVICE; acquire: count a holder in the same step that publishes it).
- * allow_evict: LRU victims may go (self-managed). A resident model is only converted. */
-static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquire, bool allow_evict,
-                      struct wf_diag *diag)
+static bool in_scope(uint32_t sel, uint32_t s)
 {
-	struct devcopy d = {0};
-	struct wf_stage_stats stats = {0};
-	bool over = false;
-	int ret;
+	return sel == ALL_SETS || sel == s;
+}
 
-	if (resident(m)) {
-		bool pinned_now = false;
-		pthread_mutex_lock(&c->lock);
-		if (pin && m->state == WF_RESIDENCY_DEVICE) {
-			m->state = WF_RESIDENCY_PINNED_DEVICE;
-			m->over_budget = false;
-			wf__cache_budget_update_locked(c);
-			pinned_now = true;
+/* Pins the resident sets in scope. Lock held. True when one was not pinned before. */
+static bool pin_resident_locked(struct wf_cache *c, struct model *m, uint32_t sel)
+{
+	bool changed = false;
+
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		struct wset *w = &m->sets[s];
+		if (in_scope(sel, s) && w->resident && !w->pinned) {
+			w->pinned = true;
+			changed = true;
 		}
+	}
+	if (changed) {
+		wf__cache_model_refresh_locked(m);
+		if (m->state == WF_RESIDENCY_PINNED_DEVICE)
+			m->over_budget = false;
+		wf__cache_budget_update_locked(c);
+	}
+	return changed;
+}
+
+/* Loads the sets of m in scope (sel: one set, or ALL_SETS for the model); pin: pins them (a
+ * PINNED_DEVICE model when all); acquire (whole model only): counts a holder in the same step that
+ * publishes it. allow_evict: LRU victims may go (self-managed). Resident sets are only converted.
+ * All or nothing: a failure leaves every set where it was. */
+static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin, bool acquire,
+                     bool allow_evict, struct wf_diag *diag)
+{
+	struct devcopy *d = NULL;
+	struct wf_stage_stats stats = {0};
+	struct progress_ctx pc = {.c = c, .m = m};
+	uint32_t nd = 0;
+	uint64_t bytes = 0, src_bytes = 0;
+	bool over = false, pinned_now = false, from_floor;
+	int ret = 0;
+
+	for (uint32_t s = 0; s < m->n_sets; s++)
+		nd += in_scope(sel, s) && !m->sets[s].resident;
+	if (!nd) {
+		pthread_mutex_lock(&c->lock);
+		if (pin)
+			pinned_now = pin_resident_locked(c, m, sel);
 		if (acquire)
 			m->acquired++;
 		m->lru = ++c->tick;
@@ -278,17 +341,30 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 	set_active(c, m->id);
 	if (c->have_shm && !m->region)
 		(void)wf__cache_floor_attach(c, m, NULL);
-	d.from_floor = m->region != NULL;
-	ret = wf__cache_layout(c, m, &d, diag);
-	if (ret < 0)
-		goto fail;
-	ret = check_fits(c, m, d.bytes, diag);
+	from_floor = m->region != NULL;
+	d = calloc(nd, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	nd = 0;
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		if (!in_scope(sel, s) || m->sets[s].resident)
+			continue;
+		d[nd].set = &m->sets[s];
+		d[nd].from_floor = from_floor;
+		ret = wf__cache_layout(c, m, &d[nd], diag);
+		nd++;
+		if (ret < 0)
+			goto fail;
+		bytes += d[nd - 1].bytes;
+		src_bytes += m->sets[s].def.bytes;
+	}
+	ret = check_fits(c, m, bytes, diag);
 	if (ret < 0)
 		goto fail;
 	if (pin)
-		ret = make_room(c, m, 0, d.bytes, allow_evict, &over, diag);
+		ret = make_room(c, m, 0, bytes, allow_evict, &over, diag);
 	else
-		ret = make_room(c, m, d.bytes, 0, allow_evict, &over, diag);
+		ret = make_room(c, m, bytes, 0, allow_evict, &over, diag);
 	/* A pinned model may exceed the budget (an over-commit, flagged); it only needs the
 	 * device to have the memory. */
 	if (pin && ret == WF_ENO_SPACE) {
@@ -298,35 +374,46 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 	if (ret < 0)
 		goto fail;
 	over = !pin && over;
-	for (uint32_t s = 0; s < d.n_segs; s++) {
-		for (;;) {
-			struct wf_diag ad = {0};
-			ret =
-			    wf_device_mem_alloc(c->dev, (size_t)d.seg_size[s], &d.seg_ptr[s], &ad);
-			if (ret != -ENOMEM || !allow_evict || evict_one_lru(c, m) < 0) {
-				if (ret < 0)
-					wf_diag_set(diag, ret,
-					            "model '%s': device allocation of %" PRIu64
-					            " bytes: %s",
-					            m->name, d.seg_size[s], wf_diag_str(&ad, ret));
-				break;
+	for (uint32_t j = 0; j < nd; j++) {
+		for (uint32_t s = 0; s < d[j].n_segs; s++) {
+			for (;;) {
+				struct wf_diag ad = {0};
+				ret = wf_device_mem_alloc(c->dev, (size_t)d[j].seg_size[s],
+				                          &d[j].seg_ptr[s], &ad);
+				if (ret != -ENOMEM || !allow_evict || evict_one_lru(c, m) < 0) {
+					if (ret < 0)
+						wf_diag_set(diag, ret,
+						            "model '%s': device allocation of %" PRIu64
+						            " bytes: %s",
+						            m->name, d[j].seg_size[s],
+						            wf_diag_str(&ad, ret));
+					break;
+				}
 			}
+			if (ret < 0)
+				goto fail;
 		}
-		if (ret < 0)
-			goto fail;
+		wf__cache_fill_pointers(&d[j]);
 	}
-	wf__cache_fill_pointers(m, &d);
 
 	pthread_mutex_lock(&c->lock);
 	m->loading = true;
 	m->load_done = 0;
-	m->load_total = m->model->total_bytes;
+	m->load_total = src_bytes;
 	pthread_mutex_unlock(&c->lock);
 	wf__cache_emit(c, WF_CACHE_EVENT_PROGRESS, m, 0, NULL);
-	if (cancel_requested(c))
-		ret = wf_diag_set(diag, WF_ECANCELED, "model '%s': load canceled", m->name);
-	else
-		ret = wf__cache_transfer(c, m, &d, &stats, diag);
+	for (uint32_t j = 0; j < nd && ret == 0; j++) {
+		struct wf_stage_stats st = {0};
+
+		if (cancel_requested(c))
+			ret = wf_diag_set(diag, WF_ECANCELED, "model '%s': load canceled", m->name);
+		else
+			ret = wf__cache_transfer(c, m, &d[j], &pc, &st, diag);
+		stats.seconds += st.seconds;
+		stats.bytes += st.bytes;
+		stats.mode = st.mode;
+	}
+	stats.gbps = stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0;
 	pthread_mutex_lock(&c->lock);
 	m->loading = false;
 	wf_stage_info(c->stage, &c->stage_info);
@@ -335,14 +422,24 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 		goto fail;
 
 	pthread_mutex_lock(&c->lock);
-	m->state = pin ? WF_RESIDENCY_PINNED_DEVICE : WF_RESIDENCY_DEVICE;
-	m->n_segs = d.n_segs;
-	m->seg_ptr = d.seg_ptr;
-	m->seg_size = d.seg_size;
-	m->tensors = d.tensors;
-	m->src_off = d.src_off;
-	m->from_floor = d.from_floor;
-	m->device_bytes = d.bytes;
+	for (uint32_t j = 0; j < nd; j++) {
+		struct wset *w = d[j].set;
+		for (uint32_t k = 0; k < w->def.n_tensors; k++) {
+			m->tensors[w->def.tensors[k]] = d[j].tensors[k];
+			m->src_off[w->def.tensors[k]] = d[j].src_off[k];
+		}
+		w->resident = true;
+		w->pinned = pin;
+		w->from_floor = d[j].from_floor;
+		w->n_segs = d[j].n_segs;
+		w->seg_ptr = d[j].seg_ptr;
+		w->seg_size = d[j].seg_size;
+		w->device_bytes = d[j].bytes;
+	}
+	if (pin)
+		(void)pin_resident_locked(c, m, sel);
+	wf__cache_model_refresh_locked(m);
+	m->from_floor = from_floor;
 	m->over_budget = over;
 	m->lru = ++c->tick;
 	if (acquire)
@@ -357,16 +454,29 @@ static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquir
 	if (pin)
 		wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
-	free(d.seg_of);
-	free(d.dev_off);
+	for (uint32_t j = 0; j < nd; j++) {
+		free(d[j].tensors);
+		free(d[j].src_off);
+		free(d[j].seg_of);
+		free(d[j].dev_off);
+	}
+	free(d);
 	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0,
 	               over ? "larger than the on-demand budget" : NULL);
 	return 0;
 fail:
 	/* Frees waits for the copies queued before it: nothing is left behind. */
-	wf__cache_devcopy_free(c, &d);
+	for (uint32_t j = 0; j < nd; j++)
+		wf__cache_devcopy_free(c, &d[j]);
+	free(d);
 	wf__cache_emit(c, WF_CACHE_EVENT_LOAD_FAILED, m, ret, wf_diag_str(diag, ret));
 	return ret;
+}
+
+static int load_model(struct wf_cache *c, struct model *m, bool pin, bool acquire, bool allow_evict,
+                      struct wf_diag *diag)
+{
+	return load_sets(c, m, ALL_SETS, pin, acquire, allow_evict, diag);
 }
 
 static int unpin_model(struct wf_cache *c, struct model *m, struct wf_diag *diag)
@@ -377,7 +487,9 @@ static int unpin_model(struct wf_cache *c, struct model *m, struct wf_diag *diag
 		return wf_diag_set(diag, WF_ESTATE, "model '%s' is not pinned (%s)", m->name,
 		                   wf_residency_name(m->state));
 	}
-	m->state = WF_RESIDENCY_DEVICE;
+	for (uint32_t s = 0; s < m->n_sets; s++)
+		m->sets[s].pinned = false;
+	wf__cache_model_refresh_locked(m);
 	m->lru = ++c->tick;
 	wf__cache_budget_update_locked(c);
 	pthread_mutex_unlock(&c->lock);
@@ -406,10 +518,15 @@ static int cmd_add(struct wf_cache *c, struct cmd *k)
 	if (!m)
 		return -ENOMEM;
 	m->model = k->model;
+	ret = wf__cache_model_sets_init(m);
+	if (ret < 0) {
+		wf__cache_model_free(m);
+		return ret;
+	}
 	wf_model_digest(k->model, &m->digest);
 	wf_digest_hex(&m->digest, hex);
 	if (k->name && (!k->name[0] || strlen(k->name) >= sizeof(m->name))) {
-		free(m);
+		wf__cache_model_free(m);
 		return wf_diag_set(&k->diag, WF_EINVAL, "model name empty or longer than %u bytes",
 		                   WF_CACHE_NAME_MAX - 1);
 	}
@@ -442,7 +559,7 @@ static int cmd_add(struct wf_cache *c, struct cmd *k)
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (ret) {
-		free(m);
+		wf__cache_model_free(m);
 		return ret;
 	}
 	if (c->have_shm)
@@ -469,7 +586,7 @@ static int cmd_remove(struct wf_cache *c, struct model *m, struct wf_diag *diag)
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
-	free(m);
+	wf__cache_model_free(m);
 	return 0;
 }
 
@@ -531,7 +648,7 @@ static int cmd_compact(struct wf_cache *c, struct cmd *k)
 	}
 	for (size_t i = 0; i < c->n_models; i++) {
 		struct model *m = c->models[i];
-		if (m->state != WF_RESIDENCY_DEVICE)
+		if (!wf__cache_any_set(m, false))
 			continue;
 		if (m->acquired) {
 			int ret = busy_error(m, &k->diag);
@@ -545,7 +662,7 @@ static int cmd_compact(struct wf_cache *c, struct cmd *k)
 	/* Only the manager changes residency, but a request may have acquired a model since:
 	 * those stay (their eviction fails with -EBUSY) and are reported. */
 	for (size_t i = 0; i < n; i++)
-		if (evict_model(c, list[i], false, "compact") == -EBUSY && !first)
+		if (evict_sets(c, list[i], ALL_SETS, true, false, "compact") == -EBUSY && !first)
 			first = busy_error(list[i], &k->diag);
 	free(list);
 	for (size_t i = 0; i < k->n_ids; i++) {
@@ -639,7 +756,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		ret = cmd_set_residency(c, m, k->state, &k->diag);
 		break;
 	case CMD_EVICT:
-		if (m->state == WF_RESIDENCY_PINNED_DEVICE)
+		if (wf__cache_any_set(m, true))
 			ret = wf_diag_set(&k->diag, WF_ESTATE,
 			                  "model '%s' is pinned: unpin it or set its residency",
 			                  m->name);
@@ -648,6 +765,18 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		break;
 	case CMD_UNPIN:
 		ret = unpin_model(c, m, &k->diag);
+		break;
+	case CMD_WSET_LOAD:
+	case CMD_WSET_EVICT:
+		if (k->set >= m->n_sets) {
+			ret = wf_diag_set(&k->diag, WF_ENOT_FOUND, "model '%s' has no set %u", m->name,
+			                  k->set);
+		} else if (k->type == CMD_WSET_LOAD) {
+			ret = load_sets(c, m, k->set, k->state == WF_RESIDENCY_PINNED_DEVICE, false,
+			                self, &k->diag);
+		} else if ((ret = evict_sets(c, m, k->set, false, false, "evict set")) == -EBUSY) {
+			ret = busy_error(m, &k->diag);
+		}
 		break;
 	case CMD_PREFETCH:
 		ret = load_model(c, m, false, false, self, &k->diag);
@@ -670,7 +799,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 
 static bool is_load(const struct cmd *k)
 {
-	return k->type == CMD_PREFETCH || k->type == CMD_ACQUIRE ||
+	return k->type == CMD_PREFETCH || k->type == CMD_ACQUIRE || k->type == CMD_WSET_LOAD ||
 	       (k->type == CMD_SET_RESIDENCY && k->state >= WF_RESIDENCY_DEVICE);
 }
 
@@ -915,7 +1044,7 @@ void wf_cache_destroy(struct wf_cache *c)
 	}
 	for (size_t i = 0; i < c->n_models; i++) {
 		wf__cache_floor_detach(c, c->models[i]);
-		free(c->models[i]);
+		wf__cache_model_free(c->models[i]);
 	}
 	free(c->models);
 	free(c->shm_dir);
@@ -1062,4 +1191,22 @@ int wf_cache_cancel(struct wf_cache *c, uint32_t id)
 	pthread_cond_broadcast(&c->done);
 	pthread_mutex_unlock(&c->lock);
 	return ret;
+}
+
+int wf_cache_wset_load(struct wf_cache *c, uint32_t id, uint32_t set, bool pin,
+                       struct wf_diag *diag)
+{
+	struct cmd k = {
+	    .type = CMD_WSET_LOAD,
+	    .id = id,
+	    .set = set,
+	    .state = pin ? WF_RESIDENCY_PINNED_DEVICE : WF_RESIDENCY_DEVICE,
+	};
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
+}
+
+int wf_cache_wset_evict(struct wf_cache *c, uint32_t id, uint32_t set, struct wf_diag *diag)
+{
+	struct cmd k = {.type = CMD_WSET_EVICT, .id = id, .set = set};
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }

@@ -51,8 +51,7 @@ void wf__cache_budget_update_locked(struct wf_cache *c)
 	};
 
 	for (size_t i = 0; i < c->n_models; i++)
-		if (c->models[i]->state == WF_RESIDENCY_PINNED_DEVICE)
-			in.pinned += c->models[i]->device_bytes;
+		in.pinned += wf__cache_set_bytes(c->models[i], true);
 	/* The inputs were validated when they were set. */
 	(void)wf_devbudget_compute(&in, &c->budget);
 }
@@ -221,10 +220,8 @@ int wf_cache_status(struct wf_cache *c, struct wf_cache_status **ret_status)
 		ms->evictions = m->evictions;
 		ms->last_error = m->last_error;
 		memcpy(ms->last_error_msg, m->last_error_msg, sizeof(ms->last_error_msg));
-		if (m->state == WF_RESIDENCY_DEVICE)
-			s->resident_bytes += m->device_bytes;
-		else if (m->state == WF_RESIDENCY_PINNED_DEVICE)
-			s->pinned_bytes += m->device_bytes;
+		s->resident_bytes += wf__cache_set_bytes(m, false);
+		s->pinned_bytes += wf__cache_set_bytes(m, true);
 	}
 	s->stage = c->stage_info;
 	pthread_mutex_unlock(&c->lock);
@@ -240,4 +237,266 @@ void wf_cache_status_free(struct wf_cache_status *s)
 		return;
 	free(s->models);
 	free(s);
+}
+
+uint64_t wf__cache_set_bytes(const struct model *m, bool pinned)
+{
+	uint64_t b = 0;
+
+	for (uint32_t s = 0; s < m->n_sets; s++)
+		if (m->sets[s].resident && m->sets[s].pinned == pinned)
+			b += m->sets[s].device_bytes;
+	return b;
+}
+
+bool wf__cache_any_set(const struct model *m, bool pinned)
+{
+	for (uint32_t s = 0; s < m->n_sets; s++)
+		if (m->sets[s].resident && m->sets[s].pinned == pinned)
+			return true;
+	return false;
+}
+
+void wf__cache_model_refresh_locked(struct model *m)
+{
+	bool all = m->n_sets > 0, all_pinned = true;
+
+	m->n_segs = 0;
+	m->device_bytes = 0;
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		const struct wset *w = &m->sets[s];
+		all &= w->resident;
+		all_pinned &= w->pinned;
+		if (w->resident) {
+			m->n_segs += w->n_segs;
+			m->device_bytes += w->device_bytes;
+		}
+	}
+	m->state = !all         ? host_level(m)
+	           : all_pinned ? WF_RESIDENCY_PINNED_DEVICE
+	                        : WF_RESIDENCY_DEVICE;
+	if (!m->device_bytes)
+		m->over_budget = false;
+}
+
+int wf__cache_model_sets_init(struct model *m)
+{
+	struct wf_wset_def *defs = NULL;
+	uint32_t n = 0, nt = m->model->n_tensors;
+	int ret = wf_wset_classify(m->model, &defs, &n);
+
+	if (ret < 0)
+		return ret;
+	m->sets = calloc(n, sizeof(*m->sets));
+	m->tensors = calloc(nt ? nt : 1, sizeof(*m->tensors));
+	m->src_off = calloc(nt ? nt : 1, sizeof(*m->src_off));
+	if (!m->sets || !m->tensors || !m->src_off) {
+		wf_wset_defs_free(defs, n);
+		return -ENOMEM;
+	}
+	/* The definitions move into the sets; only the array that held them goes. */
+	for (uint32_t s = 0; s < n; s++)
+		m->sets[s].def = defs[s];
+	free(defs);
+	m->n_sets = n;
+	return 0;
+}
+
+void wf__cache_model_free(struct model *m)
+{
+	if (!m)
+		return;
+	for (uint32_t s = 0; s < m->n_sets; s++)
+		free(m->sets[s].def.tensors);
+	free(m->sets);
+	free(m->tensors);
+	free(m->src_off);
+	free(m);
+}
+
+/* ---- weight sets ------------------------------------------------------------------------------
+ */
+
+/* The model and its set, lock held. */
+static int wset_locked(struct wf_cache *c, uint32_t id, uint32_t set, struct model **ret_m)
+{
+	struct model *m = wf__cache_find_locked(c, id);
+
+	if (!m)
+		return WF_ENOT_FOUND;
+	if (set >= m->n_sets)
+		return WF_ENOT_FOUND;
+	*ret_m = m;
+	return 0;
+}
+
+int wf_cache_wset_count(struct wf_cache *c, uint32_t id, uint32_t *ret_n)
+{
+	struct model *m;
+
+	if (!c || !ret_n)
+		return WF_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	m = wf__cache_find_locked(c, id);
+	if (m)
+		*ret_n = m->n_sets;
+	pthread_mutex_unlock(&c->lock);
+	return m ? 0 : WF_ENOT_FOUND;
+}
+
+int wf_cache_wset_find(struct wf_cache *c, uint32_t id, const char *name, uint32_t *ret_set)
+{
+	struct model *m;
+	int ret = WF_ENOT_FOUND;
+
+	if (!c || !name || !ret_set)
+		return WF_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	m = wf__cache_find_locked(c, id);
+	for (uint32_t s = 0; m && s < m->n_sets; s++) {
+		if (strcmp(m->sets[s].def.name, name) == 0) {
+			*ret_set = s;
+			ret = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return ret;
+}
+
+int wf_cache_wset_status(struct wf_cache *c, uint32_t id, uint32_t set,
+                         struct wf_cache_wset_status *ret_status)
+{
+	struct model *m = NULL;
+	int ret;
+
+	if (!c || !ret_status)
+		return WF_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	ret = wset_locked(c, id, set, &m);
+	if (ret == 0) {
+		const struct wset *w = &m->sets[set];
+		struct wf_cache_wset_status st = {
+		    .state = !w->resident ? host_level(m)
+		             : w->pinned  ? WF_RESIDENCY_PINNED_DEVICE
+		                          : WF_RESIDENCY_DEVICE,
+		    .n_tensors = w->def.n_tensors,
+		    .bytes = w->def.bytes,
+		    .device_bytes = w->resident ? w->device_bytes : 0,
+		    .n_allocs = w->resident ? w->n_segs : 0,
+		};
+		memcpy(st.name, w->def.name, sizeof(st.name));
+		*ret_status = st;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return ret;
+}
+
+/* ---- classification ---------------------------------------------------------------------------
+ */
+
+/* The layer of a tensor name: "blk.N." (GGUF) or "layers.N." (safetensors); -1 when none. */
+static long layer_of(const char *name)
+{
+	static const char *const keys[] = {"blk.", "layers."};
+
+	for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+		const char *p = strstr(name, keys[k]);
+		if (!p)
+			continue;
+		p += strlen(keys[k]);
+		if (*p < '0' || *p > '9')
+			continue;
+		char *end;
+		long v = strtol(p, &end, 10);
+		if (*end == '.' && v >= 0 && v < 1000000)
+			return v;
+	}
+	return -1;
+}
+
+static int set_key(const struct wf_tensor *t)
+{
+	if (t->tclass != WF_TENSOR_EXPERT)
+		return -2;             /* dense */
+	return (int)layer_of(t->name); /* -1: experts of no known layer */
+}
+
+void wf_wset_defs_free(struct wf_wset_def *sets, uint32_t n)
+{
+	for (uint32_t i = 0; sets && i < n; i++)
+		free(sets[i].tensors);
+	free(sets);
+}
+
+int wf_wset_classify(const struct wf_model *mo, struct wf_wset_def **ret_sets, uint32_t *ret_n)
+{
+	uint32_t nt, n = 0;
+	int *keys = NULL, *seen = NULL;
+	struct wf_wset_def *sets = NULL;
+	int ret = 0;
+
+	if (!mo || !ret_sets || !ret_n)
+		return WF_EINVAL;
+	nt = mo->n_tensors;
+	keys = calloc(nt ? nt : 1, sizeof(*keys));
+	seen = calloc(nt + 1, sizeof(*seen)); /* distinct keys, in set order */
+	sets = calloc(nt + 1, sizeof(*sets));
+	if (!keys || !seen || !sets) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	/* Set order: dense, then experts of no layer, then layers ascending. Keys are few (one per
+	 * layer), so insertion into a sorted list is enough. */
+	for (uint32_t i = 0; i < nt; i++) {
+		int k = set_key(&mo->tensors[i]);
+		uint32_t j = 0;
+
+		keys[i] = k;
+		while (j < n && seen[j] < k)
+			j++;
+		if (j < n && seen[j] == k)
+			continue;
+		memmove(&seen[j + 1], &seen[j], (n - j) * sizeof(*seen));
+		seen[j] = k;
+		n++;
+	}
+	if (!nt) {
+		seen[0] = -2;
+		n = 1;
+	}
+	for (uint32_t s = 0; s < n; s++) {
+		struct wf_wset_def *d = &sets[s];
+		uint32_t count = 0;
+
+		if (seen[s] == -2)
+			snprintf(d->name, sizeof(d->name), "dense");
+		else if (seen[s] == -1)
+			snprintf(d->name, sizeof(d->name), "experts");
+		else
+			snprintf(d->name, sizeof(d->name), "blk.%d.ffn_*_exps", seen[s]);
+		for (uint32_t i = 0; i < nt; i++)
+			count += keys[i] == seen[s];
+		d->tensors = calloc(count ? count : 1, sizeof(*d->tensors));
+		if (!d->tensors) {
+			ret = -ENOMEM;
+			goto err;
+		}
+		for (uint32_t i = 0; i < nt; i++) {
+			if (keys[i] != seen[s])
+				continue;
+			d->tensors[d->n_tensors++] = i;
+			d->bytes += mo->tensors[i].nbytes;
+		}
+	}
+	free(keys);
+	free(seen);
+	*ret_sets = sets;
+	*ret_n = n;
+	return 0;
+err:
+	free(keys);
+	free(seen);
+	wf_wset_defs_free(sets, n);
+	return ret;
 }

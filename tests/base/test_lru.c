@@ -52,7 +52,10 @@ struct plan_row {
 	size_t n_victims;
 };
 
-#define IT(b, s, busy_) {.bytes = (b), .last_used = (s), .busy = (busy_)}
+#define IT(b, s, busy_)                                                                            \
+	{                                                                                          \
+		.bytes = (b), .last_used = (s), .busy = (busy_)                                    \
+	}
 
 /* clang-format off */
 static const struct plan_row plans[] = {
@@ -86,7 +89,8 @@ Test(lru, plan_table)
 
 		for (size_t k = 0; k < p->n; k++)
 			used += p->e[k].bytes;
-		enum wf_lru_fit fit = wf_lru_plan(p->e, p->n, p->budget, used, p->need, victims, &nv);
+		enum wf_lru_fit fit =
+		    wf_lru_plan(p->e, p->n, p->budget, used, p->need, victims, &nv);
 		cr_expect_eq(fit, p->fit, "%s: fit %d", p->what, fit);
 		cr_expect_eq(nv, p->n_victims, "%s: %zu victims", p->what, nv);
 		for (size_t k = 0; k < nv && k < p->n_victims; k++)
@@ -133,6 +137,7 @@ Test(lru, matches_repeated_minimum)
 		}
 		cr_assert_geq(freed, need);
 		if (nv)
-			cr_assert_lt(freed - it[v[nv - 1]].bytes, need, "round %d: one too many", round);
+			cr_assert_lt(freed - it[v[nv - 1]].bytes, need, "round %d: one too many",
+			             round);
 	}
 }
