@@ -138,11 +138,11 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 			used += e[i].bytes;
 			busy += e[i].busy;
 		}
-		/* The target's own resident sets (a model completing itself) stay: they count,
-		 * but are nobody's victim. */
-		if (target)
-			used += wf__cache_set_bytes(target, false);
-		fit = wf_lru_plan(e, n, b.on_demand, used, need, victims, &nv);
+		/* A model completing itself (some sets already resident) must fit as a whole, as
+		 * it would loading from nothing: its resident unpinned sets join the need. */
+		fit = wf_lru_plan(e, n, b.on_demand, used,
+		                  need + (target ? wf__cache_set_bytes(target, false) : 0), victims,
+		                  &nv);
 		pthread_mutex_unlock(&c->lock);
 
 		*ret_over = fit == WF_LRU_OVERSIZED;

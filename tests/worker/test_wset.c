@@ -230,3 +230,66 @@ Test(wset, one_expert_set_alone_from_floor)
 {
 	one_set_alone(true);
 }
+
+static struct wf_cache_model_status model_status(struct wf_cache *c, uint32_t id)
+{
+	struct wf_cache_status *st;
+	struct wf_cache_model_status ms = {0};
+
+	cr_assert_eq(wf_cache_status(c, &st), 0);
+	for (size_t i = 0; i < st->n_models; i++)
+		if (st->models[i].id == id)
+			ms = st->models[i];
+	wf_cache_status_free(st);
+	cr_assert_eq(ms.id, id);
+	return ms;
+}
+
+/* The budget sees sets: a set loaded alone is an LRU victim like a model (reason "lru"), and a
+ * model completing itself must fit as a whole, as it would loading from nothing. */
+Test(wset, budget_counts_sets)
+{
+	char *dir = wft_tmpdir("wset-lru");
+	struct wf_model *m = gen_model(dir);
+	struct wf_device *dev = wt_device("host:mem=256Mi");
+	struct wf_cache_budget b = {0, 1.0, 0.0, 0};
+	struct wf_cache_opts co = {.budget = &b, .stage = {.n_buffers = 4, .buffer_size = 1 * MiB}};
+	struct wf_cache *c;
+	struct wf_cache_wset_status ws;
+	uint32_t a, bb, set;
+
+	OKD(wf_cache_create(dev, &co, &c, D));
+	OKD(wf_cache_model_add(c, "a", m, &a, D));
+	OKD(wf_cache_model_add(c, "b", m, &bb, D));
+	OKD(wf_cache_prefetch(c, bb, true, D));
+	uint64_t whole = model_status(c, bb).device_bytes;
+	OKD(wf_cache_evict(c, bb, D));
+	OKD(wf_cache_wset_find(c, a, "blk.0.ffn_*_exps", &set));
+
+	/* Room for one model, not for one model and a set. */
+	b.arena = whole + 4096;
+	OKD(wf_cache_set_budget(c, &b, D));
+	OKD(wf_cache_wset_load(c, a, set, false, D));
+	OKD(wf_cache_prefetch(c, bb, true, D));
+	OKD(wf_cache_wset_status(c, a, set, &ws));
+	cr_assert_eq(ws.state, WF_RESIDENCY_DISK, "a's set was the LRU victim");
+	cr_assert_eq(model_status(c, bb).state, WF_RESIDENCY_DEVICE);
+	cr_assert(!model_status(c, bb).over_budget);
+	OKD(wf_cache_evict(c, bb, D));
+
+	/* A budget one byte short of the model: loading a set first must not sneak the model
+	 * under it; the whole is over budget, and flagged, either way. */
+	b.arena = whole - 1;
+	OKD(wf_cache_set_budget(c, &b, D));
+	OKD(wf_cache_wset_load(c, a, set, false, D));
+	cr_assert(!model_status(c, a).over_budget);
+	OKD(wf_cache_prefetch(c, a, true, D));
+	cr_assert_eq(model_status(c, a).state, WF_RESIDENCY_DEVICE);
+	cr_assert(model_status(c, a).over_budget, "the model is larger than the budget");
+
+	wf_cache_destroy(c);
+	wf_device_close(dev);
+	wf_model_close(m);
+	wft_rmtree(dir);
+	free(dir);
+}
