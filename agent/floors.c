@@ -1,8 +1,8 @@
 #include "agent/floors.h"
 
-#include "agent/budget.h"
 #include "agent/state.h"
 #include "base/error.h"
+#include "base/lru.h"
 #include "io/reader.h"
 #include "shm/fill.h"
 #include "shm/layout.h"
@@ -824,7 +824,7 @@ static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
 	size_t n = f->n_entries;
 	struct wf_digest *cand = calloc(n ? n : 1, sizeof(*cand));
 	int *others = calloc(n ? n : 1, sizeof(*others));
-	struct wf_budget_floor *bf = calloc(n ? n : 1, sizeof(*bf));
+	struct wf_lru_item *bf = calloc(n ? n : 1, sizeof(*bf));
 	size_t *victims = calloc(n ? n : 1, sizeof(*victims));
 	struct floor_entry **snap = calloc(n ? n : 1, sizeof(*snap));
 	int rc = 0;
@@ -873,7 +873,8 @@ static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
 	size_t nv = 0;
 	uint64_t used = used_locked(f);
 	uint64_t need = e->inv->region_bytes;
-	rc = wf_budget_plan(bf, n, f->host_budget, used, need, victims, &nv);
+	/* The host budget is never exceeded: an oversized floor is refused like one with no room. */
+	rc = wf_lru_plan(bf, n, f->host_budget, used, need, victims, &nv) == WF_LRU_FITS ? 0 : WF_ENO_SPACE;
 	if (rc < 0) {
 		pthread_mutex_unlock(&f->mu);
 		rc = wf_diag_set(diag, WF_ENO_SPACE,

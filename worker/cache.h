@@ -35,8 +35,8 @@
  * block on a request that might itself be waiting for the manager, and the control plane gets
  * a definite answer it can retry after draining.
  *
- * Device memory. One device allocation per model (or per alloc_max-sized segment of it), so
- * that an eviction returns exactly what the load took: wf_device_mem_info() goes back to its
+ * Device memory. One device allocation per weight set (or per alloc_max-sized segment of it),
+ * so that an eviction returns exactly what the load took: wf_device_mem_info() goes back to its
  * level before the load. Inside the allocation tensors keep their source spacing where the gap
  * is small (a few KiB of padding and file headers at most), so a run of tensors is one read and
  * one copy; elsewhere a tensor starts at a fresh 256-byte boundary plus its source offset
@@ -55,6 +55,7 @@
 #include "shm/region.h"
 #include "worker/devbudget.h"
 #include "worker/stage.h"
+#include "worker/wset.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -127,9 +128,9 @@ struct wf_cache_opts {
 	 * (DIRECT fails where the floor cannot be registered). Loads from model files are always
 	 * STAGED. */
 	enum wf_stage_mode load_mode;
-	uint64_t alloc_max;       /* 0: one device allocation per model; else models
-	                             are split into allocations of at most this many
-	                             bytes (a tensor larger than it gets its own) */
+	uint64_t alloc_max;       /* 0: one device allocation per weight set; else
+	                             sets are split into allocations of at most this
+	                             many bytes (a tensor larger than it gets its own) */
 	wf_cache_event_fn *event; /* optional */
 	void *event_ctx;
 };
@@ -223,6 +224,38 @@ int wf_cache_set_mode(struct wf_cache *cache, enum wf_cache_mode mode);
  * not wait. Returns 0 when something was canceled, WF_ESTATE when nothing was loading or
  * queued. */
 int wf_cache_cancel(struct wf_cache *cache, uint32_t id);
+
+/* ---- weight sets ------------------------------------------------------------------------------
+ *
+ * The unit of residency is a weight set (worker/wset.h): a model is the union of its sets, which
+ * wf_cache_model_add() classifies ("dense", then one "blk.N.ffn_*_exps" per layer). The model
+ * calls above move all of a model's sets at once; a model is DEVICE (PINNED_DEVICE) when every
+ * set is resident (pinned), and only then can it be acquired. The calls below move one set; they
+ * serve the expert cache, and tests. The LRU evicts a model's unpinned sets together. */
+
+struct wf_cache_wset_status {
+	char name[WF_WSET_NAME_MAX];
+	enum wf_residency state; /* the model's host level when not resident */
+	uint32_t n_tensors;
+	uint64_t bytes;        /* sum of tensor bytes */
+	uint64_t device_bytes; /* allocated on the device (0 when not resident) */
+	uint32_t n_allocs;
+};
+
+/* Number of sets of model id; a set's index by name; its status. Thread-safe, do not wait for
+ * the manager. WF_ENOT_FOUND for an unknown model or set. */
+int wf_cache_wset_count(struct wf_cache *cache, uint32_t id, uint32_t *ret_n);
+int wf_cache_wset_find(struct wf_cache *cache, uint32_t id, const char *name, uint32_t *ret_set);
+int wf_cache_wset_status(struct wf_cache *cache, uint32_t id, uint32_t set,
+                         struct wf_cache_wset_status *ret_status);
+
+/* Loads one set (pin: and pins it; a resident set is only pinned), under the same budget and
+ * mode rules as a model load. Errors as wf_cache_set_residency(). */
+int wf_cache_wset_load(struct wf_cache *cache, uint32_t id, uint32_t set, bool pin,
+                       struct wf_diag *diag);
+/* Frees one set's device memory, pinned or not. 0 when it was not resident; -EBUSY while the
+ * model is acquired. */
+int wf_cache_wset_evict(struct wf_cache *cache, uint32_t id, uint32_t set, struct wf_diag *diag);
 
 /* ---- requests
  * ------------------------------------------------------------------------------------- */

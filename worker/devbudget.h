@@ -54,29 +54,8 @@ int wf_devbudget_compute(const struct wf_devbudget_in *in, struct wf_devbudget *
  * it can still be loaded (after evicting everything evictable) but is flagged. */
 bool wf_devbudget_oversized(const struct wf_devbudget *budget, uint64_t bytes);
 
-/* One resident model, as the eviction planner sees it. */
-struct wf_devbudget_entry {
-	uint64_t bytes;     /* device bytes counted against the on-demand budget */
-	uint64_t lru_stamp; /* smaller is older */
-	bool evictable;     /* resident, unpinned and not acquired (requests hold it otherwise) */
-};
-
-/* wf_devbudget_plan() outcome. */
-enum wf_devbudget_fit {
-	WF_DEVBUDGET_FITS = 0,      /* evicting the victims (maybe none) makes room */
-	WF_DEVBUDGET_OVERSIZED = 1, /* need > budget: evict every evictable entry and load anyway,
-	                               flagged (only possible when nothing unevictable remains) */
-	WF_DEVBUDGET_NO_ROOM = 2,   /* entries that cannot be evicted leave too little room */
-};
-
-/* Plans room for `need` more bytes under `budget` with the entries resident (their bytes are the
- * "used" total; entries that are not evictable still count). Writes the indices of entries to
- * evict, oldest first (ties by index), into victims (capacity n) and their count into
- * *ret_n_victims, and returns the outcome. For NO_ROOM no victim is proposed: evicting would not
- * help. Pure function. */
-enum wf_devbudget_fit wf_devbudget_plan(const struct wf_devbudget_entry *entries, size_t n,
-                                        uint64_t budget, uint64_t need, size_t *victims,
-                                        size_t *ret_n_victims);
+/* Which models to evict to make room is base/lru.h's call (wf_lru_plan), the planner the agent
+ * and the expert cache share. */
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,3 @@
-#include "agent/budget.h"
 #include "agent/config.h"
 #include "base/error.h"
 #include "common/wftest.h"
@@ -112,37 +111,4 @@ Test(config, model_roots_confine_paths)
 	wf_agent_config_fini(&cfg);
 	wft_rmtree(dir);
 	free(dir);
-}
-
-Test(budget, evicts_lru_unpinned_idle_only)
-{
-	struct wf_budget_floor f[] = {
-		{.bytes = 40, .last_used = 5},                 /* 0 */
-		{.bytes = 30, .last_used = 1, .pinned = true}, /* 1: oldest but pinned */
-		{.bytes = 20, .last_used = 2},                 /* 2: oldest evictable */
-		{.bytes = 10, .last_used = 3, .busy = true},   /* 3: held by a worker */
-	};
-	size_t v[4], nv = 99;
-	/* budget 100, used 100: room for 15 needs 20 (floor 2) alone. */
-	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 15, v, &nv), 0);
-	cr_assert_eq(nv, 1);
-	cr_assert_eq(v[0], 2);
-	/* room for 50: floor 2 then floor 0. */
-	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 50, v, &nv), 0);
-	cr_assert_eq(nv, 2);
-	cr_assert_eq(v[0], 2);
-	cr_assert_eq(v[1], 0);
-	/* room for 61 would need pinned or busy floors: refused, nothing planned. */
-	cr_assert_eq(wf_budget_plan(f, 4, 100, 100, 61, v, &nv), WF_ENO_SPACE);
-	cr_assert_eq(nv, 0);
-	/* fits without eviction. */
-	cr_assert_eq(wf_budget_plan(f, 4, 200, 100, 100, v, &nv), 0);
-	cr_assert_eq(nv, 0);
-	/* larger than the whole budget. */
-	cr_assert_eq(wf_budget_plan(f, 4, 100, 0, 101, v, &nv), WF_ENO_SPACE);
-	/* ties by index. */
-	struct wf_budget_floor g[] = {{.bytes = 10, .last_used = 7}, {.bytes = 10, .last_used = 7}};
-	cr_assert_eq(wf_budget_plan(g, 2, 20, 20, 10, v, &nv), 0);
-	cr_assert_eq(nv, 1);
-	cr_assert_eq(v[0], 0);
 }
