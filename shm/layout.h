@@ -134,7 +134,7 @@
  * string (inside the pool and NUL-terminated), every file section (aligned, inside the data area,
  * in order), every tensor (file index, n_dims, bytes inside its file's section and consistent with
  * source_offset, or inside the used spare area), the name index (in range, strictly increasing
- * names). A corrupt region yields an error code, never a fault. Tensor bytes are checked against
+ * names), the metadata section (walked as described above). A corrupt region yields an error code, never a fault. Tensor bytes are checked against
  * their checksums only by wf_shm_region_verify().
  *
  * Versions: 1 had no name index (readers sorted the names at every attach) and 3888 reserved
