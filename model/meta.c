@@ -6,6 +6,7 @@
 #include "model/model_internal.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,10 +270,12 @@ static int get_array(struct rd *r, struct wf_kv_array *a, unsigned depth, const 
 				rc = get_str(r, a ? &a->u.strs[i] : NULL, "an array's string");
 			else
 				rc = get_array(r, a ? &a->u.arrays[i] : NULL, depth + 1, key);
-			if (rc)
-				return rc;
+			/* A failed element counts too: a nested array may hold what it filled (its
+			 * own n says how much), and a zeroed string frees as nothing. */
 			if (a)
 				a->n = i + 1;
+			if (rc)
+				return rc;
 		}
 		return 0;
 	}
@@ -292,6 +295,37 @@ static int get_array(struct rd *r, struct wf_kv_array *a, unsigned depth, const 
 	}
 	r->pos += (size_t)(n * sz);
 	return 0;
+}
+
+/* The one spelling of a scalar of type t (model/meta.h): in range, sign-extended, an F32 a
+ * float's exact value. Anything else no reader produces, and would not encode back the same. */
+static bool scalar_ok(enum wf_kv_type t, uint64_t x)
+{
+	int64_t s = (int64_t)x;
+	switch (t) {
+	case WF_KV_U8:
+		return x <= UINT8_MAX;
+	case WF_KV_U16:
+		return x <= UINT16_MAX;
+	case WF_KV_U32:
+		return x <= UINT32_MAX;
+	case WF_KV_BOOL:
+		return x <= 1;
+	case WF_KV_I8:
+		return s >= INT8_MIN && s <= INT8_MAX;
+	case WF_KV_I16:
+		return s >= INT16_MIN && s <= INT16_MAX;
+	case WF_KV_I32:
+		return s >= INT32_MIN && s <= INT32_MAX;
+	case WF_KV_F32: {
+		double d, back;
+		memcpy(&d, &x, 8);
+		back = (double)(float)d;
+		return memcmp(&back, &d, 8) == 0;
+	}
+	default:
+		return true; /* U64, I64, F64: every bit pattern */
+	}
 }
 
 static int get_value(struct rd *r, struct wf_kv_value *v, const char *key)
@@ -318,9 +352,10 @@ static int get_value(struct rd *r, struct wf_kv_value *v, const char *key)
 	rc = get_u64(r, &x, "a scalar value");
 	if (rc)
 		return rc;
-	if (t == WF_KV_BOOL && x > 1)
-		return wf_diag_set(r->diag, WF_EFORMAT, "model metadata: key '%s': bool is %llu",
-				   key, (ull)x);
+	if (!scalar_ok((enum wf_kv_type)t, x))
+		return wf_diag_set(r->diag, WF_EFORMAT,
+				   "model metadata: key '%s': 0x%016llx is not a %s", key, (ull)x,
+				   wf_kv_type_name((enum wf_kv_type)t));
 	if (v) {
 		v->type = (enum wf_kv_type)t;
 		memcpy(&v->u.u64, &x, 8); /* the union's 8 bytes, whichever member */
@@ -354,9 +389,14 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 	if (head[3] > WF_MODEL_MAX_KV)
 		return wf_diag_set(diag, WF_ELIMIT, "model metadata: %u keys (at most %u)",
 				   head[3], WF_MODEL_MAX_KV);
-	if (memchr(fixed + 16, 0, 64) == NULL)
+	const uint8_t *nul = memchr(fixed + 16, 0, 64);
+	if (nul == NULL)
 		return wf_diag_set(diag, WF_EFORMAT,
 				   "model metadata: architecture is not NUL-terminated");
+	for (const uint8_t *p = nul; p < fixed + 80; p++)
+		if (*p)
+			return wf_diag_set(diag, WF_EFORMAT,
+					   "model metadata: architecture is not zero-padded");
 	for (size_t i = 136; i < WF_MODEL_META_FIXED; i++)
 		if (fixed[i])
 			return wf_diag_set(diag, WF_EFORMAT,

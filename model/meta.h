@@ -19,15 +19,17 @@
  *   then n_kv records, in the model's order:
  *        u32 key_len (1..WF_MODEL_MAX_NAME), key bytes (no NUL among them), u8 0
  *        u32 type (enum wf_kv_type), then the value:
- *          U8..U64, I8..I64, BOOL:  u64 (signed types sign-extended; BOOL 0 or 1)
- *          F32, F64:                f64 (an F32 holds the float's exact value)
+ *          U8..U64, I8..I64, BOOL:  u64 (in the type's range; signed types sign-extended;
+ *                                   BOOL 0 or 1)
+ *          F32, F64:                f64 (an F32 holds a float's exact value, NaN payload too)
  *          STRING:                  u64 len, len bytes (may hold NULs), u8 0
  *          ARRAY:                   u32 elem, u64 n (<= WF_MODEL_MAX_ARRAY), then n elements:
  *                                   scalars packed at their GGUF size (BOOL one byte 0/1),
  *                                   strings as above, arrays recursively (depth <=
  *                                   WF_MODEL_MAX_KV_DEPTH)
  *   the last record ends exactly at the section's end (trailing bytes are an error).
- * Nothing in it is trusted on decode: every length and count is checked against the bytes left
+ * One spelling per model (padding zero, scalars in range): what decodes encodes back to the same
+ * bytes. Nothing in it is trusted on decode: every length and count is checked against the bytes left
  * and against the WF_MODEL_MAX_* caps before anything is allocated. */
 #ifndef WF_MODEL_META_H
 #define WF_MODEL_META_H
