@@ -2,8 +2,10 @@
  * found in the floor directory. Everything read from a region is bounds-checked here before any
  * other file of the module dereferences it. */
 #include "base/error.h"
+#include "model/meta.h"
 #include "shm/shm_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,7 +185,16 @@ int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
 		return wf_diag_set(diag, WF_ELIMIT, "layout: %" PRIu64 " bytes of names and paths",
 				   strings);
 	l.strings_size = strings;
-	if (align_up_ovf(l.strings_offset + l.strings_size, WF_SHM_PAGE, &l.data_offset))
+	size_t meta = 0;
+	rc = wf_model_meta_encode(m, NULL, 0, &meta, diag);
+	if (rc < 0)
+		return rc;
+	if (meta > WF_SHM_MAX_META)
+		return wf_diag_set(diag, WF_ELIMIT, "layout: %zu bytes of model metadata", meta);
+	l.meta_offset = (l.strings_offset + l.strings_size + WF_SHM_META_ALIGN - 1) &
+			~(uint64_t)(WF_SHM_META_ALIGN - 1);
+	l.meta_size = meta;
+	if (align_up_ovf(l.meta_offset + l.meta_size, WF_SHM_PAGE, &l.data_offset))
 		return wf_diag_set(diag, WF_EOVERFLOW, "layout: tables overflow");
 	l.data_size = data;
 	if (__builtin_add_overflow(l.data_offset, l.data_size, &l.spare_offset) ||
@@ -221,7 +232,9 @@ int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l,
 	    l->n_tensors != m->n_tensors ||
 	    l->name_index_offset < l->tensor_table_offset + l->tensor_table_size ||
 	    l->name_index_size != (uint64_t)l->n_tensors * NAME_INDEX_ENTRY_SIZE ||
-	    l->name_index_offset + l->name_index_size > l->strings_offset)
+	    l->name_index_offset + l->name_index_size > l->strings_offset ||
+	    l->meta_offset < l->strings_offset + l->strings_size ||
+	    l->meta_offset + l->meta_size > l->data_offset)
 		return wf_diag_set(diag, WF_EINVAL, "layout: buffer or layout does not fit");
 	uint8_t *b = base;
 	struct wf_shm_file_entry *fe = (struct wf_shm_file_entry *)(b + l->file_table_offset);
@@ -269,6 +282,14 @@ int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l,
 		memcpy(pool + sp, ts->name, n + 1);
 		sp += n + 1;
 	}
+	size_t meta = 0;
+	int rc = wf_model_meta_encode(m, b + l->meta_offset, (size_t)l->meta_size, &meta, diag);
+	if (rc < 0)
+		return rc;
+	if (meta != l->meta_size)
+		return wf_diag_set(diag, WF_EINVAL,
+				   "layout: model metadata is %zu bytes, the layout has %" PRIu64,
+				   meta, l->meta_size);
 	/* The name index, sorted here once so that no attach has to. */
 	uint32_t *idx = (uint32_t *)(b + l->name_index_offset);
 	for (uint32_t i = 0; i < m->n_tensors; i++)
@@ -375,6 +396,8 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	    !section_ok(h.tensor_table_offset, h.tensor_table_size, 8, size, &cursor) ||
 	    !section_ok(h.name_index_offset, h.name_index_size, 4, size, &cursor) ||
 	    !section_ok(h.strings_offset, h.strings_size, 1, size, &cursor) ||
+	    h.meta_size > WF_SHM_MAX_META ||
+	    !section_ok(h.meta_offset, h.meta_size, WF_SHM_META_ALIGN, size, &cursor) ||
 	    !section_ok(h.data_offset, h.data_size, WF_SHM_PAGE, size, &cursor) ||
 	    !section_ok(h.spare_offset, h.spare_size, WF_SHM_PAGE, size, &cursor) ||
 	    h.spare_used > h.spare_size)
@@ -382,12 +405,12 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 				   "region sections out of order or bounds: files %" PRIu64
 				   "+%" PRIu64 ", tensors %" PRIu64 "+%" PRIu64
 				   ", name index %" PRIu64 "+%" PRIu64 ", strings %" PRIu64
-				   "+%" PRIu64
+				   "+%" PRIu64 ", metadata %" PRIu64 "+%" PRIu64
 				   ", data %" PRIu64 "+%" PRIu64 ", spare %" PRIu64 "+%" PRIu64
 				   " (used %" PRIu64 "), total %" PRIu64,
 				   h.file_table_offset, h.file_table_size, h.tensor_table_offset,
 				   h.tensor_table_size, h.name_index_offset, h.name_index_size,
-				   h.strings_offset, h.strings_size,
+				   h.strings_offset, h.strings_size, h.meta_offset, h.meta_size,
 				   h.data_offset, h.data_size, h.spare_offset, h.spare_size,
 				   h.spare_used, size);
 	sum = wf_shm_checksum(b + h.file_table_offset, h.data_offset - h.file_table_offset);
@@ -396,6 +419,17 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 				   "region tables checksum 0x%016" PRIx64
 				   ", computed 0x%016" PRIx64,
 				   h.tables_checksum, sum);
+
+	/* The metadata, walked without allocating: lengths, counts, terminators, types. */
+	int rc = wf_model_meta_decode(b + h.meta_offset, (size_t)h.meta_size, NULL, diag);
+	if (rc < 0)
+		return rc; /* diag says "model metadata: ..." */
+	uint32_t meta_files;
+	memcpy(&meta_files, b + h.meta_offset + 8, sizeof(meta_files));
+	if (meta_files != h.n_files)
+		return wf_diag_set(diag, WF_EFORMAT,
+				   "region metadata describes %" PRIu32 " files, the header %" PRIu32,
+				   meta_files, h.n_files);
 
 	const char *pool = (const char *)b + h.strings_offset;
 	uint64_t data_end = h.data_offset + h.data_size, n_in_files = 0;
@@ -556,7 +590,21 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 					   " does not match model tensor '%s'",
 					   i, ts->name);
 	}
-	return 0;
+	/* The same digest with other key/values means the files were rewritten in place with
+	 * the same sizes and mtimes; rare, but then the floor must not answer with stale ones. */
+	if (h->meta_size != l->meta_size)
+		return wf_diag_set(diag, WF_EFORMAT,
+				   "region metadata is %" PRIu64 " bytes; the model's is %" PRIu64,
+				   h->meta_size, l->meta_size);
+	size_t n = 0;
+	uint8_t *want = malloc(l->meta_size ? (size_t)l->meta_size : 1);
+	if (!want)
+		return -ENOMEM;
+	int rc = wf_model_meta_encode(m, want, (size_t)l->meta_size, &n, diag);
+	if (rc == 0 && memcmp(want, b + h->meta_offset, n) != 0)
+		rc = wf_diag_set(diag, WF_EFORMAT, "region metadata does not match the model's");
+	free(want);
+	return rc;
 }
 
 int wf__shm_tensor_bounds(const struct wf_shm_header *h, uint64_t floor_offset, uint64_t nbytes)

@@ -14,6 +14,9 @@
  *                                            (= tensor_table_offset + tensor_table_size)
  *   strings_offset      strings_size         string pool: tensor names and file paths, each
  *                                            followed by a NUL that its length does not count
+ *   meta_offset         meta_size            model metadata (since version 3), 8-aligned
+ *                                            (= align8(strings_offset + strings_size)): format,
+ *                                            hyperparameters, every key/value (model/meta.h)
  *   data_offset         data_size            data area, 4096-aligned: one section per file
  *   spare_offset        spare_size           spare area for published tensor versions, 4096-aligned
  *   total_size                               end; a multiple of page_size (4096, or the huge page
@@ -43,13 +46,15 @@
  *   184  i32 materializer_pid    the process that filled it (diagnostics only)
  *   188  u32 reserved0           zero
  *   192  u64 tables_checksum     xxh3-64 of the bytes [file_table_offset, data_offset): the file
- *                                table, the tensor table, the name index, the string pool and
- *                                the padding between them
+ *                                table, the tensor table, the name index, the string pool, the
+ *                                metadata section and the padding between them
  *   200  u64 header_checksum     xxh3-64 of the 4096 header bytes with this field zeroed and
  *                                state READY; so only a READY header can carry a valid one
  *   208  u64 name_index_offset   the name index (since version 2) ...
  *   216  u64 name_index_size     ... and its length, n_tensors * 4
- *   224  u8  reserved[3872]      zero
+ *   224  u64 meta_offset         the metadata section (since version 3) ...
+ *   232  u64 meta_size           ... and its length (at most WF_SHM_MAX_META)
+ *   240  u8  reserved[3856]      zero
  *
  * File entry (80 bytes), one per model file, in model order:
  *     0  u64 size                st_size the digest was computed from
@@ -96,6 +101,18 @@
  * sequential, page-aligned copy (O_DIRECT-able) and a tensor's bytes in the floor equal its bytes
  * in the file. GGUF headers and padding between tensors ride along; that is at most 4 KiB a file.
  *
+ * Metadata section (since version 3): the bytes of wf_model_meta_encode() (model/meta.h, which
+ * pins their layout): the model's format, struct wf_hparams, each file's GGUF version and
+ * alignment, and every metadata key with its type and value, arrays included (tokenizer vocab,
+ * merges, scores, token types). With the file and tensor tables it is everything
+ * wf_shm_region_model() needs to rebuild the struct wf_model that wf_model_open() gives for the
+ * files, so a worker that cannot see the files runs the model from the floor. safetensors
+ * models store their __metadata__ as string keys and config.json's hyperparameters in hp. The
+ * section is written once at materialization, never changed by a publish, and covered by
+ * tables_checksum; every attach walks it (wf_model_meta_decode() without allocating: lengths and
+ * counts against the bytes left and the WF_MODEL_MAX_* caps, NUL terminators, types, trailing
+ * bytes), so a corrupt section is an error, never a fault.
+ *
  * Generations (publishing a changed tensor; written now so the format need not change later):
  *  1. The publisher holds the guard lock EX (shm/region.h), so attachers, which validate the
  *     header under the same lock, never see a publish half done.
@@ -125,11 +142,14 @@
  * string (inside the pool and NUL-terminated), every file section (aligned, inside the data area,
  * in order), every tensor (file index, n_dims, bytes inside its file's section and consistent with
  * source_offset, or inside the used spare area), the name index (in range, strictly increasing
- * names). A corrupt region yields an error code, never a fault. Tensor bytes are checked against
+ * names), the metadata section (walked as described above). A corrupt region yields an error code, never a fault. Tensor bytes are checked against
  * their checksums only by wf_shm_region_verify().
  *
  * Versions: 1 had no name index (readers sorted the names at every attach) and 3888 reserved
- * header bytes at 208. A version-1 region is refused with WF_EVERSION, and an agent rebuilds it. */
+ * header bytes at 208; 2 had no metadata section (data_offset followed the string pool) and 3872
+ * reserved bytes at 224, so a worker had to re-open the model's files for its key/values. A
+ * region of another version is refused with WF_EVERSION ("region format version 2, expected
+ * 3"), and an agent rebuilds it (its attach uses WF_SHM_ATTACH_REBUILD). */
 #ifndef WF_SHM_LAYOUT_H
 #define WF_SHM_LAYOUT_H
 
@@ -144,12 +164,14 @@ extern "C" {
 #endif
 
 #define WF_SHM_MAGIC 0x1a524f4f4c464657ull /* "WFFLOOR\x1a" read as a little-endian u64 */
-#define WF_SHM_VERSION 2u
+#define WF_SHM_VERSION 3u
 #define WF_SHM_HEADER_SIZE 4096u
 #define WF_SHM_PAGE 4096u          /* alignment of windows, sections and the data area */
 #define WF_SHM_SPARE_ALIGN 64u     /* alignment of published tensor versions in the spare area */
 #define WF_SHM_MAX_PATH 4096u      /* bytes of a file path kept for diagnostics */
 #define WF_SHM_MAX_STRINGS (1ull << 32) /* bytes of string pool */
+#define WF_SHM_MAX_META (1ull << 31)    /* bytes of metadata section (> WF_MODEL_MAX_HEADER) */
+#define WF_SHM_META_ALIGN 8u
 
 enum wf_shm_state {
 	WF_SHM_STATE_EMPTY = 0, /* a zero-filled (or 0-byte) file: nothing written yet */
@@ -195,7 +217,9 @@ struct wf_shm_header {
 	uint64_t header_checksum;
 	uint64_t name_index_offset;
 	uint64_t name_index_size;
-	uint8_t reserved[3872];
+	uint64_t meta_offset;
+	uint64_t meta_size;
+	uint8_t reserved[3856];
 };
 
 struct wf_shm_file_entry {
@@ -264,7 +288,9 @@ WF_SHM_AT_(wf_shm_header, tables_checksum, 192);
 WF_SHM_AT_(wf_shm_header, header_checksum, 200);
 WF_SHM_AT_(wf_shm_header, name_index_offset, 208);
 WF_SHM_AT_(wf_shm_header, name_index_size, 216);
-WF_SHM_AT_(wf_shm_header, reserved, 224);
+WF_SHM_AT_(wf_shm_header, meta_offset, 224);
+WF_SHM_AT_(wf_shm_header, meta_size, 232);
+WF_SHM_AT_(wf_shm_header, reserved, 240);
 _Static_assert(sizeof(struct wf_shm_header) == WF_SHM_HEADER_SIZE, "header is one page");
 
 WF_SHM_AT_(wf_shm_file_entry, size, 0);
@@ -316,6 +342,9 @@ struct wf_shm_layout {
 	/* Added with version 2; last, so that code naming the fields above is unaffected. */
 	uint64_t name_index_offset;
 	uint64_t name_index_size;
+	/* Added with version 3. */
+	uint64_t meta_offset;
+	uint64_t meta_size;
 };
 
 /* The page-aligned window of one file that its floor section holds. */

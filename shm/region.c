@@ -1,6 +1,7 @@
 /* Attach, materialize, detach, verify and the accessors of a floor region. The protocol is written
  * at the top of shm/region.h, the byte layout at the top of shm/layout.h. */
 #include "base/error.h"
+#include "model/meta.h"
 #include "shm/shm_internal.h"
 
 #include <errno.h>
@@ -464,6 +465,8 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 	hl.tensor_table_size = lay->tensor_table_size;
 	hl.name_index_offset = lay->name_index_offset;
 	hl.name_index_size = lay->name_index_size;
+	hl.meta_offset = lay->meta_offset;
+	hl.meta_size = lay->meta_size;
 	hl.strings_offset = lay->strings_offset;
 	hl.strings_size = lay->strings_size;
 	hl.data_offset = lay->data_offset;
@@ -971,4 +974,127 @@ bool wf_shm_region_materialized(const struct wf_shm_region *r)
 const char *wf_shm_region_rebuild_reason(const struct wf_shm_region *r)
 {
 	return r->rebuild_reason;
+}
+
+int wf_shm_region_meta(const struct wf_shm_region *r, const void **ret_data, uint64_t *ret_size)
+{
+	if (!r || !r->base || !ret_data || !ret_size)
+		return WF_EINVAL;
+	*ret_data = (const uint8_t *)r->base + r->hdr.meta_offset;
+	*ret_size = r->hdr.meta_size;
+	return 0;
+}
+
+/* A string of the pool, copied: bounds re-checked (shared memory), and the copy's length must be
+ * the stored one (a NUL inside would make the name another). */
+static int pool_dup(const struct wf_shm_region *r, uint64_t off, uint32_t len, char **ret)
+{
+	const struct wf_shm_header *h = &r->hdr;
+	if (off >= h->strings_size || h->strings_size - off <= len)
+		return WF_EFORMAT;
+	char *s = strndup((const char *)r->base + h->strings_offset + off, len);
+	if (!s)
+		return -ENOMEM;
+	if (strlen(s) != len) {
+		free(s);
+		return WF_EFORMAT;
+	}
+	*ret = s;
+	return 0;
+}
+
+int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_model,
+			struct wf_diag *diag)
+{
+	struct wf_model *m = NULL;
+	uint8_t *meta = NULL;
+	int rc;
+
+	wf_diag_clear(diag);
+	if (!r || !r->base || !ret_model)
+		return wf_diag_set(diag, WF_EINVAL, "region model: bad arguments");
+	const struct wf_shm_header *h = &r->hdr; /* validated at attach */
+	const uint8_t *b = r->base;
+	if (!(m = calloc(1, sizeof(*m))) || !(m->files = calloc(h->n_files, sizeof(*m->files))) ||
+	    (h->n_tensors && !(m->tensors = calloc(h->n_tensors, sizeof(*m->tensors))))) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	m->n_files = h->n_files;
+	m->n_tensors = h->n_tensors; /* names are NULL until filled: wf_model_close() copes */
+	for (uint32_t i = 0; i < h->n_files; i++) {
+		struct wf_shm_file_entry e;
+		struct wf_model_file *f = &m->files[i];
+		memcpy(&e, b + h->file_table_offset + (uint64_t)i * sizeof(e), sizeof(e));
+		rc = pool_dup(r, e.path_offset, e.path_len, &f->path);
+		if (rc < 0) {
+			rc = rc == -ENOMEM ? rc
+					   : wf_diag_set(diag, rc, "region file %" PRIu32
+								   ": bad path string", i);
+			goto fail;
+		}
+		f->size = e.size;
+		f->mtime_ns = e.mtime_ns;
+		f->data_offset = e.data_offset;
+		f->data_size = e.data_size;
+	}
+	for (uint32_t i = 0; i < h->n_tensors; i++) {
+		struct wf_shm_tensor_info ti;
+		struct wf_tensor *t = &m->tensors[i];
+		rc = wf_shm_region_tensor(r, i, &ti);
+		if (rc == 0)
+			rc = pool_dup(r, (uint64_t)(ti.name - (const char *)b - h->strings_offset),
+				      ti.name_len, &t->name);
+		if (rc < 0) {
+			rc = rc == -ENOMEM ? rc
+					   : wf_diag_set(diag, rc, "region tensor %" PRIu32 ": %s",
+							 i, wf_strerror(rc));
+			goto fail;
+		}
+		t->dtype = (enum wf_dtype)ti.dtype;
+		t->n_dims = ti.n_dims;
+		memcpy(t->ne, ti.ne, sizeof(t->ne));
+		t->nbytes = ti.nbytes;
+		t->file = ti.file;
+		t->offset = ti.source_offset; /* as in the file: the digest covers it */
+	}
+	/* One private snapshot of the section, so that what is checked is what is kept. */
+	if (!(meta = malloc(h->meta_size ? (size_t)h->meta_size : 1))) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	memcpy(meta, b + h->meta_offset, (size_t)h->meta_size);
+	rc = wf_model_meta_decode(meta, (size_t)h->meta_size, m, diag);
+	if (rc < 0)
+		goto fail;
+	rc = wf_model_assemble(m, diag);
+	if (rc < 0)
+		goto fail;
+	for (uint32_t i = 0; i < h->n_files; i++) {
+		struct wf_shm_file_entry e;
+		memcpy(&e, b + h->file_table_offset + (uint64_t)i * sizeof(e), sizeof(e));
+		if (e.data_size != m->files[i].data_size || e.n_tensors != m->files[i].n_tensors) {
+			rc = wf_diag_set(diag, WF_EFORMAT,
+					 "region file %" PRIu32 ": %" PRIu64 " data bytes, %" PRIu32
+					 " tensors; its tensors give %" PRIu64 ", %" PRIu32,
+					 i, e.data_size, e.n_tensors, m->files[i].data_size,
+					 m->files[i].n_tensors);
+			goto fail;
+		}
+	}
+	/* The tables rebuild the model the region is named after, or they are not its tables. */
+	struct wf_digest d;
+	wf_model_digest(m, &d);
+	if (d.hi != r->digest.hi || d.lo != r->digest.lo) {
+		rc = wf_diag_set(diag, WF_EFORMAT,
+				 "region %s: its tables give another model digest", r->path);
+		goto fail;
+	}
+	free(meta);
+	*ret_model = m;
+	return 0;
+fail:
+	free(meta);
+	wf_model_close(m);
+	return rc;
 }

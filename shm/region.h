@@ -243,6 +243,25 @@ int wf_shm_region_tensor(const struct wf_shm_region *region, uint32_t index,
 int wf_shm_region_find(const struct wf_shm_region *region, const char *name,
 		       struct wf_shm_tensor_info *ret_info);
 
+/* The struct wf_model the region was materialized from, rebuilt from the floor alone (its
+ * file and tensor tables and its metadata section, shm/layout.h), for a reader that cannot or
+ * need not open the model's files. Its tensors, key/values (types and values, arrays included),
+ * hyperparameters, format and file identities (path as opened by the materializer, size, mtime,
+ * data section, GGUF version, alignment) equal what wf_model_open() gave for the files, so
+ * wf_model_digest() gives the region's digest (checked). Tensor offsets are the files' (the
+ * digest covers them); the bytes are in the floor at wf_shm_region_tensor()'s floor_offset, in
+ * the same order as model->tensors. real_path, dev, ino and aux_paths are unknown: 0 / NULL.
+ * Clears diag first. Returns 0 and *ret_model (wf_model_close() it; it does not borrow the
+ * region), or WF_EFORMAT / WF_ETRUNCATED / WF_ELIMIT / WF_EVERSION for a section damaged since
+ * attach, -ENOMEM, WF_EINVAL. Thread-safe. */
+int wf_shm_region_model(const struct wf_shm_region *region, struct wf_model **ret_model,
+			struct wf_diag *diag);
+
+/* The metadata section in the mapping (model/meta.h's encoding), validated at attach. Valid
+ * until detach. 0 or WF_EINVAL. */
+int wf_shm_region_meta(const struct wf_shm_region *region, const void **ret_data,
+		       uint64_t *ret_size);
+
 /* Accessors; thread-safe; the region must be attached. */
 uint32_t wf_shm_region_n_tensors(const struct wf_shm_region *region);
 /* The header as validated at attach (generation and state may have moved since: see below). */

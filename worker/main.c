@@ -609,6 +609,7 @@ int main(int argc, char **argv)
 	svc.endpoint = endpoint;
 	svc.dev = dev;
 	svc.cache = cache;
+	svc.shm = &shm;
 	for (size_t i = 0; i < o.n_models; i++) {
 		char name[256];
 		const char *eq = strchr(o.models[i], '=');

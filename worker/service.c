@@ -71,12 +71,12 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
 	return rc;
 }
 
-/* Asks the agent where the model's files are, and to make sure its floor exists, within
- * timeout_ms. An agent that is not connected (not running: the client keeps redialling) gets a
- * second at most to come up, so a worker without its agent answers at once instead of spending
- * the request's whole budget waiting for a connection. */
-static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms, char **ret_path,
-		     struct wf_diag *diag)
+/* Asks the agent to make sure the model's floor exists, within timeout_ms, and learns its digest
+ * (the floor's name). An agent that is not connected (not running: the client keeps redialling)
+ * gets a second at most to come up, so a worker without its agent answers at once instead of
+ * spending the request's whole budget waiting for a connection. */
+static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms,
+		     struct wf_digest *ret_digest, struct wf_diag *diag)
 {
 	if (timeout_ms <= 0)
 		return wf_diag_set(diag, WF_ETIMEOUT, "agent: no time left to ask for model '%s'",
@@ -105,10 +105,9 @@ static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms, 
 	if (rc < 0) {
 		wf_diag_set(diag, rc, "agent: model '%s': %s", name, rep->message);
 	} else if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO ||
-		   rep->model_info->n_files == 0) {
-		rc = wf_diag_set(diag, WF_EPROTOCOL, "agent: no file list for model '%s'", name);
-	} else if (!(*ret_path = strdup(rep->model_info->files[0]->path))) {
-		rc = -ENOMEM;
+		   !rep->model_info->digest_hex ||
+		   wf_digest_parse(rep->model_info->digest_hex, ret_digest) < 0) {
+		rc = wf_diag_set(diag, WF_EPROTOCOL, "agent: no floor digest for model '%s'", name);
 	}
 	wf_ctl_reply_free(rep);
 	return rc;
@@ -129,10 +128,35 @@ static void refloor(struct wf_worker_svc *s, const char *name, uint32_t id, int 
 	wf_cache_status_free(st);
 	if (attached)
 		return;
-	char *path = NULL;
+	struct wf_digest dg;
 	struct wf_diag d = {{0}};
-	if (ask_agent(s, name, agent_ms, &path, &d) == 0)
-		free(path);
+	(void)ask_agent(s, name, agent_ms, &dg, &d);
+}
+
+/* The model as the floor describes it (shm/region.h, wf_shm_region_model): the worker needs
+ * neither the files nor a path, only the floor directory, so it runs in a container that cannot
+ * see the model files. The attachment ends here; the cache attaches the floor again by digest. */
+static int model_from_floor(struct wf_worker_svc *s, const char *name,
+			    const struct wf_digest *dg, struct wf_model **ret_model,
+			    struct wf_diag *diag)
+{
+	struct wf_shm_region *r = NULL;
+	struct wf_diag d = {{0}};
+	char hex[WF_DIGEST_HEX_LEN];
+	wf_digest_hex(dg, hex);
+	if (!s->shm)
+		return wf_diag_set(diag, WF_EUNSUPPORTED,
+				   "model '%s': the agent has floor %s but no floor directory "
+				   "is configured", name, hex);
+	int rc = wf_shm_region_attach(s->shm, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &d);
+	if (rc == 0) {
+		rc = wf_shm_region_model(r, ret_model, &d);
+		wf_shm_region_detach(r);
+	}
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "model '%s': floor %s: %s", name, hex,
+				   wf_diag_str(&d, rc));
+	return 0;
 }
 
 int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
@@ -157,13 +181,18 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 		return 0;
 	}
 	int rc = 0;
-	char *agent_path = NULL;
+	struct wf_digest dg;
+	struct wf_model *floor_model = NULL;
 	if (s->agent) {
-		/* Even a model declared with --model: the agent ensures the node's floor. Not under
-		 * mu: a slow or absent agent must not hold up requests for other models. Two
-		 * requests for the same new model may both ask; EnsureFloor materializes once. */
+		/* Even a model declared with --model: the agent ensures the node's floor, and the
+		 * model is built from that floor alone (the path is for running without an agent).
+		 * Not under mu: a slow or absent agent must not hold up requests for other models.
+		 * Two requests for the same new model may both ask; EnsureFloor materializes once,
+		 * and the loser's model is dropped below. */
 		struct wf_diag ad = {{0}};
-		rc = ask_agent(s, name, agent_ms, &agent_path, &ad);
+		rc = ask_agent(s, name, agent_ms, &dg, &ad);
+		if (rc == 0)
+			rc = model_from_floor(s, name, &dg, &floor_model, &ad);
 		if (rc < 0 && !has_path)
 			return wf_diag_set(diag, rc, "%s", wf_diag_str(&ad, rc));
 		rc = 0;
@@ -174,18 +203,21 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 		*ret_id = m->id;
 		goto out;
 	}
-	if (!m && !agent_path) {
+	if (!m && !floor_model) {
 		rc = wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s' (declare it with --model "
 						      "or register it with the agent)", name);
 		goto out;
 	}
-	if (!m && !(m = add_locked(s, name, agent_path))) {
+	if (!m && !(m = add_locked(s, name, NULL))) {
 		rc = -ENOMEM;
 		goto out;
 	}
+	if (!m->model && floor_model) {
+		m->model = floor_model;
+		floor_model = NULL;
+	}
 	if (!m->model) {
-		const char *path = m->path ? m->path : agent_path;
-		rc = wf_model_open(path, &m->model, diag);
+		rc = wf_model_open(m->path, &m->model, diag);
 		if (rc < 0)
 			goto out;
 	}
@@ -196,7 +228,7 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 	}
 out:
 	pthread_mutex_unlock(&s->mu);
-	free(agent_path);
+	wf_model_close(floor_model);
 	return rc;
 }
 

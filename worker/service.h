@@ -32,6 +32,7 @@ struct wf_worker_svc {
 	struct wf_device *dev;
 	struct wf_cache *cache;
 	struct wf_ctl_client *agent; /* NULL without an agent */
+	const struct wf_shm_config *shm; /* the floor directory; NULL: models from files only */
 	pthread_mutex_t mu;          /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
 	size_t n_models;
@@ -45,9 +46,11 @@ void wf_worker_svc_fini(struct wf_worker_svc *s);
 int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char *path,
 			  struct wf_diag *diag);
 
-/* Finds the model in the cache, adding it on first use: the path comes from --model or from
- * the agent (EnsureFloor), and with an agent the floor is ensured first so the worker attaches
- * the node's one copy instead of reading the files itself. agent_ms bounds the agent's part
+/* Finds the model in the cache, adding it on first use. With an agent, the agent ensures the
+ * node's floor (EnsureFloor, whose reply names it by digest) and the model is built from that
+ * floor alone (wf_shm_region_model: tables and metadata), so the worker never opens the files and
+ * need not be able to; the path from --model is used only when the agent cannot be reached or its
+ * floor cannot be read. agent_ms bounds the agent's part
  * (the request's time left); an agent that is not running, or does not answer in time, costs a
  * model declared with --model nothing but the floor (it loads from its files) and fails any
  * other with the agent's error (WF_EUNAVAILABLE, WF_ETIMEOUT, ...). No lock is held while the

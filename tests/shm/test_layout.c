@@ -1,5 +1,6 @@
 /* Region layout arithmetic: section placement, windows, tensor floor offsets, limits, overflow. */
 #include "base/error.h"
+#include "model/meta.h"
 #include "shm/layout.h"
 
 #include <criterion/criterion.h>
@@ -29,6 +30,8 @@ static void hand_init(struct hand *h)
 		h->files[i].data_size = dsize[i];
 		h->files[i].size = fsize[i];
 		h->files[i].mtime_ns = 1700000000000000000ll + i;
+		h->files[i].gguf_version = 3;
+		h->files[i].alignment = 32;
 	}
 	/* two tensors per file: the first at the start of the section, the second at its end */
 	for (int i = 0; i < 6; i++) {
@@ -45,6 +48,7 @@ static void hand_init(struct hand *h)
 			t->ne[d] = 1;
 		t->offset = i % 2 ? doff[f] + dsize[f] - 32 : doff[f];
 	}
+	h->m.format = WF_MODEL_FORMAT_GGUF;
 	h->m.n_files = 3;
 	h->m.files = h->files;
 	h->m.n_tensors = 6;
@@ -172,8 +176,18 @@ Test(layout, tables_and_floor_offsets)
 	/* padding between the tables is zeroed, so tables_checksum is reproducible */
 	for (uint64_t o = l.file_table_offset + l.file_table_size; o < l.tensor_table_offset; o++)
 		cr_assert_eq(buf[o], 0);
-	for (uint64_t o = l.strings_offset + l.strings_size; o < l.data_offset; o++)
+	for (uint64_t o = l.strings_offset + l.strings_size; o < l.meta_offset; o++)
 		cr_assert_eq(buf[o], 0);
+	for (uint64_t o = l.meta_offset + l.meta_size; o < l.data_offset; o++)
+		cr_assert_eq(buf[o], 0);
+	/* the metadata section: 8-aligned after the pool, the model's own encoding */
+	cr_assert_eq(l.meta_offset % 8, 0);
+	cr_assert_geq(l.meta_offset, l.strings_offset + l.strings_size);
+	cr_assert_lt(l.meta_offset, l.strings_offset + l.strings_size + 8);
+	size_t mlen = 0;
+	cr_assert_eq(wf_model_meta_encode(&h.m, NULL, 0, &mlen, NULL), 0);
+	cr_assert_eq(mlen, l.meta_size);
+	cr_assert_eq(wf_model_meta_decode(buf + l.meta_offset, (size_t)l.meta_size, NULL, NULL), 0);
 	free(buf);
 }
 
