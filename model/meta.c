@@ -423,7 +423,7 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 		return -ENOMEM;
 	uint32_t n = 0;
 	for (; n < head[3]; n++) {
-		uint32_t kn;
+		uint32_t kn = 0;
 		rc = get_u32(&r, &kn, "a key's length");
 		if (rc)
 			goto fail;
