@@ -514,6 +514,117 @@ Test(kernels, vec_dot_q4_K) { check_vec_dot(WF_DTYPE_Q4_K, k_sizes, 3); }
 Test(kernels, vec_dot_q5_K) { check_vec_dot(WF_DTYPE_Q5_K, k_sizes, 3); }
 Test(kernels, vec_dot_q6_K) { check_vec_dot(WF_DTYPE_Q6_K, k_sizes, 3); }
 
+/* ---- bit for bit against ggml -------------------------------------------------------------- */
+
+/* golden-gen begin: the inputs of the golden test, one row per case. The expected values below
+ * were produced by running ggml b10573's own functions (dequantize_row_*, quantize_row_q8_0_ref,
+ * quantize_row_q8_K_ref, ggml_vec_dot_*_generic, built with gcc -std=c11 -O2 for baseline x86-64,
+ * outside this repository) on exactly these inputs. */
+#define GOLDEN_CASES                                                                              \
+	{{WF_DTYPE_Q8_0, 32},   {WF_DTYPE_Q8_0, 224},  {WF_DTYPE_Q4_0, 32},  {WF_DTYPE_Q4_0, 224}, \
+	 {WF_DTYPE_Q4_K, 256},  {WF_DTYPE_Q4_K, 1792}, {WF_DTYPE_Q5_K, 256}, {WF_DTYPE_Q5_K, 1792}, \
+	 {WF_DTYPE_Q6_K, 256},  {WF_DTYPE_Q6_K, 1792}}
+
+static uint64_t golden_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float golden_float(uint64_t *s, float lo, float hi)
+{
+	return lo + (hi - lo) * (float)((double)(golden_next(s) >> 11) * 0x1p-53);
+}
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t hash = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < n; i++)
+		hash = (hash ^ b[i]) * 0x100000001b3ull;
+	return hash;
+}
+
+/* Random block bits with finite F16 scales where the block keeps them, and an activation row. */
+static void golden_inputs(enum wf_dtype t, int64_t n, void *w, float *x)
+{
+	const struct wf_dtype_info *info = wf_dtype_info(t);
+	uint64_t s = 0x601de000u + (uint64_t)t * 0x10000u + (uint64_t)n;
+	uint8_t *b = w;
+	int64_t nblk = n / info->block_size;
+
+	for (size_t i = 0; i < (size_t)nblk * info->type_size; i++)
+		b[i] = (uint8_t)golden_next(&s);
+	for (int64_t k = 0; k < nblk; k++) {
+		uint8_t *p = b + (size_t)k * info->type_size;
+		uint16_t d;
+		if (t == WF_DTYPE_Q6_K) {
+			d = wf_kernels_fp32_to_fp16(golden_float(&s, -1e-3f, 1e-3f));
+			memcpy(p + 208, &d, 2);
+			continue;
+		}
+		d = wf_kernels_fp32_to_fp16(golden_float(&s, -2e-3f, 2e-3f));
+		memcpy(p, &d, 2);
+		if (t == WF_DTYPE_Q4_K || t == WF_DTYPE_Q5_K) {
+			d = wf_kernels_fp32_to_fp16(golden_float(&s, 0.0f, 2e-3f));
+			memcpy(p + 2, &d, 2);
+		}
+	}
+	for (int64_t i = 0; i < n; i++)
+		x[i] = golden_float(&s, -1.0f, 1.0f) * (i % 61 == 0 ? 6.0f : 1.0f);
+}
+/* golden-gen end */
+
+static const struct {
+	uint32_t dot_bits;  /* ggml_vec_dot_*_generic's float, as bits */
+	uint64_t deq_hash;  /* FNV-1a of dequantize_row_*'s floats */
+	uint64_t act_hash;  /* FNV-1a of quantize_row_q8_0_ref / q8_K_ref's blocks */
+} golden[] = {
+    {0xbdcaf962u, 0x922a68352e8422e3ull, 0x38a00a14b93bc0a6ull}, /* Q8_0 n=32: -0x1.95f2c4p-4 */
+    {0x3fba0379u, 0x4c562f9dd99a69faull, 0x2eec8feefd88147bull}, /* Q8_0 n=224: 0x1.7406f2p+0 */
+    {0x3ac4fefau, 0xd4490c354046ac11ull, 0x0d90c46a639d6506ull}, /* Q4_0 n=32: 0x1.89fdf4p-10 */
+    {0xbde6dba1u, 0x622488715016a1daull, 0x251b354194958392ull}, /* Q4_0 n=224: -0x1.cdb742p-4 */
+    {0xc0d1bdeau, 0x9f367af154baa255ull, 0x0ab635b385927e08ull}, /* Q4_K n=256: -0x1.a37bd4p+2 */
+    {0x40117fe0u, 0x254b22ac4906345full, 0xe3f803efea182496ull}, /* Q4_K n=1792: 0x1.22ffcp+1 */
+    {0x403a62f9u, 0x9923fdd1a43cca77ull, 0xe737c653fd6fe61bull}, /* Q5_K n=256: 0x1.74c5f2p+1 */
+    {0xc25e76edu, 0x404738abcabf8fe9ull, 0x715cb5b267ccc623ull}, /* Q5_K n=1792: -0x1.bceddap+5 */
+    {0xc10097acu, 0x3e396c0fafeacf54ull, 0xa2d9d264c6a8661full}, /* Q6_K n=256: -0x1.012f58p+3 */
+    {0x41e17af4u, 0x61f48409db795a6cull, 0x711a27c03dd02d38ull}, /* Q6_K n=1792: 0x1.c2f5e8p+4 */
+};
+
+Test(kernels, matches_ggml_bit_for_bit)
+{
+	static const struct {
+		enum wf_dtype t;
+		int64_t n;
+	} cases[] = GOLDEN_CASES;
+	static uint8_t w[8192], act[8192];
+	static float x[2048], y[2048];
+
+	cr_assert_eq(sizeof(cases) / sizeof(cases[0]), sizeof(golden) / sizeof(golden[0]));
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		const struct wf_kernel_type_ops *o = wf_kernel_ops_type(ops(), cases[c].t);
+		int64_t n = cases[c].n;
+		const char *name = wf_dtype_info(cases[c].t)->name;
+
+		golden_inputs(cases[c].t, n, w, x);
+		ops()->from_float[o->vec_dot_type](x, act, n);
+		o->dequantize_row(w, y, n);
+		float dot = o->vec_dot(n, w, act);
+		uint32_t bits;
+		memcpy(&bits, &dot, 4);
+		cr_expect_eq(fnv1a(y, (size_t)n * sizeof(float)), golden[c].deq_hash,
+		             "%s n=%ld: dequantized values differ from ggml's", name, (long)n);
+		cr_expect_eq(fnv1a(act, row_bytes(o->vec_dot_type, n)), golden[c].act_hash,
+		             "%s n=%ld: quantized activations differ from ggml's", name, (long)n);
+		cr_expect_eq(bits, golden[c].dot_bits, "%s n=%ld: dot %a, ggml's 0x%08x", name,
+		             (long)n, dot, golden[c].dot_bits);
+	}
+}
+
 /* ---- (d) the reference models' tensors ----------------------------------------------------- */
 
 static struct wf_model *open_ref(const char *name)
