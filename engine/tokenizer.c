@@ -4,6 +4,7 @@
 #include "engine/tokenizer.h"
 
 #include "base/error.h"
+#include "engine/unicode_class.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -683,54 +684,17 @@ out:
 
 /* ---- BPE pre-tokenizer (llama.cpp's default regex list) ---- */
 
-enum { C_OTHER, C_LETTER, C_NUMBER, C_PUNCT, C_SPACE };
+enum {
+	C_OTHER = WF_UCLASS_OTHER,
+	C_LETTER = WF_UCLASS_LETTER,
+	C_NUMBER = WF_UCLASS_NUMBER,
+	C_PUNCT = WF_UCLASS_PUNCT,
+	C_SPACE = WF_UCLASS_SPACE,
+};
 
-static bool is_space(uint32_t c)
-{
-	return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-	       (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-	       c == 0x205F || c == 0x3000;
-}
-
-/* Unicode general category, reduced to what the default pre-tokenizer asks. ASCII and Latin-1
- * are exact; beyond them a small table of punctuation, symbol and digit blocks, and letters for
- * the rest (scripts are mostly letters). */
 static int cclass(uint32_t c)
 {
-	if (is_space(c))
-		return C_SPACE;
-	if (c < 0x80) {
-		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-			return C_LETTER;
-		if (c >= '0' && c <= '9')
-			return C_NUMBER;
-		if (c < 0x20 || c == 0x7F)
-			return C_OTHER;
-		return strchr("!\"#%&'()*,-./:;?@[\\]_{}", (int)c) ? C_PUNCT : C_OTHER;
-	}
-	if (c < 0xA0)
-		return C_OTHER;
-	if (c < 0x100) {
-		if (c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF)
-			return C_PUNCT;
-		if (c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0xBC && c <= 0xBE))
-			return C_NUMBER;
-		if (c == 0xAA || c == 0xB5 || c == 0xBA || (c >= 0xC0 && c != 0xD7 && c != 0xF7))
-			return C_LETTER;
-		return C_OTHER;
-	}
-	if ((c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) ||
-	    (c >= 0x3001 && c <= 0x3003) || (c >= 0x3008 && c <= 0x3011) ||
-	    (c >= 0xFF01 && c <= 0xFF0F && c != 0xFF04 && c != 0xFF0B))
-		return C_PUNCT;
-	if ((c >= 0x2070 && c <= 0x2189) || (c >= 0x2460 && c <= 0x24FF) ||
-	    (c >= 0xFF10 && c <= 0xFF19) || (c >= 0x0660 && c <= 0x0669))
-		return c >= 0x20A0 && c <= 0x214F ? C_OTHER : C_NUMBER;
-	if ((c >= 0x2190 && c <= 0x245F) || (c >= 0x2500 && c <= 0x2BFF) ||
-	    (c >= 0x1F000 && c <= 0x1FAFF) || c == 0xFFFD || (c >= 0xFE00 && c <= 0xFE0F) ||
-	    c == 0x200D || (c >= 0xE000 && c <= 0xF8FF) || c > 0x10FFFF)
-		return C_OTHER;
-	return C_LETTER;
+	return (int)wf__unicode_class(c);
 }
 
 struct cps {

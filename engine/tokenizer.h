@@ -10,8 +10,8 @@
  *  - "gpt2": byte-level BPE with the default pre-tokenizer (the four splitting patterns llama.cpp
  *    uses when tokenizer.ggml.pre is absent or "default"), the GPT-2 byte-to-unicode map, and
  *    merges by rank (tokenizer.ggml.merges order), lowest first, ties to the leftmost pair.
- *    Non-ASCII code points are classified (letter/number/punctuation/space) by a small built-in
- *    table of the common blocks, not the full Unicode database: see tokenizer.c.
+ *    Code points are classified (letter/number/punctuation/space) by a table generated from the
+ *    Unicode database (engine/unicode_class.py).
  * Special tokens (type CONTROL, USER_DEFINED, UNKNOWN) are split out of the text before the
  * vocabulary-specific step, longest text first; CONTROL and UNKNOWN ones only with parse_special.
  *

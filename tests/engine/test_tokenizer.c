@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "common/wftest.h"
 #include "engine/tokenizer.h"
+#include "engine/unicode_class.h"
 #include "model/model.h"
 
 #include <criterion/criterion.h>
@@ -337,17 +338,18 @@ static const char *const bpe_tokens[] = {
 	"<|endoftext|>", "h", "e", "l", "o", "\xc4\xa0", "w", "r", "d", "!",          /* 0-9 */
 	"he", "ll", "hell", "hello", "\xc4\xa0w", "or", "\xc4\xa0wor", "1", "2", "3", /* 10-19 */
 	"4", "12", "123", "\xc4\x8a", "'", "s", "ld", "x", "y", "z",                   /* 20-29 */
-	"xy", "yz",                                                                   /* 30-31 */
+	"xy", "yz", "\xc3\x83\xc2\xa9", "l\xc3\x83\xc2\xa9",                              /* 30-33 */
 };
 static const char *const bpe_merges[] = {
 	"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", "o r", "\xc4\xa0w or", "1 2", "12 3", "l d",
 	"y z", "x y", /* ranks 10, 11: the lower rank wins where both apply */
+	"\xc3\x83 \xc2\xa9", "l \xc3\x83\xc2\xa9", /* "é" is bytes C3 A9, GPT-2 characters Ã © */
 };
 
 static void bpe_kv(struct wf_kv_set *set)
 {
 	size_t n = sizeof(bpe_tokens) / sizeof(bpe_tokens[0]);
-	int32_t types[32];
+	int32_t types[64];
 	for (size_t i = 0; i < n; i++)
 		types[i] = i == 0 ? WF_TOKEN_TYPE_CONTROL : WF_TOKEN_TYPE_NORMAL;
 	kv_str(set, "tokenizer.ggml.model", "gpt2");
@@ -393,6 +395,12 @@ Test(tokenizer, bpe_hand_made_vocabulary)
 	expect_ids(t, "he's", false, false, (const int32_t[]){10, 24, 25}, 3);
 	/* "xyz": y+z has rank 10, x+y rank 11; the lower rank merges first, leaving x yz */
 	expect_ids(t, "xyz", false, false, (const int32_t[]){27, 31}, 2);
+	/* "lé": é is a letter, so "lé" is one word and l+é (rank 13) merges across the two bytes'
+	 * characters: 33. Were é not a letter, the words "l" "é" would give 3 32. */
+	expect_ids(t, "l\xc3\xa9", false, false, (const int32_t[]){33}, 1);
+	char pb[8];
+	cr_assert_eq(wf_tokenizer_piece(t, 33, false, 0, pb, sizeof(pb)), 3);
+	cr_assert(memcmp(pb, "l\xc3\xa9", 3) == 0);
 	/* a newline is its own word, byte 0x0A as Ċ */
 	expect_ids(t, "hello\n", false, false, (const int32_t[]){13, 23}, 2);
 	/* a character outside the vocabulary is dropped, as llama.cpp drops it */
@@ -422,6 +430,25 @@ Test(tokenizer, bpe_hand_made_vocabulary)
 	free(s);
 	wf_tokenizer_destroy(t);
 	wf_kv_set_fini(&set);
+}
+
+Test(tokenizer, unicode_classes)
+{
+	cr_assert_eq(wf__unicode_class('a'), WF_UCLASS_LETTER);
+	cr_assert_eq(wf__unicode_class(0xE9), WF_UCLASS_LETTER);    /* é */
+	cr_assert_eq(wf__unicode_class(0x4E2D), WF_UCLASS_LETTER);  /* 中 */
+	cr_assert_eq(wf__unicode_class('7'), WF_UCLASS_NUMBER);
+	cr_assert_eq(wf__unicode_class(0xB2), WF_UCLASS_NUMBER);    /* ² */
+	cr_assert_eq(wf__unicode_class(0x663), WF_UCLASS_NUMBER);   /* Arabic-Indic three */
+	cr_assert_eq(wf__unicode_class('\''), WF_UCLASS_PUNCT);
+	cr_assert_eq(wf__unicode_class(0x2026), WF_UCLASS_PUNCT);   /* … */
+	cr_assert_eq(wf__unicode_class('$'), WF_UCLASS_OTHER);      /* a symbol, Sc */
+	cr_assert_eq(wf__unicode_class(0x1F999), WF_UCLASS_OTHER);  /* 🦙 */
+	cr_assert_eq(wf__unicode_class(0x301), WF_UCLASS_OTHER);    /* a combining mark */
+	cr_assert_eq(wf__unicode_class(0x3000), WF_UCLASS_SPACE);
+	cr_assert_eq(wf__unicode_class('\n'), WF_UCLASS_SPACE);
+	cr_assert_eq(wf__unicode_class(0x110000), WF_UCLASS_OTHER);
+	cr_assert_eq(wf__unicode_class(0x10FFFF), WF_UCLASS_OTHER);
 }
 
 static int create_err(struct wf_kv_set *set, const char *want_in_msg)
