@@ -242,12 +242,11 @@ static int get_flag(const struct wf_kv_set *kv, const char *key, bool *flag, str
 	return 0;
 }
 
-static struct wf_tokenizer *sort_tok_; /* qsort has no context argument */
-
-static int cmp_special(const void *a, const void *b)
+static int cmp_special(const void *a, const void *b, void *arg)
 {
-	uint32_t la = sort_tok_->tokens[*(const int32_t *)a].len;
-	uint32_t lb = sort_tok_->tokens[*(const int32_t *)b].len;
+	const struct wf_tokenizer *t = arg;
+	uint32_t la = t->tokens[*(const int32_t *)a].len;
+	uint32_t lb = t->tokens[*(const int32_t *)b].len;
 	if (la != lb)
 		return la > lb ? -1 : 1;
 	/* llama.cpp's std::sort leaves equal lengths in an unspecified order; ids make ours fixed */
@@ -442,9 +441,7 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 	    (rc = get_flag(kv, "tokenizer.ggml.add_eos_token", &t->add_eos, diag)) < 0)
 		goto err;
 
-	sort_tok_ = t;
-	qsort(t->specials, t->n_specials, sizeof(*t->specials), cmp_special);
-	sort_tok_ = NULL;
+	qsort_r(t->specials, t->n_specials, sizeof(*t->specials), cmp_special, t);
 	*ret_tok = t;
 	return 0;
 err:

@@ -451,6 +451,74 @@ Test(tokenizer, unicode_classes)
 	cr_assert_eq(wf__unicode_class(0x10FFFF), WF_UCLASS_OTHER);
 }
 
+/* SPM merge order on a hand-made vocabulary: the highest score merges first, and between equal
+ * scores the leftmost pair. */
+static struct wf_tokenizer *spm_tiny(float s_ab, float s_bc)
+{
+	static const char *const toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "c", "ab", "bc"};
+	float scores[9] = {0, 0, 0, -1, -1, -1, -1, s_ab, s_bc};
+	int32_t types[9] = {2, 3, 3, 1, 1, 1, 1, 1, 1};
+	struct wf_kv_set set = {0};
+	kv_str(&set, "tokenizer.ggml.model", "llama");
+	kv_strs(&set, "tokenizer.ggml.tokens", toks, 9);
+	kv_scalars(&set, "tokenizer.ggml.scores", WF_KV_F32, scores, 9);
+	kv_scalars(&set, "tokenizer.ggml.token_type", WF_KV_I32, types, 9);
+	kv_bool(&set, "tokenizer.ggml.add_space_prefix", false);
+	struct wf_tokenizer *t = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_tokenizer_create(&set, &t, &d), 0, "%s", d.msg);
+	wf_kv_set_fini(&set);
+	return t;
+}
+
+Test(tokenizer, spm_merge_order)
+{
+	struct wf_tokenizer *t = spm_tiny(-2, -2);
+	/* equal scores: "ab" is the leftmost pair */
+	expect_ids(t, "abc", false, false, (const int32_t[]){7, 6}, 2);
+	/* add_bos_token absent: llama.cpp's SPM default adds the BOS; no space prefix as told */
+	expect_ids(t, "abc", true, false, (const int32_t[]){1, 7, 6}, 3);
+	wf_tokenizer_destroy(t);
+	t = spm_tiny(-3, -2);
+	expect_ids(t, "abc", false, false, (const int32_t[]){4, 8}, 2);
+	/* a space is U+2581 without the prefix too */
+	expect_ids(t, "a c", false, false, (const int32_t[]){4, 3, 6}, 3);
+	wf_tokenizer_destroy(t);
+}
+
+static void bpe_kv(struct wf_kv_set *set);
+
+/* Arbitrary bytes never crash either tokenizer, and every id is in the vocabulary. */
+Test(tokenizer, random_bytes)
+{
+	struct wf_kv_set set = {0};
+	bpe_kv(&set);
+	struct wf_tokenizer *bpe = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_tokenizer_create(&set, &bpe, &d), 0, "%s", d.msg);
+	struct wf_tokenizer *t = mixtral();
+	unsigned seed = 12345;
+	char buf[512];
+	for (int iter = 0; iter < 2000; iter++) {
+		size_t len = (size_t)(rand_r(&seed) % sizeof(buf));
+		for (size_t i = 0; i < len; i++)
+			buf[i] = (char)(rand_r(&seed) & 0xFF);
+		int32_t *ids = NULL;
+		size_t n = 0;
+		const struct wf_tokenizer *k = iter & 16 ? bpe : t;
+		enc(k, buf, len, iter & 1, iter & 2, &ids, &n);
+		for (size_t i = 0; i < n; i++)
+			cr_assert(ids[i] >= 0 && (uint32_t)ids[i] < wf_tokenizer_n_vocab(k));
+		size_t dl;
+		free(dec(k, ids, n, iter & 4, iter & 8, &dl));
+		free(ids);
+	}
+	wf_tokenizer_destroy(bpe);
+	wf_kv_set_fini(&set);
+	wf_tokenizer_destroy(t);
+	wf_model_close(mixtral_m);
+}
+
 static int create_err(struct wf_kv_set *set, const char *want_in_msg)
 {
 	struct wf_tokenizer *t = NULL;
