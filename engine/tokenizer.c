@@ -687,6 +687,7 @@ enum {
 	C_NUMBER = WF_UCLASS_NUMBER,
 	C_PUNCT = WF_UCLASS_PUNCT,
 	C_SPACE = WF_UCLASS_SPACE,
+	C_NONE = WF_UCLASS_UNASSIGNED,
 };
 
 static int cclass(uint32_t c)

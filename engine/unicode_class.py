@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes engine/unicode_class.c: the class of every code point that the byte-level BPE
-pre-tokenizer asks about (letter, number, punctuation, white space, other), as sorted range
+pre-tokenizer asks about (letter, number, punctuation, white space, unassigned, other), as sorted range
 starts, from Python's Unicode database (unicodedata). Run: python3 engine/unicode_class.py"""
 import os
 import sys
@@ -14,7 +14,10 @@ WS = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x2
 def cls(c):
     if c in WS:
         return "S"
-    return {"L": "L", "N": "N", "P": "P"}.get(unicodedata.category(chr(c))[0], "O")
+    cat = unicodedata.category(chr(c))
+    if cat == "Cn":
+        return "U"
+    return {"L": "L", "N": "N", "P": "P"}.get(cat[0], "O")
 
 
 def main():
@@ -31,12 +34,12 @@ def main():
         f.write('#include "engine/unicode_class.h"\n\n#include <stddef.h>\n\n')
         f.write("static const struct {\n\tuint32_t lo;\n\tuint8_t cls;\n} ranges[%d] = {\n"
                 % len(starts))
-        names = {"L": "LETTER", "N": "NUMBER", "P": "PUNCT", "S": "SPACE", "O": "OTHER"}
+        names = {"L": "LETTER", "N": "NUMBER", "P": "PUNCT", "S": "SPACE", "O": "OTHER", "U": "UNASSIGNED"}
         for lo, k in starts:
             f.write("\t{0x%X, WF_UCLASS_%s},\n" % (lo, names[k]))
         f.write("};\n\n")
         f.write("enum wf_uclass wf__unicode_class(uint32_t cp)\n{\n"
-                "\tif (cp > 0x10FFFF)\n\t\treturn WF_UCLASS_OTHER;\n"
+                "\tif (cp > 0x10FFFF)\n\t\treturn WF_UCLASS_UNASSIGNED;\n"
                 "\tsize_t lo = 0, hi = sizeof(ranges) / sizeof(ranges[0]);\n"
                 "\twhile (hi - lo > 1) {\n\t\tsize_t mid = lo + (hi - lo) / 2;\n"
                 "\t\tif (ranges[mid].lo <= cp)\n\t\t\tlo = mid;\n\t\telse\n\t\t\thi = mid;\n\t}\n"

@@ -339,11 +339,13 @@ static const char *const bpe_tokens[] = {
 	"he", "ll", "hell", "hello", "\xc4\xa0w", "or", "\xc4\xa0wor", "1", "2", "3", /* 10-19 */
 	"4", "12", "123", "\xc4\x8a", "'", "s", "ld", "x", "y", "z",                   /* 20-29 */
 	"xy", "yz", "\xc3\x83\xc2\xa9", "l\xc3\x83\xc2\xa9",                              /* 30-33 */
+	"`", "\xc3\x8d\xc2\xb8", "`\xc3\x8d\xc2\xb8",                                       /* 34-36 */
 };
 static const char *const bpe_merges[] = {
 	"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", "o r", "\xc4\xa0w or", "1 2", "12 3", "l d",
 	"y z", "x y", /* ranks 10, 11: the lower rank wins where both apply */
 	"\xc3\x83 \xc2\xa9", "l \xc3\x83\xc2\xa9", /* "é" is bytes C3 A9, GPT-2 characters Ã © */
+	"\xc3\x8d \xc2\xb8", "` \xc3\x8d\xc2\xb8", /* U+0378 (unassigned) is bytes CD B8: Í ¸ */
 };
 
 static void bpe_kv(struct wf_kv_set *set)
@@ -401,6 +403,9 @@ Test(tokenizer, bpe_hand_made_vocabulary)
 	char pb[8];
 	cr_assert_eq(wf_tokenizer_piece(t, 33, false, 0, pb, sizeof(pb)), 3);
 	cr_assert(memcmp(pb, "l\xc3\xa9", 3) == 0);
+	/* an unassigned code point is a word of its own in llama.cpp's GPT-2 splitter, even after a
+	 * symbol ('`'): "`" and U+0378 stay apart although "`" + U+0378 (rank 15) is a merge */
+	expect_ids(t, "`\xcd\xb8", false, false, (const int32_t[]){34, 35}, 2);
 	/* a newline is its own word, byte 0x0A as Ċ */
 	expect_ids(t, "hello\n", false, false, (const int32_t[]){13, 23}, 2);
 	/* a character outside the vocabulary is dropped, as llama.cpp drops it */
@@ -447,8 +452,10 @@ Test(tokenizer, unicode_classes)
 	cr_assert_eq(wf__unicode_class(0x301), WF_UCLASS_OTHER);    /* a combining mark */
 	cr_assert_eq(wf__unicode_class(0x3000), WF_UCLASS_SPACE);
 	cr_assert_eq(wf__unicode_class('\n'), WF_UCLASS_SPACE);
-	cr_assert_eq(wf__unicode_class(0x110000), WF_UCLASS_OTHER);
-	cr_assert_eq(wf__unicode_class(0x10FFFF), WF_UCLASS_OTHER);
+	cr_assert_eq(wf__unicode_class(0xFFFD), WF_UCLASS_OTHER);   /* the replacement character */
+	cr_assert_eq(wf__unicode_class(0x110000), WF_UCLASS_UNASSIGNED);
+	cr_assert_eq(wf__unicode_class(0x10FFFF), WF_UCLASS_UNASSIGNED); /* a noncharacter, Cn */
+	cr_assert_eq(wf__unicode_class(0x378), WF_UCLASS_UNASSIGNED);
 }
 
 /* SPM merge order on a hand-made vocabulary: the highest score merges first, and between equal
