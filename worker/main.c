@@ -7,6 +7,8 @@
 #include "control/client.h"
 #include "control/server.h"
 #include "device/device.h"
+#include "engine/tokenizer.h"
+#include "model/model.h"
 #include "proto/status.h"
 #include "worker/cache.h"
 #include "worker/service.h"
@@ -524,8 +526,62 @@ static void log_ctl(void *arg, int level, const char *line)
 	wf_log((enum wf_log_level)level, "%s", line);
 }
 
+/* `wf-worker tokenize --model FILE [--no-special] [--parse-special] TEXT`: the model's tokenizer
+ * offline (no agent, no device), printing the ids comma-separated as the last line so that any
+ * engine's tokenizer can be compared with llama.cpp's. */
+static int cmd_tokenize(int argc, char **argv)
+{
+	const char *model_path = NULL, *text = NULL;
+	bool add_special = true, parse_special = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+			model_path = argv[++i];
+		else if (strcmp(argv[i], "--no-special") == 0)
+			add_special = false;
+		else if (strcmp(argv[i], "--parse-special") == 0)
+			parse_special = true;
+		else if (strcmp(argv[i], "--") == 0 && i + 1 < argc && !text)
+			text = argv[++i];
+		else if (argv[i][0] != '-' && !text)
+			text = argv[i];
+		else {
+			fprintf(stderr, "usage: wf-worker tokenize --model FILE [--no-special] "
+			                "[--parse-special] TEXT\n");
+			return 2;
+		}
+	}
+	if (!model_path || !text) {
+		fprintf(stderr, "usage: wf-worker tokenize --model FILE [--no-special] "
+		                "[--parse-special] TEXT\n");
+		return 2;
+	}
+	struct wf_diag d = {{0}};
+	struct wf_model *m = NULL;
+	struct wf_tokenizer *tok = NULL;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int rc = wf_model_open(model_path, &m, &d);
+	if (rc == 0)
+		rc = wf_tokenizer_create(&m->kv, &tok, &d);
+	if (rc == 0)
+		rc = wf_tokenizer_encode(tok, text, strlen(text), add_special, parse_special, &ids, &n, &d);
+	if (rc < 0) {
+		fprintf(stderr, "wf-worker tokenize: %s: %s\n", model_path, wf_diag_str(&d, rc));
+	} else {
+		for (size_t i = 0; i < n; i++)
+			printf("%s%d", i ? "," : "", ids[i]);
+		printf("\n");
+	}
+	free(ids);
+	wf_tokenizer_destroy(tok);
+	wf_model_close(m);
+	return rc < 0 ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
+		return cmd_tokenize(argc - 1, argv + 1);
 	struct opts o = {.device = "auto",
 			 .agent = "ipc:///run/weightfloor/agent.sock",
 			 .floor_dir = "/dev/shm/weightfloor",
