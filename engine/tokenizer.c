@@ -255,7 +255,7 @@ static int cmp_special(const void *a, const void *b, void *arg)
 
 static int load_merges(struct wf_tokenizer *t, const struct wf_kv_set *kv, struct wf_diag *diag)
 {
-	const struct wf_kv_array *m;
+	const struct wf_kv_array *m = NULL;
 	int rc = get_str_array(kv, "tokenizer.ggml.merges", true, &m, diag);
 	if (rc < 0)
 		return rc;
@@ -335,7 +335,7 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 	if (rc < 0)
 		goto err;
 
-	const struct wf_kv_array *toks, *scores = NULL, *types = NULL;
+	const struct wf_kv_array *toks = NULL, *scores = NULL, *types = NULL;
 	rc = get_str_array(kv, "tokenizer.ggml.tokens", true, &toks, diag);
 	if (rc < 0)
 		goto err;

@@ -15,13 +15,6 @@
 
 #define MiB (1ull << 20)
 
-#define OKD(call)                                                                                  \
-	do {                                                                                       \
-		struct wf_diag diag_ = {0};                                                        \
-		int r_ = (call);                                                                   \
-		cr_assert_eq(r_, 0, "%s: %s", #call, wf_diag_str(&diag_, r_));                     \
-	} while (0)
-#define D (&diag_)
 
 #define LAYERS 3
 

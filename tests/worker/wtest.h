@@ -48,4 +48,13 @@ char *wt_shm_dir(const char *tag);
 double wt_now(void);
 void wt_sleep_ms(unsigned ms);
 
+/* Asserts that call returns 0, printing its diag; call uses D as its struct wf_diag *. */
+#define OKD(call)                                                                                  \
+	do {                                                                                       \
+		struct wf_diag diag_ = {0};                                                        \
+		int r_ = (call);                                                                   \
+		cr_assert_eq(r_, 0, "%s: %s", #call, wf_diag_str(&diag_, r_));                     \
+	} while (0)
+#define D (&diag_)
+
 #endif
