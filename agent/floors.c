@@ -801,15 +801,16 @@ static int others_holding(struct wf_floors *f, const struct wf_digest *d)
 	return others;
 }
 
-/* Ensures e has a floor or a job, evicting LRU floors that only the agent holds. The holder
- * counts are read before the lock is taken; the plan and its application happen under it in one
- * go, and the regions of the victims are dropped after it. Returns 0 with the victims' regions
- * in *ret_drop (array of *ret_n_drop) and their names for events. */
+/* A floor evicted to make room: its name for the event, and the hold to drop outside the lock. */
 struct evicted {
 	char *name;
 	struct wf_shm_region *region;
 };
 
+/* Ensures e has a floor or a job, evicting LRU floors that only the agent holds. The holder
+ * counts are read before the lock is taken; the plan and its application happen under it in one
+ * go. Returns 0 with the evicted floors in *ret_ev (*ret_nev of them; finish_evictions() drops
+ * their holds and announces them) and *ret_started when this call started the job. */
 static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
 			 struct evicted **ret_ev, size_t *ret_nev, bool *ret_started,
 			 struct wf_diag *diag)
