@@ -35,6 +35,12 @@ static Weightfloor__V1__ModelInfo *model_info(struct agt *a, const char *name,
 	return r->model_info;
 }
 
+/* A wf-gen model NAME (seed) in the test directory, as a --model NAME=PATH argument. */
+static char *model_flag(struct agt *a, const char *name, int seed)
+{
+	return agt_printf("%s=%s", name, agt_gen(a, name, seed, NULL));
+}
+
 static char *state_path(struct agt *a)
 {
 	char *p = NULL;
@@ -117,9 +123,7 @@ Test(agent_word, api_registrations_and_pins_survive_a_restart)
 Test(agent_word, a_floor_survives_any_stop_order)
 {
 	struct agt *a = agt_new("word-order");
-	char *pm = agt_gen(a, "m", 23, NULL);
-	char *marg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	char *marg = model_flag(a, "m", 23);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	agt_ensure_ok(a, "m");
 	char *hm = agt_digest_of(a, "m");
@@ -163,9 +167,7 @@ static bool reaped_and_nothing_used(struct agt *a, const void *arg)
 Test(agent_word, status_tells_the_truth_and_the_janitor_reaps)
 {
 	struct agt *a = agt_new("word-reap");
-	char *pm = agt_gen(a, "m", 24, NULL);
-	char *marg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	char *marg = model_flag(a, "m", 24);
 	agt_start(a, NULL,
 		  (const char *[]){"--model", marg, "--janitor-interval", "50", NULL});
 	agt_ensure_ok(a, "m");
@@ -212,9 +214,7 @@ Test(agent_word, status_tells_the_truth_and_the_janitor_reaps)
 Test(agent_word, orphan_floors_are_listed)
 {
 	struct agt *a = agt_new("word-orphan");
-	char *pm = agt_gen(a, "m", 25, NULL);
-	char *marg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	char *marg = model_flag(a, "m", 25);
 	agt_start(a, NULL, (const char *[]){"--model", marg, "--janitor-interval", "50", NULL});
 	agt_ensure_ok(a, "m");
 	char *hm = agt_digest_of(a, "m");
@@ -246,9 +246,7 @@ Test(agent_word, orphan_floors_are_listed)
 Test(agent_word, a_refused_pin_changes_nothing)
 {
 	struct agt *a = agt_new("word-pin");
-	char *pm = agt_gen(a, "m", 26, NULL);
-	char *marg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	char *marg = model_flag(a, "m", 26);
 	agt_start(a, NULL, (const char *[]){"--model", marg, "--host-budget", "64K", NULL});
 	Weightfloor__V1__Reply *r = agt_pin(a, "m", true);
 	agt_expect_code(r, ST(RESOURCE_EXHAUSTED), "pin over budget");
@@ -275,10 +273,7 @@ Test(agent_word, a_refused_pin_changes_nothing)
 Test(agent_word, a_peer_on_the_guard_lock_freezes_nothing)
 {
 	struct agt *a = agt_new("word-guard");
-	char *pm = agt_gen(a, "m", 27, NULL);
-	char *pn = agt_gen(a, "n", 28, NULL);
-	char *marg = NULL, *narg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0 && asprintf(&narg, "n=%s", pn) > 0);
+	char *marg = model_flag(a, "m", 27), *narg = model_flag(a, "n", 28);
 	agt_start(a, NULL, (const char *[]){"--model", marg, "--model", narg, NULL});
 	agt_ensure_ok(a, "m");
 	char *hm = agt_digest_of(a, "m");
@@ -334,8 +329,7 @@ Test(agent_word, a_changed_file_is_reported_stale)
 {
 	struct agt *a = agt_new("word-stale");
 	char *pm = agt_gen(a, "m", 30, NULL);
-	char *marg = NULL;
-	cr_assert(asprintf(&marg, "m=%s", pm) > 0);
+	char *marg = agt_printf("m=%s", pm);
 	agt_start(a, NULL, (const char *[]){"--model", marg, "--janitor-interval", "50", NULL});
 	agt_ensure_ok(a, "m");
 	cr_assert_not(is_stale(a, "m"));
