@@ -5,6 +5,7 @@
 #include "common/wftest.h"
 #include "control/agentctl/cli.h"
 #include "tests/agent/agt.h"
+#include "tests/agent/agt_json.h"
 
 #include <criterion/criterion.h>
 #include <json-c/json.h>
@@ -13,27 +14,6 @@
 #include <string.h>
 
 TestSuite(agentctl_cli, .fini = agt_fini, .timeout = 120);
-
-static struct json_object *parse(const char *text, const char *what)
-{
-	struct json_tokener *tok = json_tokener_new();
-	struct json_object *o = json_tokener_parse_ex(tok, text, (int)strlen(text));
-	cr_assert_not_null(o, "%s: not JSON: %s", what, text);
-	/* exactly one document: only blanks after it */
-	size_t off = json_tokener_get_parse_end(tok);
-	cr_assert(strspn(text + off, " \n") == strlen(text + off), "%s: more than one document: %s",
-		  what, text);
-	json_tokener_free(tok);
-	return o;
-}
-
-static struct json_object *key(struct json_object *o, const char *k)
-{
-	struct json_object *v = NULL;
-	cr_assert(json_object_object_get_ex(o, k, &v), "no key '%s' in %s", k,
-		  json_object_to_json_string(o));
-	return v;
-}
 
 static struct agt *started(const char *tag)
 {
@@ -49,11 +29,11 @@ Test(agentctl_cli, exit_codes_and_json_errors)
 	/* not found: 3, with the JSON error on stdout and the line on stderr */
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"models", "nosuch", "--json", NULL});
 	cr_assert_eq(rc, CLI_EXIT_NOT_FOUND, "exit %d: %s", rc, err);
-	struct json_object *o = parse(out, "not found");
-	struct json_object *e = key(o, "error");
-	cr_assert_str_eq(json_object_get_string(key(e, "code")), "NOT_FOUND");
-	cr_assert_eq(json_object_get_int(key(e, "exit_code")), 3);
-	cr_assert(strstr(json_object_get_string(key(e, "message")), "nosuch"));
+	struct json_object *o = agt_json_parse(out, "not found");
+	struct json_object *e = agt_json_key(o, "error");
+	cr_assert_str_eq(json_object_get_string(agt_json_key(e, "code")), "NOT_FOUND");
+	cr_assert_eq(json_object_get_int(agt_json_key(e, "exit_code")), 3);
+	cr_assert(strstr(json_object_get_string(agt_json_key(e, "message")), "nosuch"));
 	cr_assert(strstr(err, "NOT_FOUND"), "stderr: %s", err);
 	json_object_put(o);
 	/* -q with --json: stdout only */
@@ -84,8 +64,8 @@ Test(agentctl_cli, exit_codes_and_json_errors)
 	cr_assert_eq(agt_stop(a, 10000), 0);
 	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "--timeout", "1000", "--json", NULL});
 	cr_assert_eq(rc, CLI_EXIT_UNAVAILABLE, "agent down: exit %d: %s", rc, err);
-	o = parse(out, "agent down");
-	cr_assert_str_eq(json_object_get_string(key(key(o, "error"), "code")), "UNAVAILABLE");
+	o = agt_json_parse(out, "agent down");
+	cr_assert_str_eq(json_object_get_string(agt_json_key(agt_json_key(o, "error"), "code")), "UNAVAILABLE");
 	json_object_put(o);
 }
 
@@ -96,10 +76,10 @@ Test(agentctl_cli, flags_anywhere_help_and_version)
 	/* --json after the command, -o json, and before: the same document */
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"status", "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
-	json_object_put(parse(out, "status --json"));
+	json_object_put(agt_json_parse(out, "status --json"));
 	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "-o", "json", "--timeout=5000", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
-	json_object_put(parse(out, "status -o json"));
+	json_object_put(agt_json_parse(out, "status -o json"));
 	rc = agt_ctl(a, &out, &err, (const char *[]){"-o", "yaml", "status", NULL});
 	cr_assert_eq(rc, 2);
 	cr_assert(strstr(err, "yaml"), "%s", err);
@@ -138,14 +118,14 @@ Test(agentctl_cli, json_shapes_and_tables)
 	/* inspect: the protocol's names; several files: one array */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"inspect", pm, "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
-	struct json_object *o = parse(out, "inspect");
-	cr_assert_geq(strlen(json_object_get_string(key(o, "digest_hex"))), 32);
-	struct json_object *f0 = json_object_array_get_idx(key(o, "files"), 0);
-	cr_assert_gt(json_object_get_int64(key(f0, "size_bytes")), 0);
+	struct json_object *o = agt_json_parse(out, "inspect");
+	cr_assert_geq(strlen(json_object_get_string(agt_json_key(o, "digest_hex"))), 32);
+	struct json_object *f0 = json_object_array_get_idx(agt_json_key(o, "files"), 0);
+	cr_assert_gt(json_object_get_int64(agt_json_key(f0, "size_bytes")), 0);
 	json_object_put(o);
 	rc = agt_ctl(a, &out, &err, (const char *[]){"inspect", pm, pm, "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
-	o = parse(out, "inspect A B");
+	o = agt_json_parse(out, "inspect A B");
 	cr_assert(json_object_is_type(o, json_type_array));
 	cr_assert_eq(json_object_array_length(o), 2);
 	json_object_put(o);
@@ -153,21 +133,21 @@ Test(agentctl_cli, json_shapes_and_tables)
 	/* status: models under "models", counts under "model_counts" */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
-	o = parse(out, "status");
-	struct json_object *ms = key(o, "models");
+	o = agt_json_parse(out, "status");
+	struct json_object *ms = agt_json_key(o, "models");
 	cr_assert(json_object_is_type(ms, json_type_array));
-	cr_assert_str_eq(json_object_get_string(key(json_object_array_get_idx(ms, 0), "name")),
+	cr_assert_str_eq(json_object_get_string(agt_json_key(json_object_array_get_idx(ms, 0), "name")),
 			 longname);
-	cr_assert_eq(json_object_get_int(key(key(o, "model_counts"), "total")), 1);
-	key(o, "pid");
+	cr_assert_eq(json_object_get_int(agt_json_key(agt_json_key(o, "model_counts"), "total")), 1);
+	agt_json_key(o, "pid");
 	cr_assert_not(json_object_object_get_ex(o, "model_list", NULL));
 	json_object_put(o);
 
 	/* compact --all --json with no worker: one document saying why */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"compact", "--all", "--json", NULL});
 	cr_assert_eq(rc, CLI_EXIT_NOT_FOUND, "%s", err);
-	o = parse(out, "compact --all");
-	key(o, "error");
+	o = agt_json_parse(out, "compact --all");
+	agt_json_key(o, "error");
 	json_object_put(o);
 	/* human uptime */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"status", NULL});

@@ -6,6 +6,7 @@
 #include "common/wftest.h"
 #include "control/agentctl/cli.h"
 #include "tests/agent/agt.h"
+#include "tests/agent/agt_json.h"
 
 #include <criterion/criterion.h>
 #include <json-c/json.h>
@@ -18,26 +19,6 @@ TestSuite(agentctl_workers, .fini = agt_fini, .timeout = 180);
 
 #define ID_SELF "gpu-0.node-a.example.internal"
 #define ID_EXT	"gpu-1.node-a.example.internal"
-
-static struct json_object *parse(const char *text, const char *what)
-{
-	struct json_tokener *tok = json_tokener_new();
-	struct json_object *o = json_tokener_parse_ex(tok, text, (int)strlen(text));
-	cr_assert_not_null(o, "%s: not JSON: %s", what, text);
-	size_t off = json_tokener_get_parse_end(tok);
-	cr_assert(strspn(text + off, " \n") == strlen(text + off), "%s: more than one document: %s",
-		  what, text);
-	json_tokener_free(tok);
-	return o;
-}
-
-static struct json_object *key(struct json_object *o, const char *k)
-{
-	struct json_object *v = NULL;
-	cr_assert(json_object_object_get_ex(o, k, &v), "no key '%s' in %s", k,
-		  json_object_to_json_string(o));
-	return v;
-}
 
 /* WorkerStatus for id through the agent; NULL unless it came back OK. */
 static Weightfloor__V1__Reply *relayed_status(struct agt *a, const char *id)
@@ -136,26 +117,26 @@ Test(agentctl_workers, modes_ids_and_last_seen)
 
 	rc = agt_ctl(a, &out, &err, (const char *[]){"workers", "--json", NULL});
 	cr_assert_eq(rc, 0, "workers --json: exit %d: %s", rc, err);
-	struct json_object *o = parse(out, "workers --json");
-	struct json_object *arr = key(o, "workers");
+	struct json_object *o = agt_json_parse(out, "workers --json");
+	struct json_object *arr = agt_json_key(o, "workers");
 	cr_assert_eq(json_object_array_length(arr), 2, "%s", out);
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	for (size_t i = 0; i < 2; i++) {
 		struct json_object *w = json_object_array_get_idx(arr, i);
-		const char *id = json_object_get_string(key(w, "worker_id"));
-		const char *mode = json_object_get_string(key(w, "mode"));
+		const char *id = json_object_get_string(agt_json_key(w, "worker_id"));
+		const char *mode = json_object_get_string(agt_json_key(w, "mode"));
 		bool ext = strcmp(id, ID_EXT) == 0;
 		cr_expect(ext || strcmp(id, ID_SELF) == 0, "worker_id %s", id);
 		cr_expect_str_eq(mode, ext ? "EXTERNAL" : "SELF_MANAGED", "mode of %s", id);
-		int64_t seen = json_object_get_int64(key(w, "last_seen_unix_ms"));
+		int64_t seen = json_object_get_int64(agt_json_key(w, "last_seen_unix_ms"));
 		cr_expect(seen > 0 && seen <= now + 1000 && seen > now - 60000,
 			  "last_seen_unix_ms of %s: %lld (now %lld)", id, (long long)seen,
 			  (long long)now);
-		cr_expect(json_object_get_int64(key(w, "registered_unix_ms")) > 0);
-		cr_expect(json_object_get_boolean(key(w, "reachable")));
-		cr_expect_not(json_object_get_boolean(key(w, "device_pinned_overcommit")));
+		cr_expect(json_object_get_int64(agt_json_key(w, "registered_unix_ms")) > 0);
+		cr_expect(json_object_get_boolean(agt_json_key(w, "reachable")));
+		cr_expect_not(json_object_get_boolean(agt_json_key(w, "device_pinned_overcommit")));
 	}
 	json_object_put(o);
 	free(out);
@@ -191,16 +172,16 @@ Test(agentctl_workers, modes_ids_and_last_seen)
  * the state wanted. */
 static void expect_all_doc(const char *out, const char *what, const char *state)
 {
-	struct json_object *o = parse(out, what);
-	struct json_object *arr = key(o, "workers");
+	struct json_object *o = agt_json_parse(out, what);
+	struct json_object *arr = agt_json_key(o, "workers");
 	cr_assert_eq(json_object_array_length(arr), 2, "%s: %s", what, out);
 	bool seen_self = false, seen_ext = false;
 	for (size_t i = 0; i < 2; i++) {
 		struct json_object *w = json_object_array_get_idx(arr, i);
-		const char *id = json_object_get_string(key(w, "worker_id"));
+		const char *id = json_object_get_string(agt_json_key(w, "worker_id"));
 		seen_self |= strcmp(id, ID_SELF) == 0;
 		seen_ext |= strcmp(id, ID_EXT) == 0;
-		cr_expect_str_eq(json_object_get_string(key(w, "state")), state, "%s on %s: %s", what,
+		cr_expect_str_eq(json_object_get_string(agt_json_key(w, "state")), state, "%s on %s: %s", what,
 				 id, out);
 	}
 	cr_expect(seen_self && seen_ext, "%s: both workers: %s", what, out);
@@ -290,12 +271,12 @@ Test(agentctl_workers, pinned_overcommit_marked)
 
 	rc = agt_ctl(a, &out, &err, (const char *[]){"workers", "--json", NULL});
 	cr_assert_eq(rc, 0);
-	struct json_object *o = parse(out, "workers --json");
-	struct json_object *w0 = json_object_array_get_idx(key(o, "workers"), 0);
+	struct json_object *o = agt_json_parse(out, "workers --json");
+	struct json_object *w0 = json_object_array_get_idx(agt_json_key(o, "workers"), 0);
 	cr_assert_not_null(w0, "%s", out);
-	cr_expect(json_object_get_boolean(key(w0, "device_pinned_overcommit")), "%s", out);
-	cr_expect_gt(json_object_get_int64(key(w0, "device_pinned_bytes")),
-		     json_object_get_int64(key(w0, "device_weight_pool_bytes")), "%s", out);
+	cr_expect(json_object_get_boolean(agt_json_key(w0, "device_pinned_overcommit")), "%s", out);
+	cr_expect_gt(json_object_get_int64(agt_json_key(w0, "device_pinned_bytes")),
+		     json_object_get_int64(agt_json_key(w0, "device_weight_pool_bytes")), "%s", out);
 	json_object_put(o);
 	free(out);
 	free(err);
