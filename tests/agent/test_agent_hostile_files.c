@@ -295,23 +295,6 @@ Test(hostile, tampered_floor_is_rebuilt_not_adopted)
 
 /* ---- 4: torn floors ------------------------------------------------------------------------- */
 
-/* The ctime has the coarse clock's resolution: wait (on the clock) until a change now gets a later
- * ctime than the file's last change, as it does for any model file not written a moment ago. */
-static void wait_past_ctime(const char *path)
-{
-	struct stat st;
-	struct timespec now;
-	cr_assert_eq(stat(path, &st), 0);
-	for (int i = 0; i < 2000; i++) {
-		clock_gettime(CLOCK_REALTIME_COARSE, &now);
-		if (now.tv_sec > st.st_ctim.tv_sec ||
-		    (now.tv_sec == st.st_ctim.tv_sec && now.tv_nsec > st.st_ctim.tv_nsec))
-			return;
-		agt_sleep_ms(1);
-	}
-	cr_assert_fail("the coarse clock did not pass %s's ctime", path);
-}
-
 Test(hostile, rewrite_in_place_with_mtime_restored_fails_materialization)
 {
 	struct agt *a = agt_new("hostile-torn");
@@ -328,7 +311,7 @@ Test(hostile, rewrite_in_place_with_mtime_restored_fails_materialization)
 	uint64_t at = m->tensors[m->n_tensors / 2].offset;
 	wf_model_close(m);
 
-	wait_past_ctime(pm);
+	cr_assert(wft_wait_past_ctime(pm), "the coarse clock did not pass %s's ctime", pm);
 	r = agt_ensure(a, "m", false);
 	cr_assert_eq(r->code, ST(OK), "%s", r->message);
 	wf_ctl_reply_free(r);

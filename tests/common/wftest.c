@@ -144,3 +144,19 @@ char *wft_read_file(const char *path, size_t *ret_len)
 		*ret_len = len;
 	return buf;
 }
+
+bool wft_wait_past_ctime(const char *path)
+{
+	struct stat st;
+	struct timespec now;
+	if (stat(path, &st) != 0)
+		return false;
+	for (int i = 0; i < 2000; i++) {
+		clock_gettime(CLOCK_REALTIME_COARSE, &now);
+		if (now.tv_sec > st.st_ctim.tv_sec ||
+		    (now.tv_sec == st.st_ctim.tv_sec && now.tv_nsec > st.st_ctim.tv_nsec))
+			return true;
+		usleep(1000);
+	}
+	return false;
+}

@@ -3,6 +3,7 @@
 #ifndef WF_TESTS_COMMON_WFTEST_H
 #define WF_TESTS_COMMON_WFTEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Repository root (WF_SOURCE_DIR set by CTest, else the compile-time source dir). */
@@ -28,5 +29,10 @@ int wft_run(char *const argv[], const char *out_path, const char *err_path, int 
 
 /* Reads a whole file (malloc'ed, NUL-appended). Returns NULL on failure; *ret_len is optional. */
 char *wft_read_file(const char *path, size_t *ret_len);
+
+/* Waits (on CLOCK_REALTIME_COARSE, up to about 2 s) until a change made now would get a later
+ * ctime than path's last change: the ctime has the coarse clock's resolution. False if the file
+ * cannot be stat'ed or the clock did not get there. */
+bool wft_wait_past_ctime(const char *path);
 
 #endif

@@ -296,23 +296,6 @@ static void rewrite_in_place(void *ctx, uint64_t total)
 	close(fd);
 }
 
-/* The ctime has the coarse clock's resolution: wait (on the clock, not a fixed time) until a
- * change now would get a later ctime than the file's last change. */
-static void wait_past_ctime(const char *path)
-{
-	struct stat st;
-	struct timespec now;
-	cr_assert_eq(stat(path, &st), 0);
-	for (int i = 0; i < 2000; i++) {
-		clock_gettime(CLOCK_REALTIME_COARSE, &now);
-		if (now.tv_sec > st.st_ctim.tv_sec ||
-		    (now.tv_sec == st.st_ctim.tv_sec && now.tv_nsec > st.st_ctim.tv_nsec))
-			return;
-		usleep(1000);
-	}
-	cr_assert_fail("the coarse clock did not pass %s's ctime", path);
-}
-
 Test(hostile, fill_catches_a_rewrite_with_the_mtime_restored, .init = setup, .fini = teardown)
 {
 	struct stat st;
@@ -323,7 +306,7 @@ Test(hostile, fill_catches_a_rewrite_with_the_mtime_restored, .init = setup, .fi
 				    .before_copy = rewrite_in_place,
 				    .before_copy_ctx = &w};
 	struct wf_diag d;
-	wait_past_ctime(p);
+	cr_assert(wft_wait_past_ctime(p), "the coarse clock did not pass %s's ctime", p);
 	int rc = fill_files(&fi, &d);
 	cr_assert_eq(rc, WF_ECHANGED, "a torn floor became READY: %s (%s)", wf_err_name(rc),
 		     d.msg);
