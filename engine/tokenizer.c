@@ -100,16 +100,25 @@ struct ids {
 	size_t n, cap;
 };
 
+/* Makes room for one more element in a growable array (*v, with *cap elements of size elem,
+ * n in use), doubling from first. 0 or -ENOMEM (the array is unchanged then). */
+static int grow(void **v, size_t *cap, size_t n, size_t elem, size_t first)
+{
+	if (n < *cap)
+		return 0;
+	size_t c = *cap ? 2 * *cap : first;
+	void *nv = realloc(*v, c * elem);
+	if (!nv)
+		return -ENOMEM;
+	*v = nv;
+	*cap = c;
+	return 0;
+}
+
 static int ids_push(struct ids *a, int32_t id)
 {
-	if (a->n == a->cap) {
-		size_t cap = a->cap ? 2 * a->cap : 64;
-		int32_t *v = realloc(a->v, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		a->v = v;
-		a->cap = cap;
-	}
+	if (grow((void **)&a->v, &a->cap, a->n, sizeof(*a->v), 64) < 0)
+		return -ENOMEM;
 	a->v[a->n++] = id;
 	return 0;
 }
@@ -503,14 +512,8 @@ static bool before(const struct bigram *a, const struct bigram *b)
 
 static int heap_push(struct heap *h, struct bigram b)
 {
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? 2 * h->cap : 64;
-		struct bigram *v = realloc(h->v, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		h->v = v;
-		h->cap = cap;
-	}
+	if (grow((void **)&h->v, &h->cap, h->n, sizeof(*h->v), 64) < 0)
+		return -ENOMEM;
 	size_t i = h->n++;
 	while (i > 0 && before(&b, &h->v[(i - 1) / 2])) {
 		h->v[i] = h->v[(i - 1) / 2];
@@ -710,14 +713,8 @@ static int spans_push(struct spans *s, size_t at)
 {
 	if (s->n && s->a[s->n - 1] == at)
 		return 0;
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 64;
-		size_t *a = realloc(s->a, cap * sizeof(*a));
-		if (!a)
-			return -ENOMEM;
-		s->a = a;
-		s->cap = cap;
-	}
+	if (grow((void **)&s->a, &s->cap, s->n, sizeof(*s->a), 64) < 0)
+		return -ENOMEM;
 	s->a[s->n++] = at;
 	return 0;
 }
@@ -929,14 +926,8 @@ struct frags {
 
 static int frags_insert(struct frags *f, size_t at, struct frag x)
 {
-	if (f->n == f->cap) {
-		size_t cap = f->cap ? 2 * f->cap : 16;
-		struct frag *v = realloc(f->v, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		f->v = v;
-		f->cap = cap;
-	}
+	if (grow((void **)&f->v, &f->cap, f->n, sizeof(*f->v), 16) < 0)
+		return -ENOMEM;
 	memmove(f->v + at + 1, f->v + at, (f->n - at) * sizeof(*f->v));
 	f->v[at] = x;
 	f->n++;
