@@ -491,6 +491,7 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
                      struct wf_diag *diag)
 {
 	static const struct wf_engine_config defaults = {0};
+	wf_diag_clear(diag);
 	if (!cfg)
 		cfg = &defaults;
 	if (!model || !tensor_data || cfg->kv_type >= WF_ENGINE_KV_MAX ||
@@ -637,6 +638,7 @@ static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *
 int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float *logits,
                      struct wf_diag *diag)
 {
+	wf_diag_clear(diag);
 	int rc = check_batch(e, b, diag);
 	if (rc < 0)
 		return rc;
