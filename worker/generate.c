@@ -160,7 +160,10 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 	}
 	if ((rc = wf_cache_status(s->cache, &st)) < 0)
 		goto out;
-	const struct wf_cache_model_status *ms = id < st->n_models ? &st->models[id] : NULL;
+	const struct wf_cache_model_status *ms = NULL;
+	for (size_t i = 0; i < st->n_models && !ms; i++)
+		if (st->models[i].id == id)
+			ms = &st->models[i];
 	if (!ms) {
 		rc = wf_diag_set(diag, WF_ENOT_FOUND, "model '%s' left the cache", name);
 		goto out;
