@@ -47,6 +47,7 @@ struct gen {
 	bool lost;     /* out of memory for the output: it ends as an error */
 	bool done;
 	struct wf_sched_result res;
+	double done_at;
 	double last_seen;
 	unsigned readers; /* long polls in progress: it is not idle */
 	uint32_t idle_ms;
@@ -274,6 +275,7 @@ static void on_done(void *arg, const struct wf_sched_result *res)
 		snprintf(x->res.message, sizeof x->res.message, "out of memory for the output");
 	}
 	x->done = true;
+	x->done_at = now_s();
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
 }
@@ -301,12 +303,17 @@ static void *reaper_main(void *arg)
 		for (uint32_t i = 0; i < g->n_gens;) {
 			struct gen *x = g->gens[i];
 			bool idle = !x->readers && t - x->last_seen > x->idle_ms / 1000.0;
-			if (idle && x->done) {
+			/* A finished one stays readable for a while after its end too, so a client
+			 * that comes back late learns how it ended. */
+			double keep = x->idle_ms > WF_GEN_IDLE_MS ? x->idle_ms / 1000.0
+								  : WF_GEN_IDLE_MS / 1000.0;
+			double since = x->last_seen > x->done_at ? x->last_seen : x->done_at;
+			if (x->done && !x->readers && t - since > keep) {
 				g->gens[i] = g->gens[--g->n_gens];
 				gen_free(x);
 				continue;
 			}
-			if (idle)
+			if (idle && !x->done)
 				(void)wf_sched_cancel(x->gm->sched, x->sched_id);
 			i++;
 		}

@@ -11,8 +11,8 @@
  * by a residency command), else WF_ENOT_RESIDENT.
  *
  * A generation is kept in a table with the tokens made so far; GenerateRead long-polls it. A
- * generation nobody has read for its idle time-out is canceled (the client went away), and a
- * finished one is dropped after the same time. Thread-safe: the control server's threads call
+ * generation nobody has read for its idle time-out is canceled (the client went away); a finished
+ * one stays readable for that long (at least WF_GEN_IDLE_MS) after its end or last read. Thread-safe: the control server's threads call
  * in concurrently. Shutdown: close (wakes every long poll; does not block), then destroy (cancels
  * every generation and frees the engines), after the control server has stopped. */
 #ifndef WF_WORKER_GENERATE_H
