@@ -238,7 +238,7 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 	size_t n_stop = 0;
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
-	uint64_t v;
+	uint64_t v = 0;
 	int c, rc = 0;
 	optind = 0;
 	opterr = 0;
