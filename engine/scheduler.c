@@ -351,9 +351,11 @@ static int pend_append(struct req *r, const char *p, size_t n)
 static void emit(struct req *r, int32_t tok, size_t len)
 {
 	if (r->on_token)
-		r->on_token(r->arg, tok, r->pend, len);
-	memmove(r->pend, r->pend + len, r->pend_len - len);
-	r->pend_len -= len;
+		r->on_token(r->arg, tok, r->pend ? r->pend : "", len);
+	if (len) {
+		memmove(r->pend, r->pend + len, r->pend_len - len);
+		r->pend_len -= len;
+	}
 }
 
 /* A token sampled for r: output, then whether r goes on. Returns true when r finished. */

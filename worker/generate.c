@@ -250,7 +250,8 @@ static void on_token(void *arg, int32_t token, const char *text, size_t len)
 		x->text = nt;
 		x->text_cap = cap;
 	}
-	memcpy(x->text + x->text_len, text, len);
+	if (len)
+		memcpy(x->text + x->text_len, text, len);
 	x->toks[x->n_toks++] = (struct gtok){.id = token, .len = (uint32_t)len, .off = x->text_len};
 	x->text_len += len;
 	pthread_cond_broadcast(&g->cv);
