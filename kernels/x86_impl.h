@@ -25,7 +25,14 @@
 #define UNROLL _Pragma("GCC unroll 8")
 
 enum {
-	TILE = 4,   /* activation rows per tile: 4 float accumulators + the weight block in registers */
+	/* activation rows per tile: their accumulators and the unpacked weight block stay in
+	 * registers (16 vector registers in AVX2, 32 in AVX-512, where 8 rows make a batch of 8
+	 * sequences one tile) */
+#if WF_X86_AVX512
+	TILE = 8,
+#else
+	TILE = 4,
+#endif
 	GROUP = 64, /* activation rows whose blocks are revisited per weight row (L2-resident) */
 };
 
@@ -71,6 +78,22 @@ INLINE float f16(uint16_t h)
 	return _cvtsh_ss(h);
 }
 
+/* Software prefetch of the weights PREFETCH bytes ahead of the block being read. Decode streams
+ * every weight once, and a kernel doing real work per cache line keeps too few lines in flight
+ * for one core to reach the memory bandwidth on its own (measured: Q4_K from DRAM ran at a
+ * third of the read bandwidth without it). Prefetches never fault, so running past the end of
+ * the weights is harmless. */
+#ifndef WF_KERNELS_PREFETCH
+#define WF_KERNELS_PREFETCH 2048
+#endif
+enum { PREFETCH = WF_KERNELS_PREFETCH };
+
+INLINE void prefetch_ahead(const void *p, size_t bytes)
+{
+	UNROLL for (size_t k = 0; PREFETCH && k < bytes; k += 64)
+		_mm_prefetch((const char *)p + PREFETCH + k, _MM_HINT_T0);
+}
+
 INLINE __m256i loadu256(const void *p)
 {
 	return _mm256_loadu_si256((const __m256i *)p);
@@ -84,6 +107,24 @@ INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 	/* packs works per 128-bit lane: dwords come out as v0lo v1lo v2lo v3lo v0hi v1hi ... */
 	return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
+
+#if WF_X86_AVX512
+#define TILE_CASES_8(T)                                   \
+	case 7:                                           \
+		tile_##T(7, n, wr, a, as, o, os);         \
+		break;                                    \
+	case 6:                                           \
+		tile_##T(6, n, wr, a, as, o, os);         \
+		break;                                    \
+	case 5:                                           \
+		tile_##T(5, n, wr, a, as, o, os);         \
+		break;                                    \
+	case 4:                                           \
+		tile_##T(4, n, wr, a, as, o, os);         \
+		break;
+#else
+#define TILE_CASES_8(T)
+#endif
 
 /* The gemm loop around a tile function tile_<T>(C, n, w, act, act_stride, out, out_stride) that
  * writes out[c * out_stride] for its C activation rows; vec_dot is the 1 x 1 tile. */
@@ -101,6 +142,7 @@ INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 				for (; j + TILE <= j1; j += TILE, a += TILE * as, o += TILE * os) \
 					tile_##T(TILE, n, wr, a, as, o, os);                      \
 				switch (j1 - j) {                                                 \
+				TILE_CASES_8(T)                                                   \
 				case 3:                                                           \
 					tile_##T(3, n, wr, a, as, o, os);                         \
 					break;                                                    \
@@ -185,6 +227,7 @@ INLINE float scalar_bf16(const void *p, int64_t i)
 			acc1[c] = VF_ZERO();                                                      \
 		}                                                                                 \
 		for (; i + 2 * VL <= n; i += 2 * VL) {                                            \
+			prefetch_ahead(x + i, 2 * VL * sizeof(ELT));                              \
 			const vf x0 = LOAD(x + i), x1 = LOAD(x + i + VL);                         \
 			UNROLL for (int c = 0; c < C; c++)                                        \
 			{                                                                         \
@@ -259,6 +302,7 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 			acc1[c] = _mm256_setzero_ps();                                            \
 		}                                                                                 \
 		for (; b + 1 < nb; b += 2) {                                                      \
+			prefetch_ahead(&x[b], 2 * sizeof(*x));                                    \
 			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                      \
 			q8_block(C, VALUES(&x[b + 1]), f16(x[b + 1].d), y, b + 1, acc1);          \
 		}                                                                                 \
@@ -276,22 +320,32 @@ GEMM(q4_0)
 
 /* ---- K-quants (x Q8_K) --------------------------------------------------------------------- */
 
-/* The 6-bit scales (ret_sc) and mins (ret_mn) of Q4_K/Q5_K's 12 packed bytes, as 8 int16 each
- * (the layout is ref.c's k_scale_min, taken four bytes at a time). */
-INLINE void k_scales_mins(const uint8_t *s, __m128i *ret_sc, __m128i *ret_mn)
+/* The 6-bit scales of Q4_K/Q5_K's 12 packed bytes as 8 int16 (ret_sc), and their mins as 16
+ * int16, each twice (ret_mn: min j covers the 16-element groups 2j and 2j + 1). The layout is
+ * ref.c's k_scale_min taken four bytes at a time, as 32-bit lanes w0, w1, w2:
+ *   scales 0..3 = w0 & 0x3f..,  scales 4..7 = (w2 & 0x0f..) | ((w0 >> 2) & 0x30..),
+ *   mins 0..3   = w1 & 0x3f..,  mins 4..7   = ((w2 >> 4) & 0x0f..) | ((w1 >> 2) & 0x30..).
+ * Reads 16 bytes at s (the block goes on after its scales). */
+INLINE void k_scales_mins(const uint8_t *s, __m128i *ret_sc, __m256i *ret_mn)
 {
-	uint32_t w0, w1, w2;
+	const __m128i v = _mm_loadu_si128((const __m128i *)s);
+	const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* w0 w2 w1 w2 */
+	const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* w0 w0 w1 w1 */
+	const __m128i lo =
+	    _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+	                  _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+	const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2),
+	                                 _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+	const __m128i r = _mm_or_si128(lo, hi); /* bytes: scales 0..7, mins 0..7 */
 
-	memcpy(&w0, s, 4);
-	memcpy(&w1, s + 4, 4);
-	memcpy(&w2, s + 8, 4);
-	const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
-	const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-	const uint32_t mn_lo = w1 & 0x3f3f3f3fu;
-	const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+	*ret_sc = _mm_cvtepu8_epi16(r);
+	*ret_mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(r, r));
+}
 
-	*ret_sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
-	*ret_mn = _mm_cvtepu8_epi16(_mm_setr_epi32((int)mn_lo, (int)mn_hi, 0, 0));
+/* d and dmin of a K block (adjacent F16s) as floats in lanes 0 and 1 */
+INLINE __m128 k_d_dmin(const uint16_t *d)
+{
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d[0] | (uint32_t)d[1] << 16)));
 }
 
 /* Lane k (int16) of v16 (8 int16 in both 128-bit halves) in every int16 lane; k is a constant
@@ -318,6 +372,7 @@ INLINE __m256i bit_to_16(__m256i v, int bit)
 	return _mm256_and_si256(s, _mm256_set1_epi8(0x10));
 }
 
+#if !WF_X86_AVX512
 /* Q4_K (qh NULL) and Q5_K: per block, per activation row, the integer sum of the scaled products
  * (8 int32 lanes) and of the mins against the activation's 16-element sums. */
 INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *act, size_t as,
@@ -335,21 +390,23 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 	}
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *scales, *qs, *qh = NULL;
-		uint16_t d16, dmin16;
+		const uint16_t *dd;
+
+		prefetch_ahead(w + (size_t)b * (bits5 ? sizeof(struct wf_block_q5_K)
+		                                      : sizeof(struct wf_block_q4_K)),
+		               bits5 ? sizeof(struct wf_block_q5_K) : sizeof(struct wf_block_q4_K));
 
 		if (bits5) {
 			const struct wf_block_q5_K *blk = (const struct wf_block_q5_K *)w + b;
-			scales = blk->scales, qs = blk->qs, qh = blk->qh, d16 = blk->d, dmin16 = blk->dmin;
+			scales = blk->scales, qs = blk->qs, qh = blk->qh, dd = &blk->d;
 		} else {
 			const struct wf_block_q4_K *blk = (const struct wf_block_q4_K *)w + b;
-			scales = blk->scales, qs = blk->qs, d16 = blk->d, dmin16 = blk->dmin;
+			scales = blk->scales, qs = blk->qs, dd = &blk->d;
 		}
-		__m128i sc8, mn8;
-		k_scales_mins(scales, &sc8, &mn8);
+		__m128i sc8;
+		__m256i mn;
+		k_scales_mins(scales, &sc8, &mn);
 		const __m256i sc = _mm256_broadcastsi128_si256(sc8);
-		/* mins by 16-element group: min j covers groups 2j and 2j+1 */
-		const __m256i mn =
-		    _mm256_set_m128i(_mm_unpackhi_epi16(mn8, mn8), _mm_unpacklo_epi16(mn8, mn8));
 		const __m256i qhv = bits5 ? loadu256(qh) : _mm256_setzero_si256();
 		__m256i sumi[TILE];
 
@@ -376,15 +433,16 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 				sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p_lo, p_hi));
 			}
 		}
-		const float d = f16(d16), dmin = f16(dmin16);
+		const __m128 d_dmin = k_d_dmin(dd);
 
 		UNROLL for (int c = 0; c < C; c++)
 		{
 			const __m256i summ = _mm256_madd_epi16(loadu256(y[c][b].bsums), mn);
+			const __m128 s = _mm_mul_ps(d_dmin, _mm_set1_ps(y[c][b].d));
 
-			acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[c][b].d), _mm256_cvtepi32_ps(sumi[c]),
+			acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), _mm256_cvtepi32_ps(sumi[c]),
 			                         acc[c]);
-			acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y[c][b].d),
+			acc[c] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(s)),
 			                          _mm256_cvtepi32_ps(summ), acc[c]);
 		}
 	}
@@ -420,6 +478,7 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 		acc[c] = _mm256_setzero_ps();
 	}
 	for (int64_t b = 0; b < nb; b++) {
+		prefetch_ahead(&x[b], sizeof(*x));
 		const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
 		const __m256i sc_all = _mm256_cvtepi8_epi16(sc8); /* 16 int16, one per group */
 		__m256i sumi[TILE], corr[TILE];
@@ -472,6 +531,182 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 	}
 	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = hsum_ps(acc[c]);
 }
+
+#else
+/* AVX-512: a 64-element chunk per register. Q4_K/Q5_K's chunk k is 32 bytes whose low nibbles
+ * are sub-block 2k and high nibbles 2k + 1, i.e. elements 64k..64k+63 in order once the high
+ * nibbles go to the upper half; so the activation's 64 bytes load as they are. */
+INLINE __m512i cat256(__m256i lo, __m256i hi)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* int16 lanes 0..15 = v16[k], 16..31 = v16[k2], from 8 int16 repeated in each 128-bit lane */
+INLINE __m512i bcast16_512(__m512i v16, int k, int k2)
+{
+	const __m512i ctl = cat256(_mm256_set1_epi16((short)(0x0100 + 0x0202 * k)),
+	                           _mm256_set1_epi16((short)(0x0100 + 0x0202 * k2)));
+
+	return _mm512_shuffle_epi8(v16, ctl);
+}
+
+INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *act, size_t as,
+                       float *out, size_t os)
+{
+	const struct wf_block_q8_K *y[TILE];
+	__m512 acc[TILE];
+	const int64_t nb = n / WF_QK_K;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+
+	UNROLL for (int c = 0; c < C; c++)
+	{
+		y[c] = (const struct wf_block_q8_K *)(act + (size_t)c * as);
+		acc[c] = _mm512_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *scales, *qs, *qh = NULL;
+		const uint16_t *dd;
+
+		prefetch_ahead(w + (size_t)b * (bits5 ? sizeof(struct wf_block_q5_K)
+		                                      : sizeof(struct wf_block_q4_K)),
+		               bits5 ? sizeof(struct wf_block_q5_K) : sizeof(struct wf_block_q4_K));
+
+		if (bits5) {
+			const struct wf_block_q5_K *blk = (const struct wf_block_q5_K *)w + b;
+			scales = blk->scales, qs = blk->qs, qh = blk->qh, dd = &blk->d;
+		} else {
+			const struct wf_block_q4_K *blk = (const struct wf_block_q4_K *)w + b;
+			scales = blk->scales, qs = blk->qs, dd = &blk->d;
+		}
+		__m128i sc8;
+		__m256i mn;
+		k_scales_mins(scales, &sc8, &mn);
+		const __m512i sc = _mm512_broadcast_i32x4(sc8);
+		const __m256i qhv = bits5 ? loadu256(qh) : _mm256_setzero_si256();
+		__m512i sumi[TILE];
+
+		UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_setzero_si512();
+		UNROLL for (int k = 0; k < 4; k++)
+		{
+			const __m256i q = loadu256(qs + 32 * k);
+			__m512i v = _mm512_and_si512(cat256(q, _mm256_srli_epi16(q, 4)), m4);
+
+			if (bits5)
+				v = _mm512_or_si512(v, cat256(bit_to_16(qhv, 2 * k), bit_to_16(qhv, 2 * k + 1)));
+			const __m512i s = bcast16_512(sc, 2 * k, 2 * k + 1);
+
+			UNROLL for (int c = 0; c < C; c++)
+			{
+				const __m512i qy = _mm512_loadu_si512(y[c][b].qs + 64 * k);
+
+				sumi[c] = _mm512_add_epi32(sumi[c],
+				                           _mm512_madd_epi16(_mm512_maddubs_epi16(v, qy), s));
+			}
+		}
+		const __m128 d_dmin = k_d_dmin(dd);
+
+		UNROLL for (int c = 0; c < C; c++)
+		{
+			const __m256i summ = _mm256_madd_epi16(loadu256(y[c][b].bsums), mn);
+			const __m512i summ512 = _mm512_inserti64x4(_mm512_setzero_si512(), summ, 0);
+			const __m128 s = _mm_mul_ps(d_dmin, _mm_set1_ps(y[c][b].d));
+
+			acc[c] = _mm512_fmadd_ps(_mm512_broadcastss_ps(s), _mm512_cvtepi32_ps(sumi[c]),
+			                         acc[c]);
+			acc[c] = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(s)),
+			                          _mm512_cvtepi32_ps(summ512), acc[c]);
+		}
+	}
+	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]);
+}
+
+INLINE void tile_q4_K(int C, int64_t n, const char *w, const char *act, size_t as, float *out,
+                      size_t os)
+{
+	q45_K_tile(C, 0, n, w, act, as, out, os);
+}
+
+INLINE void tile_q5_K(int C, int64_t n, const char *w, const char *act, size_t as, float *out,
+                      size_t os)
+{
+	q45_K_tile(C, 1, n, w, act, as, out, os);
+}
+
+/* Q6_K as below, 64 elements per register: a half's 64 ql bytes are elements 0..63 (low nibbles)
+ * and 64..127 (high nibbles) of the half, their top bits are bit pairs 0,1 / 2,3 (first 64) and
+ * 4,5 / 6,7 (last 64) of the same 32 qh bytes. */
+INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t as, float *out,
+                      size_t os)
+{
+	const struct wf_block_q6_K *x = (const struct wf_block_q6_K *)w;
+	const struct wf_block_q8_K *y[TILE];
+	__m512 acc[TILE];
+	const int64_t nb = n / WF_QK_K;
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+
+	UNROLL for (int c = 0; c < C; c++)
+	{
+		y[c] = (const struct wf_block_q8_K *)(act + (size_t)c * as);
+		acc[c] = _mm512_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		prefetch_ahead(&x[b], sizeof(*x));
+		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
+		const __m512i sc512 = _mm512_castsi256_si512(sc_all);
+		__m512i sumi[TILE];
+		__m256i corr[TILE];
+
+		UNROLL for (int c = 0; c < C; c++)
+		{
+			sumi[c] = _mm512_setzero_si512();
+			corr[c] = _mm256_madd_epi16(loadu256(y[c][b].bsums), sc_all);
+		}
+		UNROLL for (int h = 0; h < 2; h++)
+		{
+			const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * h);
+			const __m256i qhv = loadu256(x[b].qh + 32 * h);
+			const __m512i qh2 = cat256(qhv, _mm256_srli_epi16(qhv, 2));
+			__m512i u[2];
+
+			u[0] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+			                       _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
+			u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+			                       _mm512_and_si512(qh2, m30));
+			UNROLL for (int k = 0; k < 2; k++)
+			{
+				/* 64 elements = groups g0..g0+3, one per 128-bit lane */
+				const int g0 = 8 * h + 4 * k;
+				const __m512i idx = _mm512_set_epi16(
+				    g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 2,
+				    g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 1, g0 + 1,
+				    g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0, g0, g0, g0, g0, g0, g0,
+				    g0);
+				const __m512i s = _mm512_permutexvar_epi16(idx, sc512);
+
+				UNROLL for (int c = 0; c < C; c++)
+				{
+					const __m512i qy = _mm512_loadu_si512(y[c][b].qs + 128 * h + 64 * k);
+
+					sumi[c] = _mm512_add_epi32(
+					    sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], qy), s));
+				}
+			}
+		}
+		const float d = f16(x[b].d);
+
+		UNROLL for (int c = 0; c < C; c++)
+		{
+			const __m512i corr512 =
+			    _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32(corr[c], 5), 0);
+			const __m512i t = _mm512_sub_epi32(sumi[c], corr512);
+
+			acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d * y[c][b].d), _mm512_cvtepi32_ps(t), acc[c]);
+		}
+	}
+	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]);
+}
+
+#endif
 
 GEMM(q4_K)
 GEMM(q5_K)
