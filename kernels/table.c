@@ -58,12 +58,18 @@ static struct {
 } cpu = {.once = PTHREAD_ONCE_INIT};
 
 #if defined(WF_KERNELS_X86)
-/* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 register state. */
+#include <cpuid.h>
+
+/* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 register state. F16C
+ * comes from CPUID itself: clang's __builtin_cpu_supports does not know it. */
 static bool cpu_has_avx2(void)
 {
+	unsigned int eax, ebx, ecx, edx;
+
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __builtin_cpu_supports("f16c");
+	if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C))
+		return false;
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 static bool cpu_has_avx512(void)

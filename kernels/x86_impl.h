@@ -83,14 +83,11 @@ INLINE float f16(uint16_t h)
  * for one core to reach the memory bandwidth on its own (measured: Q4_K from DRAM ran at a
  * third of the read bandwidth without it). Prefetches never fault, so running past the end of
  * the weights is harmless. */
-#ifndef WF_KERNELS_PREFETCH
-#define WF_KERNELS_PREFETCH 2048
-#endif
-enum { PREFETCH = WF_KERNELS_PREFETCH };
+enum { PREFETCH = 2048 }; /* 1 KiB to 8 KiB measured the same; none was 30% slower */
 
 INLINE void prefetch_ahead(const void *p, size_t bytes)
 {
-	UNROLL for (size_t k = 0; PREFETCH && k < bytes; k += 64)
+	UNROLL for (size_t k = 0; k < bytes; k += 64)
 		_mm_prefetch((const char *)p + PREFETCH + k, _MM_HINT_T0);
 }
 
