@@ -96,6 +96,13 @@ INLINE __m256i loadu256(const void *p)
 	return _mm256_loadu_si256((const __m256i *)p);
 }
 
+#if WF_X86_AVX512
+INLINE __m512i cat256(__m256i lo, __m256i hi)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+#endif
+
 /* 4 x 8 int32 in element order to 32 int8 (saturating, which the callers' ranges never reach) */
 INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
@@ -281,8 +288,9 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 	return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
 }
 
+#if !WF_X86_AVX512
 /* Blocks go in pairs with their own accumulators so that one activation row has two chains. */
-#define Q8_TILE(T, XBLOCK, VALUES)                                                                \
+#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                                \
 	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,        \
 	                     float *out, size_t os)                                               \
 	{                                                                                         \
@@ -309,9 +317,87 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 			out[(size_t)c * os] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
 	}
 
+#define Q4_0_PAIR_VALUES(blk) 0
+#define Q8_0_PAIR_VALUES(blk) 0
+#else
+/* AVX-512: blocks b and b + 1 side by side in one register, weights and activations alike, so
+ * the per-block work (products, conversion, scaling) runs once per pair. A block left over goes
+ * through the 256-bit path. */
+#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                          \
+	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,        \
+	                     float *out, size_t os)                                               \
+	{                                                                                         \
+		const XBLOCK *x = (const XBLOCK *)w;                                              \
+		const struct wf_block_q8_0 *y[TILE];                                              \
+		__m512 acc[TILE];                                                                 \
+		__m256 tail[TILE];                                                                \
+		const int64_t nb = n / WF_QK8_0;                                                  \
+		int64_t b = 0;                                                                    \
+                                                                                                  \
+		UNROLL for (int c = 0; c < C; c++)                                                \
+		{                                                                                 \
+			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);              \
+			acc[c] = _mm512_setzero_ps();                                             \
+			tail[c] = _mm256_setzero_ps();                                            \
+		}                                                                                 \
+		for (; b + 1 < nb; b += 2) {                                                      \
+			prefetch_ahead(&x[b], 2 * sizeof(*x));                                    \
+			q8_pair(C, PAIR(&x[b]), f16_pair(x[b].d, x[b + 1].d), y, b, acc);         \
+		}                                                                                 \
+		if (b < nb)                                                                       \
+			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, tail);                      \
+		UNROLL for (int c = 0; c < C; c++)                                                \
+			out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]) + hsum_ps(tail[c]);    \
+	}
+
+/* two F16s as floats in lanes 0 and 1 */
+INLINE __m128 f16_pair(uint16_t a, uint16_t b)
+{
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | (uint32_t)b << 16)));
+}
+
+/* A pair of blocks of signed weights (64 int8, scales in lanes 0 and 1 of dx) into C
+ * activation rows. No vpsignb in AVX-512: the activation is negated under the weights' sign
+ * mask instead. */
+INLINE void q8_pair(int C, __m512i qx, __m128 dx, const struct wf_block_q8_0 *const *y,
+                    int64_t b, __m512 *acc)
+{
+	const __m512i ax = _mm512_abs_epi8(qx);
+	const __mmask64 neg = _mm512_movepi8_mask(qx);
+	const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+
+	UNROLL for (int c = 0; c < C; c++)
+	{
+		const __m512i qy = cat256(loadu256(y[c][b].qs), loadu256(y[c][b + 1].qs));
+		const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
+		const __m128 d = _mm_mul_ps(dx, f16_pair(y[c][b].d, y[c][b + 1].d));
+		const __m512 s = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d));
+
+		acc[c] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[c]);
+	}
+}
+
+/* Q4_0 pair: each block's 16 bytes twice in a 256-bit half, the second copy shifted by 4, so the
+ * halves read [low nibbles = elements 0..15, high nibbles = 16..31] per block. */
+INLINE __m512i q4_0_pair_values(const struct wf_block_q4_0 *x)
+{
+	const __m512i v = cat256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[0].qs)),
+	                         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[1].qs)));
+	const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+	                                        0x0004000400040004, 0x0004000400040004);
+	const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
+
+	return _mm512_sub_epi8(u, _mm512_set1_epi8(8));
+}
+
+#define Q8_0_PAIR_VALUES(blk) cat256(loadu256((blk)[0].qs), loadu256((blk)[1].qs))
+#define Q4_0_PAIR_VALUES(blk) q4_0_pair_values(blk)
+#endif
+
 #define Q8_0_VALUES(blk) loadu256((blk)->qs)
-Q8_TILE(q8_0, struct wf_block_q8_0, Q8_0_VALUES)
-Q8_TILE(q4_0, struct wf_block_q4_0, q4_0_values)
+Q8_TILE(q8_0, struct wf_block_q8_0, Q8_0_VALUES, Q8_0_PAIR_VALUES)
+Q8_TILE(q4_0, struct wf_block_q4_0, q4_0_values, Q4_0_PAIR_VALUES)
 GEMM(q8_0)
 GEMM(q4_0)
 
@@ -533,11 +619,6 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 /* AVX-512: a 64-element chunk per register. Q4_K/Q5_K's chunk k is 32 bytes whose low nibbles
  * are sub-block 2k and high nibbles 2k + 1, i.e. elements 64k..64k+63 in order once the high
  * nibbles go to the upper half; so the activation's 64 bytes load as they are. */
-INLINE __m512i cat256(__m256i lo, __m256i hi)
-{
-	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
 /* int16 lanes 0..15 = v16[k], 16..31 = v16[k2], from 8 int16 repeated in each 128-bit lane */
 INLINE __m512i bcast16_512(__m512i v16, int k, int k2)
 {
