@@ -40,7 +40,10 @@ typedef float (*wf_kernel_vec_dot_fn)(int64_t n, const void *x, const void *y);
 /* out[j * out_stride + i] = vec_dot(n, w + i * w_stride, act + j * act_stride) for i < n_rows and
  * j < n_act: strides in bytes for w and act (any multiple of the row's block size in bytes, as
  * GGUF rows are), in floats for out. The SIMD versions load each weight block once for several
- * activation rows, which is what makes batched decode and prefill cheaper than n_act dots. */
+ * activation rows, which is what makes batched decode and prefill cheaper than n_act dots. At a
+ * given level out[j][i] is bit-identical to that level's vec_dot of the same two rows, whatever
+ * n_rows and n_act are, so an engine's results do not depend on how it batches sequences.
+ * Thread-safe (no state); the caller splits rows among threads. */
 typedef void (*wf_kernel_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
                                   const void *act, size_t act_stride, int64_t n_act, float *out,
                                   size_t out_stride);
