@@ -84,13 +84,16 @@ struct mm_phase {
 static void mm_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 {
 	const struct wf__wt *w = j->w;
-	const int64_t n = w->ne[0];
-	const wf_kernel_vec_dot_fn dot = w->ops->vec_dot;
-	for (int64_t r = r0; r < r1; r++) {
-		const uint8_t *wr = j->wbase + (size_t)r * w->row_size;
-		for (uint32_t a = 0; a < j->n_act; a++)
-			j->out[a * j->out_stride + (size_t)r] = dot(n, wr, j->act + a * j->act_stride);
+	const uint8_t *wr = j->wbase + (size_t)r0 * w->row_size;
+	if (w->ops->gemm) {
+		w->ops->gemm(w->ne[0], wr, w->row_size, r1 - r0, j->act, j->act_stride, j->n_act,
+		             j->out + r0, j->out_stride);
+		return;
 	}
+	for (int64_t r = r0; r < r1; r++, wr += w->row_size)
+		for (uint32_t a = 0; a < j->n_act; a++)
+			j->out[a * j->out_stride + (size_t)r] =
+			    w->ops->vec_dot(w->ne[0], wr, j->act + a * j->act_stride);
 }
 
 static void mm_task(void *arg, uint32_t task, uint32_t thread)
@@ -534,7 +537,15 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		return -ENOMEM;
 	e->model = model;
 	e->ops = wf_kernels_cpu_ops();
-	int rc = wf__weights_resolve(model, tensor_data, e->ops, &e->w, diag);
+	int rc;
+	if (!e->ops) {
+		enum wf_kernel_level level;
+		rc = wf_kernels_cpu_level(&level);
+		rc = wf_diag_set(diag, rc < 0 ? rc : WF_EUNSUPPORTED,
+		                 "WF_KERNELS names a kernel level this CPU or build lacks");
+		goto fail;
+	}
+	rc = wf__weights_resolve(model, tensor_data, e->ops, &e->w, diag);
 	if (rc < 0)
 		goto fail;
 	const struct wf__weights *w = &e->w;
