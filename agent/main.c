@@ -359,8 +359,10 @@ static void *stop_deadline(void *arg)
 }
 
 /* Concurrent requests. Relays to workers may take half (agent/workers.h), so a hung worker
- * never takes the threads that status, listing and EnsureFloor need. */
+ * never takes the threads that status, listing and EnsureFloor need. Generations followed
+ * through the agent (one long poll each) get threads of their own on top. */
 #define AGENT_REQUEST_THREADS 8
+#define AGENT_GENERATION_THREADS 32
 
 /* The control library's lines (listener replaced, peers turned away) into the agent's log. */
 static void log_ctl(void *arg, int level, const char *line)
@@ -401,7 +403,7 @@ static int start_services(struct agent *a)
 		.max_request_size = a->cfg.max_message,
 		.handle = wf_agent_service_handle,
 		.ctx = &a->svc,
-		.nworkers = AGENT_REQUEST_THREADS,
+		.nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
 	};
 	so.listen.url = a->cfg.socket_url;
 	if ((rc = wf_ctl_server_create(&so, &a->srv, &d)) < 0) {
@@ -526,6 +528,7 @@ int main(int argc, char **argv)
 		wf_log_error("worker registry: %s", wf_strerror(rc));
 		goto out;
 	}
+	wf_workers_set_generation_relays(a.workers, AGENT_GENERATION_THREADS);
 	wf_workers_set_residency_fn(a.workers, on_worker_residency, &a);
 	a.svc.worker_count = wf_workers_count;
 	a.svc.worker_ctx = a.workers;

@@ -22,7 +22,15 @@ struct worker {
 	int mode; /* Weightfloor__V1__ResidencyMode, as the worker said (open enum) */
 	uint64_t device_total, device_budget, pinned_host_budget;
 	int64_t registered_ms, last_seen_ms;
-	unsigned relays; /* in flight to it */
+	unsigned relays;     /* residency relays in flight to it */
+	unsigned gen_relays; /* Generate / GenerateRead relays in flight to it */
+	/* What the worker last reported per model (ReportResidency), for choosing the worker of a
+	 * Generate that names none. Models past the table are simply not known here. */
+	struct {
+		char model[128];
+		int state; /* Weightfloor__V1__Residency */
+	} res[WF_WORKERS_RES_MAX];
+	uint32_t n_res;
 };
 
 struct wf_workers {
@@ -37,6 +45,7 @@ struct wf_workers {
 	char *self[2];       /* the agent's request and events urls */
 	unsigned relays;     /* in flight, all workers */
 	unsigned relay_max;  /* half the server's request threads */
+	unsigned gen_relays, gen_relay_max; /* generation relays: their own threads */
 };
 
 static int64_t unix_ms(void)
@@ -64,6 +73,7 @@ int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_worker
 	w->ctx = ctx;
 	w->next_id = 1;
 	w->relay_max = 2; /* half the server's default 4 threads, until told */
+	w->gen_relay_max = 0; /* none until the agent gives generation relays threads */
 	*ret = w;
 	return 0;
 }
@@ -92,6 +102,11 @@ int wf_workers_set_self(struct wf_workers *w, const char *request_url, const cha
 	}
 	w->relay_max = server_threads / 2 ? server_threads / 2 : 1;
 	return 0;
+}
+
+void wf_workers_set_generation_relays(struct wf_workers *w, unsigned max)
+{
+	w->gen_relay_max = max;
 }
 
 /* Drops workers not heard from in time or whose process is gone (pid checks work in the agent's
@@ -403,15 +418,51 @@ static void arena_free(void *ctx, void *p)
 }
 
 /* Gives back the relay slots taken for worker id (which may have gone meanwhile). */
-static void relay_done(struct wf_workers *w, const char *id)
+static void relay_done(struct wf_workers *w, const char *id, bool gen)
 {
 	pthread_mutex_lock(&w->mu);
 	struct worker *k = find_locked(w, id);
-	if (k && k->relays)
-		k->relays--;
-	if (w->relays)
-		w->relays--;
+	unsigned *mine = k ? (gen ? &k->gen_relays : &k->relays) : NULL;
+	unsigned *all = gen ? &w->gen_relays : &w->relays;
+	if (mine && *mine)
+		(*mine)--;
+	if (*all)
+		(*all)--;
 	pthread_mutex_unlock(&w->mu);
+}
+
+static bool is_generation(const Weightfloor__V1__Request *req)
+{
+	return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
+	       req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
+}
+
+/* The worker for a Generate that names none: the one whose reported residency of the model is
+ * highest (pinned, device, host), then the least busy with generations; a model no worker has
+ * reported goes to the least busy self-managed worker (it loads models on demand). NULL if
+ * none fits. */
+static struct worker *choose_generation_worker_locked(struct wf_workers *w, const char *model)
+{
+	struct worker *best = NULL;
+	int best_state = -1;
+	for (size_t i = 0; i < w->n; i++) {
+		struct worker *k = &w->v[i];
+		int state = -1;
+		for (uint32_t j = 0; j < k->n_res; j++)
+			if (strcmp(k->res[j].model, model) == 0)
+				state = k->res[j].state;
+		if (state <= WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK) {
+			if (k->mode != WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED)
+				continue;
+			state = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+		}
+		if (!best || state > best_state ||
+		    (state == best_state && k->gen_relays < best->gen_relays)) {
+			best = k;
+			best_state = state;
+		}
+	}
+	return best;
 }
 
 static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
@@ -427,26 +478,36 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	char dropped[8][64];
 	size_t nd = expire_locked(w, dropped, 8);
 	struct worker *k = NULL;
+	const bool gen = is_generation(req);
 	if (id && *id)
 		k = find_locked(w, id);
 	else if (w->n == 1)
 		k = &w->v[0];
+	else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE && req->generate->model)
+		k = choose_generation_worker_locked(w, req->generate->model);
 	int busy = 0;
 	unsigned in_flight = 0;
 	if (k) {
 		snprintf(endpoint, sizeof endpoint, "%s", k->endpoint);
 		memcpy(wid, k->id, sizeof wid);
-		in_flight = k->relays;
-		/* Refused at once rather than queued: a waiting relay would hold a request thread
-		 * as surely as a running one. */
-		if (k->relays >= WF_WORKERS_RELAY_PER_WORKER) {
+		/* Generations are followed by long polls, one per generation in progress, so they
+		 * have their own, larger budget of threads; residency relays keep theirs. Refused at
+		 * once rather than queued: a waiting relay would hold a request thread as surely as
+		 * a running one. */
+		unsigned *mine = gen ? &k->gen_relays : &k->relays;
+		unsigned *all = gen ? &w->gen_relays : &w->relays;
+		const unsigned per_worker = gen ? WF_WORKERS_GEN_RELAY_PER_WORKER
+		                                : WF_WORKERS_RELAY_PER_WORKER;
+		const unsigned total = gen ? w->gen_relay_max : w->relay_max;
+		in_flight = *mine;
+		if (*mine >= per_worker) {
 			busy = WF_EUNAVAILABLE;
-		} else if (w->relays >= w->relay_max) {
+		} else if (*all >= total) {
 			busy = WF_ELIMIT;
-			in_flight = w->relays;
+			in_flight = *all;
 		} else {
-			k->relays++;
-			w->relays++;
+			(*mine)++;
+			(*all)++;
 		}
 	}
 	size_t n = w->n;
@@ -540,7 +601,7 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 out:
 	wf_ctl_reply_free(wr);
 	wf_ctl_client_close(c);
-	relay_done(w, wid);
+	relay_done(w, wid, gen);
 	return rc;
 }
 
@@ -553,6 +614,27 @@ void wf_workers_set_residency_fn(struct wf_workers *w, wf_workers_residency_fn f
 /* A worker's report of what its cache did. Only a registered worker may speak for its id: an
  * unknown id is a worker the agent has not heard from (it registers again within a heartbeat)
  * or something that is not a worker, and publishing under it would let anyone forge events. */
+/* Keeps the worker's last reported state of a model (a model back on disk leaves the table). */
+static void note_residency_locked(struct worker *k, const Weightfloor__V1__ResidencyChange *c)
+{
+	if (strlen(c->model) >= sizeof(k->res[0].model))
+		return;
+	uint32_t j = 0;
+	while (j < k->n_res && strcmp(k->res[j].model, c->model) != 0)
+		j++;
+	if (c->state <= WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK) {
+		if (j < k->n_res)
+			k->res[j] = k->res[--k->n_res];
+		return;
+	}
+	if (j == k->n_res) {
+		if (k->n_res == WF_WORKERS_RES_MAX)
+			return;
+		snprintf(k->res[k->n_res++].model, sizeof(k->res[0].model), "%s", c->model);
+	}
+	k->res[j].state = (int)c->state;
+}
+
 static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidency *r,
 		     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -583,8 +665,11 @@ static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidenc
 	char id[64];
 	pthread_mutex_lock(&w->mu);
 	struct worker *k = strlen(r->worker_id) < sizeof id ? find_locked(w, r->worker_id) : NULL;
-	if (k)
+	if (k) {
 		memcpy(id, k->id, sizeof id);
+		for (size_t i = 0; i < r->n_changes; i++)
+			note_residency_locked(k, r->changes[i]);
+	}
 	pthread_mutex_unlock(&w->mu);
 	if (!k) {
 		reply->message = wf_ctl_call_printf(

@@ -143,8 +143,9 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 			gm = g->models[i];
 	bool full = g->n_models == WF_GEN_MODELS_MAX;
 	pthread_mutex_unlock(&g->mu);
-	if (gm) { /* built by another request while we waited */
+	if (gm) { /* built by another request while we waited: not ours to free */
 		*ret = gm;
+		gm = NULL;
 		rc = 0;
 		goto out;
 	}

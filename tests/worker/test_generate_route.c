@@ -1,0 +1,164 @@
+/* Generations through the agent with several workers: a Generate naming no worker goes to the
+ * worker that holds the model, and more generations than the residency relays allow (2 per
+ * worker) are followed through the agent at once. Real wf-agent and wf-worker processes on ipc://
+ * sockets; the strict F32 reference model. */
+#include "common/wftest.h"
+#include "tests/agent/agt.h"
+
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+TestSuite(generate_route, .fini = agt_fini, .timeout = 180);
+
+static char *ref_gguf(char *prompt, size_t cap)
+{
+	char *dir = agt_printf("%s/mixtral-tiny-f32", wft_reference_dir());
+	char *mp = agt_printf("%s/manifest.json", dir);
+	json_object *man = json_object_from_file(mp), *v = NULL;
+	cr_assert_not_null(man, "cannot parse %s", mp);
+	cr_assert(json_object_object_get_ex(man, "load_this_file", &v));
+	char *gguf = agt_printf("%s/%s", dir, json_object_get_string(v));
+	cr_assert(json_object_object_get_ex(man, "prompt_ids", &v));
+	prompt[0] = 0;
+	for (size_t i = 0; i < json_object_array_length(v); i++)
+		snprintf(prompt + strlen(prompt), cap - strlen(prompt), "%s%d", i ? "," : "",
+		         json_object_get_int(json_object_array_get_idx(v, i)));
+	json_object_put(man);
+	free(dir);
+	free(mp);
+	return gguf;
+}
+
+/* The worker_id of the final JSON line of `agentctl generate --json`. */
+static char *final_worker(char *out)
+{
+	char *found = NULL;
+	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+		json_object *o = json_tokener_parse(line), *v = NULL;
+		cr_assert_not_null(o, "not JSON: %s", line);
+		if (json_object_object_get_ex(o, "worker_id", &v)) {
+			free(found);
+			found = strdup(json_object_get_string(v));
+		}
+		json_object_put(o);
+	}
+	cr_assert_not_null(found, "no worker_id in the output");
+	return found;
+}
+
+static void wait_worker_registered(struct agt *a, const char *id)
+{
+	int64_t end = agt_now_ms() + 20000;
+	while (agt_now_ms() < end) {
+		char *out = NULL, *err = NULL;
+		int rc = agt_ctl(a, &out, &err, (const char *[]){"workers", "--json", NULL});
+		bool ok = rc == 0 && out && strstr(out, id);
+		free(out);
+		free(err);
+		if (ok)
+			return;
+		agt_sleep_ms(100);
+	}
+	cr_assert_fail("worker %s never registered", id);
+}
+
+Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
+{
+	char prompt[1024];
+	char *gguf = ref_gguf(prompt, sizeof prompt);
+	struct agt *a = agt_new("wf-route");
+	char *marg = agt_printf("tiny=%s", gguf);
+	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct agt_worker w1, w2;
+	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
+	agt_spawn_worker(a, &w2, "w2", NULL, NULL, (const char *[]){"--threads", "1", NULL});
+	wait_worker_registered(a, "w1");
+	wait_worker_registered(a, "w2");
+
+	/* Nobody holds the model yet: the agent still picks a (self-managed) worker. */
+	char *out = NULL, *err = NULL;
+	int rc = agt_ctl(a, &out, &err,
+	                 (const char *[]){"generate", "tiny", "--prompt-ids", prompt, "--max-tokens",
+	                                  "2", "--temp", "0", "--json", NULL});
+	cr_assert_eq(rc, 0, "agentctl: %d\n%s\n%s", rc, out, err);
+	char *first = final_worker(out);
+	free(out);
+	free(err);
+
+	/* Load it on the other worker, and evict it from the first: generations follow it. */
+	const char *other = strcmp(first, "w1") == 0 ? "w2" : "w1";
+	rc = agt_ctl(a, &out, &err, (const char *[]){"pin", "tiny", "--worker", other, NULL});
+	cr_assert_eq(rc, 0, "pin: %s %s", out, err);
+	free(out);
+	free(err);
+	rc = agt_ctl(a, &out, &err, (const char *[]){"evict", "tiny", "--worker", first, NULL});
+	free(out);
+	free(err);
+	int64_t end = agt_now_ms() + 10000;
+	char *chosen = NULL;
+	while (agt_now_ms() < end) {
+		/* The pin's residency report reaches the agent asynchronously: retry until it has. */
+		rc = agt_ctl(a, &out, &err,
+		             (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
+		                              "--max-tokens", "2", "--temp", "0", "--json", NULL});
+		cr_assert_eq(rc, 0, "agentctl: %d\n%s\n%s", rc, out, err);
+		free(chosen);
+		chosen = final_worker(out);
+		free(out);
+		free(err);
+		if (strcmp(chosen, other) == 0)
+			break;
+		agt_sleep_ms(200);
+	}
+	cr_expect_str_eq(chosen, other, "the generation went to %s, the model is pinned on %s",
+	                 chosen, other);
+	free(chosen);
+	free(first);
+	free(marg);
+	free(gguf);
+}
+
+Test(generate_route, more_generations_than_residency_relays_at_once)
+{
+	char prompt[1024];
+	char *gguf = ref_gguf(prompt, sizeof prompt);
+	struct agt *a = agt_new("wf-route");
+	char *marg = agt_printf("tiny=%s", gguf);
+	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct agt_worker w1;
+	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
+	wait_worker_registered(a, "w1");
+	/* Five clients at once, each following a 48-token generation (ignoring EOS) through the
+	 * agent: with 2 relays per worker the third would be refused with UNAVAILABLE. */
+	enum { N = 5 };
+	pid_t kids[N];
+	for (int i = 0; i < N; i++) {
+		kids[i] = fork();
+		cr_assert_geq(kids[i], 0);
+		if (kids[i] == 0) {
+			char *o = NULL, *e = NULL;
+			int r = agt_ctl(a, &o, &e,
+			                (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
+			                                 "--max-tokens", "48", "--ignore-eos", "--temp",
+			                                 "0.8", "--seed", "7", "--json", NULL});
+			if (r != 0)
+				fprintf(stderr, "client %d: exit %d\n%s\n%s\n", i, r, o, e);
+			_exit(r == 0 ? 0 : 1);
+		}
+	}
+	int failed = 0;
+	for (int i = 0; i < N; i++) {
+		int st;
+		cr_assert_eq(waitpid(kids[i], &st, 0), kids[i]);
+		failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	cr_expect_eq(failed, 0, "%d of %d concurrent generations failed; worker log:\n%s", failed, N,
+	             agt_worker_log(&w1));
+	free(marg);
+	free(gguf);
+}
