@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <json-c/json.h>
 #include <pthread.h>
 #include <spawn.h>
@@ -43,8 +44,7 @@ void bench_evict_file(const char *path)
 	close(fd);
 }
 
-/* Runs argv with stdout to out_path (or /dev/null), returns the exit status or -1. */
-static int run(char *const argv[], const char *out_path)
+int bench_run(char *const argv[], const char *out_path)
 {
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -75,7 +75,7 @@ double bench_fio_read(const char *path, bool direct)
 			"--ioengine=io_uring", direct ? "--direct=1" : "--direct=0", "--readonly",
 			"--output-format=json", NULL};
 	double bw = -1;
-	if (run(argv, out) == 0) {
+	if (bench_run(argv, out) == 0) {
 		struct json_object *j = json_object_from_file(out), *jobs, *job, *rd, *b;
 		if (j && json_object_object_get_ex(j, "jobs", &jobs) &&
 		    (job = json_object_array_get_idx(jobs, 0)) &&
@@ -92,7 +92,7 @@ double bench_cat_seconds(const char *path)
 {
 	char *argv[] = {"cat", (char *)path, NULL};
 	double t0 = bench_now();
-	if (run(argv, NULL) != 0)
+	if (bench_run(argv, NULL) != 0)
 		return -1;
 	return bench_now() - t0;
 }
@@ -103,7 +103,7 @@ int bench_gen_model(const char *wfgen, const char *path, const char *size, int s
 	snprintf(s, sizeof s, "%d", seed);
 	char *argv[] = {(char *)wfgen, "--arch", "qwen3moe", "--size", (char *)size, "--seed", s,
 			"-q", "-o", (char *)path, NULL};
-	return run(argv, NULL) == 0 ? 0 : -1;
+	return bench_run(argv, NULL) == 0 ? 0 : -1;
 }
 
 /* Eight 16-byte accumulators: enough independent adds that a core's loads, not the add
@@ -214,4 +214,16 @@ size_t bench_read_bandwidth_size(void)
 	if (size > max)
 		size = max < min ? min : max;
 	return (size_t)size;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	remove(path);
+	return 0;
+}
+
+void bench_rmtree(const char *path)
+{
+	nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

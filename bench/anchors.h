@@ -31,6 +31,14 @@ double bench_read_bandwidth(unsigned n_threads, size_t bytes, int passes);
  * most an eighth of physical memory. */
 size_t bench_read_bandwidth_size(void);
 
+/* Runs argv (argv[0] a path, or a name looked up in $PATH) with stdout to out_path (NULL:
+ * /dev/null), stderr inherited; returns its exit status, or -1 when it could not run or died of
+ * a signal. */
+int bench_run(char *const argv[], const char *out_path);
+
+/* Removes a file or a directory tree (best effort). */
+void bench_rmtree(const char *path);
+
 /* Generates a model with wf-gen (next to wf-bench in the build tree, or on PATH). */
 int bench_gen_model(const char *wfgen, const char *path, const char *size, int seed);
 
