@@ -8,6 +8,7 @@
 #include "control/server.h"
 #include "device/device.h"
 #include "engine/tokenizer.h"
+#include "worker/eval.h"
 #include "model/model.h"
 #include "proto/status.h"
 #include "worker/cache.h"
@@ -582,6 +583,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
 		return cmd_tokenize(argc - 1, argv + 1);
+	if (argc > 1 && strcmp(argv[1], "eval") == 0)
+		return wf_worker_eval_main(argc - 1, argv + 1);
 	struct opts o = {.device = "auto",
 			 .agent = "ipc:///run/weightfloor/agent.sock",
 			 .floor_dir = "/dev/shm/weightfloor",

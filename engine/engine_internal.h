@@ -1,0 +1,100 @@
+/* Shared inside engine/: the resolved weight view (weights.c), the KV cache (kvcache.c), the
+ * numerics that must match llama.cpp (ops.c) and the engine struct (forward.c). */
+#ifndef WF_ENGINE_INTERNAL_H
+#define WF_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+#include "engine/pool.h"
+#include "kernels/kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One weight matrix (or stack of matrices for experts): rows of ne[0] elements. */
+struct wf__wt {
+	const void *data;
+	enum wf_dtype type;
+	int64_t ne[3];        /* ne[0] the row width, ne[1] rows, ne[2] experts (1 otherwise) */
+	size_t row_size;      /* bytes of one row */
+	size_t matrix_size;   /* bytes of one [ne0, ne1] matrix: an expert's stride */
+	const struct wf_kernel_type_ops *ops; /* NULL for F32 norms read directly */
+};
+
+#define WF__MAX_EXPERTS 4096u
+
+enum wf__rope_kind { WF__ROPE_NORM = 0, WF__ROPE_NEOX = 2 };
+
+struct wf__layer {
+	struct wf__wt attn_norm, wq, wk, wv, wo;
+	struct wf__wt q_norm, k_norm; /* data NULL: the architecture has none */
+	struct wf__wt ffn_norm;
+	/* MoE */
+	struct wf__wt gate_inp, gate_exps, up_exps, down_exps;
+	/* dense FFN (a llama model without experts) */
+	struct wf__wt ffn_gate, ffn_up, ffn_down;
+};
+
+struct wf__weights {
+	char arch[64];
+	enum wf__rope_kind rope;
+	bool qk_norm;
+	bool moe;
+	uint32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, rope_dim;
+	uint32_t n_expert, n_expert_used, n_ff; /* n_ff: the experts' (or dense FFN's) width */
+	uint32_t n_ctx_train;
+	float rope_base, rms_eps;
+	struct wf__wt tok_embd, output_norm, output;
+	struct wf__layer *layers;
+	uint64_t bytes_per_token;
+};
+
+/* Resolves and checks every tensor the architecture needs. */
+int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_data,
+                        const struct wf_kernel_ops *ops, struct wf__weights *w,
+                        struct wf_diag *diag);
+void wf__weights_fini(struct wf__weights *w);
+
+/* KV cache: per layer and sequence, n_ctx rows of n_head_kv * head_dim elements for K and V. */
+struct wf__kv {
+	enum wf_engine_kv_type type;
+	uint32_t n_layer, n_seq, n_ctx, row;     /* row: elements per position */
+	size_t elem;                             /* 2 or 4 */
+	uint8_t *k, *v;                          /* [layer][seq][pos][row] */
+	uint32_t *len;                           /* per sequence */
+};
+int wf__kv_init(struct wf__kv *kv, enum wf_engine_kv_type type, uint32_t n_layer, uint32_t n_seq,
+                uint32_t n_ctx, uint32_t row);
+void wf__kv_fini(struct wf__kv *kv);
+static inline uint8_t *wf__kv_k(const struct wf__kv *kv, uint32_t layer, uint32_t seq, uint32_t pos)
+{
+	return kv->k + ((((size_t)layer * kv->n_seq + seq) * kv->n_ctx + pos) * kv->row) * kv->elem;
+}
+static inline uint8_t *wf__kv_v(const struct wf__kv *kv, uint32_t layer, uint32_t seq, uint32_t pos)
+{
+	return kv->v + ((((size_t)layer * kv->n_seq + seq) * kv->n_ctx + pos) * kv->row) * kv->elem;
+}
+
+/* ---- numerics (ops.c): each one imitates the ggml CPU op named in its comment ---- */
+
+/* ggml_rms_norm then ggml_mul by w (w may be NULL: norm only). y may alias x. */
+void wf__rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps);
+/* ggml_rope_ext for one head at pos: n_dims rotated, the rest of head_dim untouched. */
+void wf__rope(float *x, uint32_t head_dim, uint32_t n_dims, uint32_t pos, float base,
+              enum wf__rope_kind kind);
+/* ggml_soft_max over n values, in place. */
+void wf__softmax(float *x, uint32_t n);
+/* The MoE router: softmax over n_expert logits, top k (descending, ties to the lower id),
+ * weights renormalized by their sum clamped to >= 6.1035e-5. */
+void wf__route(const float *logits, uint32_t n_expert, uint32_t k, float *probs_scratch,
+               int32_t *ret_ids, float *ret_weights);
+/* silu(g) * u, elementwise (ggml_swiglu_split). */
+void wf__swiglu(const float *g, const float *u, float *y, uint32_t n);
+
+/* Attention of one query head over n_kv cached positions of one sequence (positions 0..n_kv-1),
+ * writing head_dim floats to out. F16 cache: llama.cpp's flash-attention CPU path (query in F16,
+ * online softmax, V accumulated in F16); F32 cache: a plain softmax. scratch: 2 * head_dim floats. */
+void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride_bytes,
+                uint32_t n_kv, uint32_t head_dim, float scale, enum wf_engine_kv_type type,
+                float *scratch, float *out);
+
+#endif

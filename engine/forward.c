@@ -1,0 +1,682 @@
+/* The forward pass: llama.cpp's graph for qwen3moe and llama (src/models/qwen3moe.cpp,
+ * src/models/llama.cpp, build_moe_ffn in src/llama-graph.cpp) computed op by op over a batch of
+ * tokens, with the matrix products split over the thread pool.
+ *
+ * A matrix product quantizes its activation rows once to the weight type's vec_dot_type (as ggml's
+ * mul_mat does) and then takes row-by-row dots, each weight row against every activation row, so a
+ * weight row is read from memory once per step however many tokens the batch holds. The experts
+ * of a layer run grouped by expert: the rows of all tokens routed to one expert are gathered, so a
+ * batched decode step reads each selected expert once. */
+#include "engine/engine_internal.h"
+
+#include "base/error.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define UBATCH_MAX 512u /* tokens computed together; larger batches run in slices */
+#define CTX_DEFAULT_CAP 4096u
+
+struct mm_phase;
+
+struct wf_engine {
+	const struct wf_model *model;
+	const struct wf_kernel_ops *ops;
+	struct wf__weights w;
+	struct wf__kv kv;
+	struct wf_pool *pool;
+	uint32_t n_ctx, n_seq_max, n_threads;
+	uint32_t q_dim, kv_dim, max_dim; /* n_head*head_dim, n_head_kv*head_dim, widest row */
+
+	/* Scratch for UBATCH_MAX tokens (slots: tokens x experts used). */
+	float *x, *xn, *q, *k, *v, *attn, *tmp;
+	float *router, *probs, *sel_w;
+	int32_t *sel;
+	float *gate, *up, *hbuf, *down;          /* [slots][n_ff] / [slots][n_embd] */
+	uint32_t *slot_of;                       /* [token * k + j]: row in the expert-sorted order */
+	uint32_t *expert_first, *expert_count;   /* per expert: its rows in that order */
+	uint32_t *row_token;                     /* per sorted row: the token */
+	uint8_t *qa, *qb;                        /* quantized activations */
+	size_t qa_size;
+	float *att_scratch;                      /* per thread */
+	size_t att_scratch_floats;
+	uint32_t *out_rows;                      /* tokens whose logits are wanted, per slice */
+
+	struct mm_phase *ph;
+
+	wf_engine_router_fn router_fn;
+	void *router_arg;
+};
+
+/* ---- matrix products over the pool ---------------------------------------------------------- */
+
+static size_t act_row_bytes(enum wf_dtype act, int64_t n)
+{
+	const struct wf_dtype_info *info = wf_dtype_info(act);
+	return (size_t)(n / info->block_size) * info->type_size;
+}
+
+/* One product: out[j][i] = W[i] . act[j] for rows [0, w->ne[1]) of one matrix (an expert's when
+ * the weight is a stack). */
+struct mm_job {
+	const struct wf__wt *w;
+	const uint8_t *wbase;
+	const uint8_t *act;
+	size_t act_stride;
+	uint32_t n_act;
+	float *out;
+	size_t out_stride;
+};
+
+#define MM_MAX_JOBS (2u * WF__MAX_EXPERTS + 8u) /* gate and up of every expert */
+
+struct mm_phase {
+	struct mm_job jobs[MM_MAX_JOBS];
+	uint32_t n_jobs;
+	uint32_t chunk_rows;
+	uint32_t chunks_per_job[MM_MAX_JOBS];
+	uint32_t first_chunk[MM_MAX_JOBS + 1];
+};
+
+static void mm_rows(const struct mm_job *j, int64_t r0, int64_t r1)
+{
+	const struct wf__wt *w = j->w;
+	const int64_t n = w->ne[0];
+	const wf_kernel_vec_dot_fn dot = w->ops->vec_dot;
+	for (int64_t r = r0; r < r1; r++) {
+		const uint8_t *wr = j->wbase + (size_t)r * w->row_size;
+		for (uint32_t a = 0; a < j->n_act; a++)
+			j->out[a * j->out_stride + (size_t)r] = dot(n, wr, j->act + a * j->act_stride);
+	}
+}
+
+static void mm_task(void *arg, uint32_t task, uint32_t thread)
+{
+	(void)thread;
+	const struct mm_phase *ph = arg;
+	/* Find the job holding this chunk (few jobs: a linear scan over the prefix sums). */
+	uint32_t lo = 0, hi = ph->n_jobs;
+	while (hi - lo > 1) {
+		uint32_t mid = (lo + hi) / 2;
+		if (ph->first_chunk[mid] <= task)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct mm_job *j = &ph->jobs[lo];
+	const int64_t r0 = (int64_t)(task - ph->first_chunk[lo]) * ph->chunk_rows;
+	int64_t r1 = r0 + ph->chunk_rows;
+	if (r1 > j->w->ne[1])
+		r1 = j->w->ne[1];
+	mm_rows(j, r0, r1);
+}
+
+static void mm_add(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert, const void *act,
+                   size_t act_stride, uint32_t n_act, float *out, size_t out_stride)
+{
+	if (n_act == 0)
+		return;
+	struct mm_job *j = &ph->jobs[ph->n_jobs++];
+	j->w = w;
+	j->wbase = (const uint8_t *)w->data + (size_t)expert * w->matrix_size;
+	j->act = act;
+	j->act_stride = act_stride;
+	j->n_act = n_act;
+	j->out = out;
+	j->out_stride = out_stride;
+}
+
+/* Splits every job into chunks of rows so that the threads get several chunks each (dynamic
+ * claiming evens out the rest), then runs them all in one pool run. */
+static void mm_run(struct wf_engine *e, struct mm_phase *ph)
+{
+	uint64_t total_rows = 0;
+	for (uint32_t i = 0; i < ph->n_jobs; i++)
+		total_rows += (uint64_t)ph->jobs[i].w->ne[1];
+	uint64_t chunk = total_rows / ((uint64_t)e->n_threads * 8u);
+	if (chunk < 16)
+		chunk = 16;
+	chunk = (chunk + 7) & ~(uint64_t)7;
+	ph->chunk_rows = (uint32_t)chunk;
+	ph->first_chunk[0] = 0;
+	for (uint32_t i = 0; i < ph->n_jobs; i++) {
+		const uint64_t rows = (uint64_t)ph->jobs[i].w->ne[1];
+		ph->first_chunk[i + 1] = ph->first_chunk[i] + (uint32_t)((rows + chunk - 1) / chunk);
+	}
+	wf_pool_run(e->pool, mm_task, ph, ph->first_chunk[ph->n_jobs]);
+	ph->n_jobs = 0;
+}
+
+/* Quantizes n rows of floats (stride in floats) to the activation type act, rows of n_cols. */
+struct quant_job {
+	const struct wf_engine *e;
+	const float *src;
+	size_t src_stride;
+	uint8_t *dst;
+	size_t dst_stride;
+	int64_t n_cols;
+	enum wf_dtype act;
+};
+
+static void quant_task(void *arg, uint32_t task, uint32_t thread)
+{
+	(void)thread;
+	const struct quant_job *q = arg;
+	q->e->ops->from_float[q->act](q->src + task * q->src_stride, q->dst + task * q->dst_stride,
+	                              q->n_cols);
+}
+
+static size_t quantize_rows(struct wf_engine *e, enum wf_dtype act, const float *src,
+                            size_t src_stride, uint32_t n, int64_t n_cols, uint8_t *dst)
+{
+	struct quant_job q = {e, src, src_stride, dst, act_row_bytes(act, n_cols), n_cols, act};
+	if (n <= 2) {
+		for (uint32_t i = 0; i < n; i++)
+			quant_task(&q, i, 0);
+	} else {
+		wf_pool_run(e->pool, quant_task, &q, n);
+	}
+	return q.dst_stride;
+}
+
+/* y[n][rows] = W . x[n][cols] for one plain matrix. */
+static void matmul(struct wf_engine *e, struct mm_phase *ph, const struct wf__wt *w,
+                   const float *x, uint32_t n, float *y)
+{
+	const size_t stride = quantize_rows(e, w->ops->vec_dot_type, x, (size_t)w->ne[0], n, w->ne[0],
+	                                    e->qa);
+	mm_add(ph, w, 0, e->qa, stride, n, y, (size_t)w->ne[1]);
+	mm_run(e, ph);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+struct attn_job {
+	struct wf_engine *e;
+	uint32_t layer, n;
+	const uint32_t *pos, *seq;
+};
+
+static void attn_task(void *arg, uint32_t task, uint32_t thread)
+{
+	const struct attn_job *a = arg;
+	struct wf_engine *e = a->e;
+	const struct wf__weights *w = &e->w;
+	const uint32_t t = task / w->n_head, h = task % w->n_head;
+	const uint32_t kvh = h / (w->n_head / w->n_head_kv);
+	const uint32_t D = w->head_dim;
+	const size_t kv_stride = (size_t)e->kv.row * e->kv.elem;
+	const uint8_t *k = wf__kv_k(&e->kv, a->layer, a->seq[t], 0) + (size_t)kvh * D * e->kv.elem;
+	const uint8_t *v = wf__kv_v(&e->kv, a->layer, a->seq[t], 0) + (size_t)kvh * D * e->kv.elem;
+	wf__attend(e->q + (size_t)t * e->q_dim + (size_t)h * D, k, v, kv_stride, a->pos[t] + 1, D,
+	           1.0f / sqrtf((float)D), e->kv.type, e->att_scratch + thread * e->att_scratch_floats,
+	           e->attn + (size_t)t * e->q_dim + (size_t)h * D);
+}
+
+static void store_kv(struct wf_engine *e, uint32_t layer, uint32_t seq, uint32_t pos,
+                     const float *k, const float *v)
+{
+	uint8_t *kd = wf__kv_k(&e->kv, layer, seq, pos), *vd = wf__kv_v(&e->kv, layer, seq, pos);
+	if (e->kv.type == WF_ENGINE_KV_F16) {
+		e->ops->from_float[WF_DTYPE_F16](k, kd, e->kv_dim);
+		e->ops->from_float[WF_DTYPE_F16](v, vd, e->kv_dim);
+	} else {
+		memcpy(kd, k, e->kv_dim * sizeof(float));
+		memcpy(vd, v, e->kv_dim * sizeof(float));
+	}
+}
+
+static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t il, uint32_t n,
+                            const uint32_t *pos, const uint32_t *seq)
+{
+	const struct wf__weights *w = &e->w;
+	const struct wf__layer *L = &w->layers[il];
+	const uint32_t E = w->n_embd, D = w->head_dim;
+	for (uint32_t t = 0; t < n; t++)
+		wf__rms_norm(e->x + (size_t)t * E, L->attn_norm.data, e->xn + (size_t)t * E, E,
+		             w->rms_eps);
+	/* Q, K and V share the quantized input when their types pair with one activation type. */
+	const enum wf_dtype aq = L->wq.ops->vec_dot_type;
+	size_t stride = quantize_rows(e, aq, e->xn, E, n, E, e->qa);
+	mm_add(ph, &L->wq, 0, e->qa, stride, n, e->q, e->q_dim);
+	const uint8_t *ka = e->qa, *va = e->qa;
+	size_t ks = stride, vs = stride;
+	uint8_t *next = e->qa + stride * n;
+	if (L->wk.ops->vec_dot_type != aq) {
+		ks = quantize_rows(e, L->wk.ops->vec_dot_type, e->xn, E, n, E, next);
+		ka = next;
+		next += ks * n;
+	}
+	if (L->wv.ops->vec_dot_type != aq) {
+		vs = quantize_rows(e, L->wv.ops->vec_dot_type, e->xn, E, n, E, next);
+		va = next;
+	}
+	mm_add(ph, &L->wk, 0, ka, ks, n, e->k, e->kv_dim);
+	mm_add(ph, &L->wv, 0, va, vs, n, e->v, e->kv_dim);
+	mm_run(e, ph);
+
+	for (uint32_t t = 0; t < n; t++) {
+		float *q = e->q + (size_t)t * e->q_dim, *k = e->k + (size_t)t * e->kv_dim;
+		for (uint32_t h = 0; h < w->n_head; h++) {
+			if (w->qk_norm)
+				wf__rms_norm(q + h * D, L->q_norm.data, q + h * D, D, w->rms_eps);
+			wf__rope(q + h * D, D, w->rope_dim, pos[t], w->rope_base, w->rope);
+		}
+		for (uint32_t h = 0; h < w->n_head_kv; h++) {
+			if (w->qk_norm)
+				wf__rms_norm(k + h * D, L->k_norm.data, k + h * D, D, w->rms_eps);
+			wf__rope(k + h * D, D, w->rope_dim, pos[t], w->rope_base, w->rope);
+		}
+		store_kv(e, il, seq[t], pos[t], k, e->v + (size_t)t * e->kv_dim);
+	}
+	struct attn_job aj = {e, il, n, pos, seq};
+	wf_pool_run(e->pool, attn_task, &aj, n * w->n_head);
+
+	matmul(e, ph, &L->wo, e->attn, n, e->tmp);
+	for (size_t i = 0; i < (size_t)n * E; i++)
+		e->x[i] += e->tmp[i];
+}
+
+/* ---- feed-forward --------------------------------------------------------------------------- */
+
+static void dense_ffn(struct wf_engine *e, struct mm_phase *ph, const struct wf__layer *L,
+                      uint32_t n)
+{
+	const uint32_t E = e->w.n_embd, F = e->w.n_ff;
+	size_t stride = quantize_rows(e, L->ffn_gate.ops->vec_dot_type, e->xn, E, n, E, e->qa);
+	mm_add(ph, &L->ffn_gate, 0, e->qa, stride, n, e->gate, F);
+	const uint8_t *ua = e->qa;
+	size_t us = stride;
+	if (L->ffn_up.ops->vec_dot_type != L->ffn_gate.ops->vec_dot_type) {
+		us = quantize_rows(e, L->ffn_up.ops->vec_dot_type, e->xn, E, n, E, e->qb);
+		ua = e->qb;
+	}
+	mm_add(ph, &L->ffn_up, 0, ua, us, n, e->up, F);
+	mm_run(e, ph);
+	for (uint32_t t = 0; t < n; t++)
+		wf__swiglu(e->gate + (size_t)t * F, e->up + (size_t)t * F, e->hbuf + (size_t)t * F, F);
+	stride = quantize_rows(e, L->ffn_down.ops->vec_dot_type, e->hbuf, F, n, F, e->qa);
+	mm_add(ph, &L->ffn_down, 0, e->qa, stride, n, e->tmp, E);
+	mm_run(e, ph);
+}
+
+static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const struct wf__layer *L,
+                    uint32_t n)
+{
+	const struct wf__weights *w = &e->w;
+	const uint32_t E = w->n_embd, F = w->n_ff, X = w->n_expert, K = w->n_expert_used;
+
+	matmul(e, ph, &L->gate_inp, e->xn, n, e->router);
+	if (e->router_fn)
+		e->router_fn(e->router_arg, il, n, e->router);
+	for (uint32_t t = 0; t < n; t++)
+		wf__route(e->router + (size_t)t * X, X, K, e->probs, e->sel + (size_t)t * K,
+		          e->sel_w + (size_t)t * K);
+
+	/* Rows in expert order: expert_first[x] is where expert x's rows start. */
+	memset(e->expert_count, 0, X * sizeof(uint32_t));
+	for (uint32_t i = 0; i < n * K; i++)
+		e->expert_count[e->sel[i]]++;
+	uint32_t at = 0;
+	for (uint32_t x = 0; x < X; x++) {
+		e->expert_first[x] = at;
+		at += e->expert_count[x];
+		e->expert_count[x] = 0;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t j = 0; j < K; j++) {
+			const uint32_t x = (uint32_t)e->sel[t * K + j];
+			const uint32_t r = e->expert_first[x] + e->expert_count[x]++;
+			e->slot_of[t * K + j] = r;
+			e->row_token[r] = t;
+		}
+	}
+
+	/* Gate and up: each token's input quantized once, then gathered per expert. */
+	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
+	const size_t gs = act_row_bytes(ag, E), us = act_row_bytes(au, E);
+	uint8_t *tok_g = e->qb, *tok_u = e->qb + gs * n;
+	quantize_rows(e, ag, e->xn, E, n, E, tok_g);
+	if (au != ag)
+		quantize_rows(e, au, e->xn, E, n, E, tok_u);
+	else
+		tok_u = tok_g;
+	uint8_t *rows_g = e->qa, *rows_u = e->qa + gs * n * K;
+	for (uint32_t r = 0; r < n * K; r++) {
+		memcpy(rows_g + r * gs, tok_g + e->row_token[r] * gs, gs);
+		if (au != ag)
+			memcpy(rows_u + r * us, tok_u + e->row_token[r] * us, us);
+	}
+	if (au == ag)
+		rows_u = rows_g;
+	for (uint32_t x = 0; x < X; x++) {
+		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
+		mm_add(ph, &L->gate_exps, x, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
+		mm_add(ph, &L->up_exps, x, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
+	}
+	mm_run(e, ph);
+
+	for (uint32_t r = 0; r < n * K; r++)
+		wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, e->hbuf + (size_t)r * F, F);
+	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
+	const size_t ds = quantize_rows(e, ad, e->hbuf, F, n * K, F, e->qa);
+	for (uint32_t x = 0; x < X; x++) {
+		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
+		mm_add(ph, &L->down_exps, x, e->qa + f * ds, ds, c, e->down + (size_t)f * E, E);
+	}
+	mm_run(e, ph);
+
+	/* Weighted sum in selected order: ((e0*w0 + e1*w1) + e2*w2) + ... as ggml adds them. */
+	for (uint32_t t = 0; t < n; t++) {
+		float *y = e->tmp + (size_t)t * E;
+		for (uint32_t j = 0; j < K; j++) {
+			const float *d = e->down + (size_t)e->slot_of[t * K + j] * E;
+			const float wj = e->sel_w[t * K + j];
+			if (j == 0) {
+				for (uint32_t i = 0; i < E; i++)
+					y[i] = d[i] * wj;
+			} else {
+				for (uint32_t i = 0; i < E; i++) {
+					const float p = d[i] * wj;
+					y[i] = y[i] + p;
+				}
+			}
+		}
+	}
+}
+
+/* ---- one slice of a batch ------------------------------------------------------------------- */
+
+static void forward_slice(struct wf_engine *e, struct mm_phase *ph, const int32_t *tokens,
+                          const uint32_t *pos, const uint32_t *seq, const bool *want, uint32_t n,
+                          float *logits)
+{
+	const struct wf__weights *w = &e->w;
+	const uint32_t E = w->n_embd;
+	for (uint32_t t = 0; t < n; t++)
+		w->tok_embd.ops->dequantize_row((const uint8_t *)w->tok_embd.data +
+		                                    (size_t)tokens[t] * w->tok_embd.row_size,
+		                                e->x + (size_t)t * E, E);
+	uint32_t n_out = 0;
+	for (uint32_t t = 0; t < n; t++)
+		if (want[t])
+			e->out_rows[n_out++] = t;
+
+	uint32_t rows = n; /* tokens still carried: the last layer keeps only those with logits */
+	for (uint32_t il = 0; il < w->n_layer; il++) {
+		const struct wf__layer *L = &w->layers[il];
+		attention_block(e, ph, il, rows, pos, seq);
+		if (il == w->n_layer - 1 && n_out < rows) {
+			for (uint32_t i = 0; i < n_out; i++)
+				memmove(e->x + (size_t)i * E, e->x + (size_t)e->out_rows[i] * E,
+				        E * sizeof(float));
+			rows = n_out;
+		}
+		for (uint32_t t = 0; t < rows; t++)
+			wf__rms_norm(e->x + (size_t)t * E, L->ffn_norm.data, e->xn + (size_t)t * E, E,
+			             w->rms_eps);
+		if (w->moe)
+			moe_ffn(e, ph, il, L, rows);
+		else
+			dense_ffn(e, ph, L, rows);
+		for (size_t i = 0; i < (size_t)rows * E; i++)
+			e->x[i] += e->tmp[i];
+	}
+	if (n_out == 0)
+		return;
+	if (rows != n_out) { /* a zero-layer model cannot exist; kept for clarity of the invariant */
+		for (uint32_t i = 0; i < n_out; i++)
+			memmove(e->x + (size_t)i * E, e->x + (size_t)e->out_rows[i] * E, E * sizeof(float));
+	}
+	for (uint32_t t = 0; t < n_out; t++)
+		wf__rms_norm(e->x + (size_t)t * E, w->output_norm.data, e->xn + (size_t)t * E, E,
+		             w->rms_eps);
+	matmul(e, ph, &w->output, e->xn, n_out, logits);
+}
+
+/* ---- public API ----------------------------------------------------------------------------- */
+
+static uint32_t online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1u : n > WF_ENGINE_MAX_THREADS ? WF_ENGINE_MAX_THREADS : (uint32_t)n;
+}
+
+static int alloc_scratch(struct wf_engine *e)
+{
+	const struct wf__weights *w = &e->w;
+	const size_t U = UBATCH_MAX, K = w->moe ? w->n_expert_used : 1, S = U * K;
+	const size_t E = w->n_embd, F = w->n_ff, X = w->moe ? w->n_expert : 1;
+	e->x = calloc(U * E, sizeof(float));
+	e->xn = calloc(U * E, sizeof(float));
+	e->tmp = calloc(U * E, sizeof(float));
+	e->q = calloc(U * e->q_dim, sizeof(float));
+	e->attn = calloc(U * e->q_dim, sizeof(float));
+	e->k = calloc(U * e->kv_dim, sizeof(float));
+	e->v = calloc(U * e->kv_dim, sizeof(float));
+	e->router = calloc(U * X, sizeof(float));
+	e->probs = calloc(X, sizeof(float));
+	e->sel = calloc(S, sizeof(int32_t));
+	e->sel_w = calloc(S, sizeof(float));
+	e->gate = calloc(S * F, sizeof(float));
+	e->up = calloc(S * F, sizeof(float));
+	e->hbuf = calloc(S * F, sizeof(float));
+	e->down = calloc(S * E, sizeof(float));
+	e->slot_of = calloc(S, sizeof(uint32_t));
+	e->row_token = calloc(S, sizeof(uint32_t));
+	e->expert_first = calloc(X, sizeof(uint32_t));
+	e->expert_count = calloc(X, sizeof(uint32_t));
+	e->out_rows = calloc(U, sizeof(uint32_t));
+	/* Quantized activations: at most 4 bytes an element (F32), for every row a phase quantizes
+	 * (three inputs of Q/K/V, or the slots' rows twice). */
+	e->qa_size = S * e->max_dim * 4u * 3u + 4096u;
+	e->qa = malloc(e->qa_size);
+	e->qb = malloc(e->qa_size);
+	e->att_scratch_floats = 2u * w->head_dim + e->n_ctx + 16u;
+	e->att_scratch = calloc((size_t)e->n_threads * e->att_scratch_floats, sizeof(float));
+	e->ph = malloc(sizeof(*e->ph));
+	if (!e->x || !e->xn || !e->tmp || !e->q || !e->attn || !e->k || !e->v || !e->router ||
+	    !e->probs || !e->sel || !e->sel_w || !e->gate || !e->up || !e->hbuf || !e->down ||
+	    !e->slot_of || !e->row_token || !e->expert_first || !e->expert_count || !e->out_rows ||
+	    !e->qa || !e->qb || !e->att_scratch || !e->ph)
+		return -ENOMEM;
+	return 0;
+}
+
+int wf_engine_create(const struct wf_model *model, const void *const *tensor_data,
+                     const struct wf_engine_config *cfg, struct wf_engine **ret_engine,
+                     struct wf_diag *diag)
+{
+	static const struct wf_engine_config defaults = {0};
+	if (!cfg)
+		cfg = &defaults;
+	if (!model || !tensor_data || cfg->kv_type >= WF_ENGINE_KV_MAX ||
+	    cfg->n_seq_max > WF_ENGINE_MAX_SEQ || cfg->n_threads > WF_ENGINE_MAX_THREADS)
+		return wf_diag_set(diag, WF_EINVAL, "engine configuration out of range");
+	struct wf_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->model = model;
+	e->ops = wf_kernels_cpu_ops();
+	int rc = wf__weights_resolve(model, tensor_data, e->ops, &e->w, diag);
+	if (rc < 0)
+		goto fail;
+	const struct wf__weights *w = &e->w;
+	e->n_ctx = cfg->n_ctx;
+	if (!e->n_ctx)
+		e->n_ctx = w->n_ctx_train && w->n_ctx_train < CTX_DEFAULT_CAP ? w->n_ctx_train
+		                                                              : CTX_DEFAULT_CAP;
+	if (w->n_ctx_train && e->n_ctx > w->n_ctx_train) {
+		rc = wf_diag_set(diag, WF_ELIMIT, "context %u exceeds the model's context_length %u",
+		                 e->n_ctx, w->n_ctx_train);
+		goto fail;
+	}
+	e->n_seq_max = cfg->n_seq_max ? cfg->n_seq_max : 1;
+	e->n_threads = cfg->n_threads ? cfg->n_threads : online_cpus();
+	e->q_dim = w->n_head * w->head_dim;
+	e->kv_dim = w->n_head_kv * w->head_dim;
+	e->max_dim = w->n_embd;
+	if (w->n_ff > e->max_dim)
+		e->max_dim = w->n_ff;
+	if (e->q_dim > e->max_dim)
+		e->max_dim = e->q_dim;
+	if ((rc = wf__kv_init(&e->kv, cfg->kv_type, w->n_layer, e->n_seq_max, e->n_ctx, e->kv_dim)) <
+	    0) {
+		wf_diag_set(diag, rc, "KV cache of %u x %u positions", e->n_seq_max, e->n_ctx);
+		goto fail;
+	}
+	if ((rc = alloc_scratch(e)) < 0) {
+		wf_diag_set(diag, rc, "engine scratch buffers");
+		goto fail;
+	}
+	if ((rc = wf_pool_create(e->n_threads, &e->pool)) < 0) {
+		wf_diag_set(diag, rc, "thread pool of %u", e->n_threads);
+		goto fail;
+	}
+	*ret_engine = e;
+	return 0;
+fail:
+	wf_engine_destroy(e);
+	return rc;
+}
+
+void wf_engine_destroy(struct wf_engine *e)
+{
+	if (!e)
+		return;
+	wf_pool_destroy(e->pool);
+	wf__kv_fini(&e->kv);
+	wf__weights_fini(&e->w);
+	free(e->x);
+	free(e->xn);
+	free(e->tmp);
+	free(e->q);
+	free(e->attn);
+	free(e->k);
+	free(e->v);
+	free(e->router);
+	free(e->probs);
+	free(e->sel);
+	free(e->sel_w);
+	free(e->gate);
+	free(e->up);
+	free(e->hbuf);
+	free(e->down);
+	free(e->slot_of);
+	free(e->row_token);
+	free(e->expert_first);
+	free(e->expert_count);
+	free(e->out_rows);
+	free(e->qa);
+	free(e->qb);
+	free(e->att_scratch);
+	free(e->ph);
+	free(e);
+}
+
+void wf_engine_get_info(const struct wf_engine *e, struct wf_engine_info *ret)
+{
+	const struct wf__weights *w = &e->w;
+	memset(ret, 0, sizeof(*ret));
+	ret->arch = w->arch;
+	ret->n_vocab = w->n_vocab;
+	ret->n_embd = w->n_embd;
+	ret->n_layer = w->n_layer;
+	ret->n_head = w->n_head;
+	ret->n_head_kv = w->n_head_kv;
+	ret->head_dim = w->head_dim;
+	if (w->moe) {
+		ret->n_expert = w->n_expert;
+		ret->n_expert_used = w->n_expert_used;
+		ret->n_ff_exp = w->n_ff;
+	}
+	ret->n_ctx = e->n_ctx;
+	ret->n_seq_max = e->n_seq_max;
+	ret->n_threads = e->n_threads;
+	ret->weight_bytes_per_token = w->bytes_per_token;
+	ret->kv_bytes = 2ull * e->kv.n_layer * e->kv.n_seq * e->kv.n_ctx * e->kv.row * e->kv.elem;
+	ret->scratch_bytes = 2ull * e->qa_size +
+	                     (uint64_t)UBATCH_MAX * sizeof(float) *
+	                         (3u * w->n_embd + 2u * e->q_dim + 2u * e->kv_dim) +
+	                     (uint64_t)UBATCH_MAX * (w->moe ? w->n_expert_used : 1u) * sizeof(float) *
+	                         (3u * w->n_ff + w->n_embd);
+}
+
+static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *b,
+                       struct wf_diag *diag)
+{
+	if (!b || (b->n && (!b->tokens || !b->pos || !b->seq)))
+		return wf_diag_set(diag, WF_EINVAL, "batch without tokens, positions or sequences");
+	uint32_t next[WF_ENGINE_MAX_SEQ];
+	memcpy(next, e->kv.len, e->n_seq_max * sizeof(uint32_t));
+	for (uint32_t i = 0; i < b->n; i++) {
+		if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= e->w.n_vocab)
+			return wf_diag_set(diag, WF_EINVAL, "token %d is outside the vocabulary of %u",
+			                   b->tokens[i], e->w.n_vocab);
+		const uint32_t s = b->seq[i];
+		if (s >= e->n_seq_max)
+			return wf_diag_set(diag, WF_EINVAL, "sequence %u is out of range (%u sequences)",
+			                   s, e->n_seq_max);
+		if (b->pos[i] != next[s])
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "sequence %u: position %u does not continue its %u cached "
+			                   "positions",
+			                   s, b->pos[i], next[s]);
+		if (next[s] >= e->n_ctx)
+			return wf_diag_set(diag, WF_ELIMIT,
+			                   "sequence %u would pass the context length of %u tokens", s,
+			                   e->n_ctx);
+		next[s]++;
+	}
+	return 0;
+}
+
+int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float *logits,
+                     struct wf_diag *diag)
+{
+	int rc = check_batch(e, b, diag);
+	if (rc < 0)
+		return rc;
+	if (b->n == 0)
+		return 0;
+	bool last_only[UBATCH_MAX];
+	struct mm_phase *ph = e->ph;
+	float *out = logits;
+	for (uint32_t s0 = 0; s0 < b->n; s0 += UBATCH_MAX) {
+		const uint32_t n = b->n - s0 < UBATCH_MAX ? b->n - s0 : UBATCH_MAX;
+		const bool *want = b->want_logits ? b->want_logits + s0 : last_only;
+		if (!b->want_logits)
+			for (uint32_t i = 0; i < n; i++)
+				last_only[i] = s0 + i == b->n - 1;
+		forward_slice(e, ph, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out);
+		for (uint32_t i = 0; i < n; i++)
+			if (want[i])
+				out += e->w.n_vocab;
+	}
+	for (uint32_t i = 0; i < b->n; i++)
+		e->kv.len[b->seq[i]] = b->pos[i] + 1;
+	return 0;
+}
+
+uint32_t wf_engine_seq_len(const struct wf_engine *e, uint32_t seq)
+{
+	return seq < e->n_seq_max ? e->kv.len[seq] : 0;
+}
+
+int wf_engine_seq_truncate(struct wf_engine *e, uint32_t seq, uint32_t pos)
+{
+	if (seq >= e->n_seq_max)
+		return WF_EINVAL;
+	if (pos < e->kv.len[seq])
+		e->kv.len[seq] = pos;
+	return 0;
+}
+
+void wf_engine_set_router_hook(struct wf_engine *e, wf_engine_router_fn fn, void *arg)
+{
+	e->router_fn = fn;
+	e->router_arg = arg;
+}

@@ -1,0 +1,103 @@
+/* Weight views for the engine: file mappings or a floor's tensors. */
+#include "worker/weights.h"
+
+#include "base/error.h"
+#include "shm/region.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int wf_weight_view_map_files(const struct wf_model *model, struct wf_weight_view *ret_view,
+                             struct wf_diag *diag)
+{
+	struct wf_weight_view v = {0};
+	int rc = -ENOMEM;
+	wf_diag_clear(diag);
+	v.tensor_data = calloc(model->n_tensors ? model->n_tensors : 1, sizeof(*v.tensor_data));
+	v.map_base = calloc(model->n_files, sizeof(*v.map_base));
+	v.map_len = calloc(model->n_files, sizeof(*v.map_len));
+	if (!v.tensor_data || !v.map_base || !v.map_len) {
+		wf_diag_set(diag, rc, "weight view");
+		goto fail;
+	}
+	for (uint32_t f = 0; f < model->n_files; f++) {
+		const struct wf_model_file *mf = &model->files[f];
+		int fd;
+		struct stat st;
+		rc = wf_model_file_open(mf->path, &fd, &st, diag);
+		if (rc < 0) {
+			if (diag->msg[0] == '\0')
+				wf_diag_set(diag, rc, "%s", mf->path);
+			goto fail;
+		}
+		if ((mf->dev || mf->ino) && ((uint64_t)st.st_dev != mf->dev ||
+		                             (uint64_t)st.st_ino != mf->ino ||
+		                             (uint64_t)st.st_size != mf->size)) {
+			close(fd);
+			rc = wf_diag_set(diag, WF_ECHANGED, "%s changed since it was read", mf->path);
+			goto fail;
+		}
+		if (mf->size == 0) {
+			close(fd);
+			continue;
+		}
+		void *p = mmap(NULL, mf->size, PROT_READ, MAP_SHARED, fd, 0);
+		close(fd);
+		if (p == MAP_FAILED) {
+			rc = wf_diag_set(diag, -errno, "mmap %s", mf->path);
+			goto fail;
+		}
+		v.map_base[f] = p;
+		v.map_len[f] = mf->size;
+		v.n_maps = f + 1;
+	}
+	for (uint32_t i = 0; i < model->n_tensors; i++) {
+		const struct wf_tensor *t = &model->tensors[i];
+		v.tensor_data[i] = (const uint8_t *)v.map_base[t->file] + t->offset;
+	}
+	*ret_view = v;
+	return 0;
+fail:
+	wf_weight_view_release(&v);
+	return rc;
+}
+
+int wf_weight_view_from_floor(const struct wf_model *model, const struct wf_shm_region *region,
+                              struct wf_weight_view *ret_view, struct wf_diag *diag)
+{
+	struct wf_weight_view v = {0};
+	if (wf_shm_region_n_tensors(region) != model->n_tensors)
+		return wf_diag_set(diag, WF_EFORMAT, "the floor holds %u tensors, the model %u",
+		                   wf_shm_region_n_tensors(region), model->n_tensors);
+	v.tensor_data = calloc(model->n_tensors ? model->n_tensors : 1, sizeof(*v.tensor_data));
+	if (!v.tensor_data)
+		return wf_diag_set(diag, -ENOMEM, "weight view");
+	for (uint32_t i = 0; i < model->n_tensors; i++) {
+		struct wf_shm_tensor_info info;
+		int rc = wf_shm_region_tensor(region, i, &info);
+		if (rc < 0 || info.nbytes != model->tensors[i].nbytes) {
+			free(v.tensor_data);
+			return wf_diag_set(diag, rc < 0 ? rc : WF_EFORMAT,
+			                   "floor entry %u does not match tensor '%s'", i,
+			                   model->tensors[i].name);
+		}
+		v.tensor_data[i] = info.data;
+	}
+	*ret_view = v;
+	return 0;
+}
+
+void wf_weight_view_release(struct wf_weight_view *view)
+{
+	for (uint32_t f = 0; f < view->n_maps; f++)
+		if (view->map_base[f])
+			munmap(view->map_base[f], view->map_len[f]);
+	free(view->map_base);
+	free(view->map_len);
+	free(view->tensor_data);
+	memset(view, 0, sizeof(*view));
+}
