@@ -384,6 +384,8 @@ static const char *target_id(const Weightfloor__V1__Request *req)
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH: return req->prefetch->worker_id;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT: return req->compact->worker_id;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS: return req->worker_status->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE: return req->generate->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ: return req->generate_read->worker_id;
 	default: return NULL;
 	}
 }
@@ -531,6 +533,7 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	}
 	case WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY: reply->residency = copy->residency; break;
 	case WEIGHTFLOOR__V1__REPLY__BODY_COMPACT: reply->compact = copy->compact; break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_GENERATE: reply->generate = copy->generate; break;
 	default: reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET; break;
 	}
 	rc = 0;

@@ -4,7 +4,8 @@
  * A worker registers (RegisterWorker) at start and then every few seconds as a heartbeat; the
  * heartbeat is also how a worker finds a restarted agent. A worker that has not been heard from
  * for WF_WORKERS_EXPIRE_MS, or whose pid is gone, is dropped. Requests of the worker slice
- * (SetResidency, Pin, Unpin, Evict, Prefetch, Compact, WorkerStatus) naming a worker_id, or
+ * (SetResidency, Pin, Unpin, Evict, Prefetch, Compact, WorkerStatus, Generate, GenerateRead)
+ * naming a worker_id, or
  * naming none when exactly one worker is registered, are forwarded to that worker's endpoint and
  * its reply is returned as the agent's.
  *

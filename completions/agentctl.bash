@@ -7,7 +7,7 @@
 # the line. The JSON is read with grep and sed so that completion needs no jq.
 
 _agentctl_commands="inspect status models register floor watch workers residency pin unpin evict
-prefetch compact"
+prefetch compact generate"
 _agentctl_global_flags="--socket --events --json --output -o --timeout --quiet -q --tls-ca
 --tls-cert --tls-key --tls-server-name --help --version"
 
@@ -64,7 +64,9 @@ _agentctl()
 			_agentctl_conn+=("$w")
 			continue
 			;;
-		--timeout | -t | --output | -o | --worker | -w | --count | --for | --wait-timeout)
+		--timeout | -t | --output | -o | --worker | -w | --count | --for | --wait-timeout | \
+			--prompt-ids | --max-tokens | --temp | --top-k | --top-p | --min-p | \
+			--repeat-penalty | --repeat-last-n | --seed | --stop)
 			((i++))
 			continue
 			;;
@@ -97,7 +99,9 @@ _agentctl()
 		_agentctl_complete_from "$(_agentctl_ask worker_id workers)"
 		return
 		;;
-	--timeout | -t | --tls-server-name | --count | --for | --wait-timeout)
+	--timeout | -t | --tls-server-name | --count | --for | --wait-timeout | --prompt-ids | \
+		--max-tokens | --temp | --top-k | --top-p | --min-p | --repeat-penalty | \
+		--repeat-last-n | --seed | --stop)
 		return
 		;;
 	esac
@@ -116,6 +120,10 @@ _agentctl()
 		;;
 	watch) flags="--count --for --json --help" ;;
 	residency | pin | unpin | evict | prefetch | compact) flags="--worker --all --json --help" ;;
+	generate)
+		flags="--worker --prompt-ids --max-tokens --temp --top-k --top-p --min-p --repeat-penalty
+--repeat-last-n --seed --stop --ignore-eos --json --help"
+		;;
 	esac
 
 	if [[ $cur == -* ]]; then
@@ -146,6 +154,7 @@ _agentctl()
 		((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)"
 		;;
 	compact) _agentctl_complete_from "$(_agentctl_ask name models)" ;;
+	generate) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
 	esac
 	return 0
 }

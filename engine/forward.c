@@ -445,6 +445,38 @@ static uint32_t online_cpus(void)
 	return n < 1 ? 1u : n > WF_ENGINE_MAX_THREADS ? WF_ENGINE_MAX_THREADS : (uint32_t)n;
 }
 
+/* The activation type with the most bytes per element among those the weights pair with. */
+static enum wf_dtype widest_act(const struct wf_engine *e)
+{
+	const struct wf__weights *w = &e->w;
+	enum wf_dtype best = WF_DTYPE_Q8_0;
+	double best_bpe = 0;
+	for (uint32_t il = 0; il <= w->n_layer; il++) {
+		const struct wf__wt *list[12];
+		uint32_t n = 0;
+		if (il == w->n_layer) {
+			list[n++] = &w->output;
+		} else {
+			const struct wf__layer *L = &w->layers[il];
+			const struct wf__wt *all[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate_inp,
+			                              &L->gate_exps, &L->up_exps, &L->down_exps,
+			                              &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+				if (all[i]->ops)
+					list[n++] = all[i];
+		}
+		for (uint32_t i = 0; i < n; i++) {
+			const struct wf_dtype_info *a = wf_dtype_info(list[i]->ops->vec_dot_type);
+			const double bpe = (double)a->type_size / a->block_size;
+			if (bpe > best_bpe) {
+				best_bpe = bpe;
+				best = a->dtype;
+			}
+		}
+	}
+	return best;
+}
+
 static int alloc_scratch(struct wf_engine *e)
 {
 	const struct wf__weights *w = &e->w;
@@ -470,9 +502,9 @@ static int alloc_scratch(struct wf_engine *e)
 	e->expert_first = calloc(X, sizeof(uint32_t));
 	e->expert_count = calloc(X, sizeof(uint32_t));
 	e->out_rows = calloc(U, sizeof(uint32_t));
-	/* Quantized activations: at most 4 bytes an element (F32), for every row a phase quantizes
-	 * (three inputs of Q/K/V, or the slots' rows twice). */
-	e->qa_size = S * e->max_dim * 4u * 3u + 4096u;
+	/* Quantized activations, for every row a phase quantizes (three inputs of Q/K/V, or the
+	 * slots' rows twice), at the widest activation type any weight pairs with. */
+	e->qa_size = S * act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u + 4096u;
 	e->qa = malloc(e->qa_size);
 	e->qb = malloc(e->qa_size);
 	e->att_scratch_floats = 2u * w->head_dim + e->n_ctx + 16u;
@@ -491,6 +523,7 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
                      struct wf_diag *diag)
 {
 	static const struct wf_engine_config defaults = {0};
+	wf_diag_clear(diag);
 	if (!cfg)
 		cfg = &defaults;
 	if (!model || !tensor_data || cfg->kv_type >= WF_ENGINE_KV_MAX ||
@@ -637,6 +670,7 @@ static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *
 int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float *logits,
                      struct wf_diag *diag)
 {
+	wf_diag_clear(diag);
 	int rc = check_batch(e, b, diag);
 	if (rc < 0)
 		return rc;

@@ -7,6 +7,7 @@
 #include "kernels/ref.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 void wf__rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps)
@@ -109,6 +110,130 @@ static inline uint16_t f2h(float f)
 	return wf_kernels_fp32_to_fp16(f);
 }
 
+/* The F16 flash-attention step, portable and with F16C/AVX2/FMA. Both compute the same floats:
+ * the query-key dot in eight lanes (lane i % 8, fused multiply-add) reduced in one fixed order,
+ * then the tail; the accumulator update as one fused multiply-add rounded to F16. */
+struct f16_state {
+	float M, S;
+};
+
+static float dot_h_lanes(const uint16_t *k, const float *qh, uint32_t n)
+{
+	float l[8] = {0};
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			l[j] = fmaf(h2f(k[i + j]), qh[i + j], l[j]);
+	float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+	for (; i < n; i++)
+		s += h2f(k[i]) * qh[i];
+	return s;
+}
+
+static void attend_f16_portable(const float *qh, const uint8_t *k, const uint8_t *v,
+                                size_t kv_stride, uint32_t n_kv, uint32_t D, float scale,
+                                uint16_t *acc, struct f16_state *st)
+{
+	for (uint32_t p = 0; p < n_kv; p++) {
+		const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
+		const uint16_t *vp = (const uint16_t *)(v + p * kv_stride);
+		const float s = dot_h_lanes(kp, qh, D) * scale;
+		float ms = 1.0f, vs = 1.0f;
+		if (s > st->M) {
+			const float m_old = st->M;
+			st->M = s;
+			ms = expf(m_old - st->M);
+			for (uint32_t i = 0; i < D; i++)
+				acc[i] = f2h(h2f(acc[i]) * ms);
+		} else {
+			vs = expf(s - st->M);
+		}
+		for (uint32_t i = 0; i < D; i++)
+			acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
+		st->S = st->S * ms + vs;
+	}
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define F16C_FNS __attribute__((target("avx2,fma,f16c")))
+
+F16C_FNS static float dot_h_lanes_f16c(const uint16_t *k, const float *qh, uint32_t n)
+{
+	__m256 l = _mm256_setzero_ps();
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		l = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
+		                    _mm256_loadu_ps(qh + i), l);
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));        /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	float s = _mm_cvtss_f32(x);
+	for (; i < n; i++)
+		s += h2f(k[i]) * qh[i];
+	return s;
+}
+
+F16C_FNS static void scale_h(uint16_t *acc, uint32_t D, float ms)
+{
+	uint32_t i = 0;
+	const __m256 m = _mm256_set1_ps(ms);
+	for (; i + 8 <= D; i += 8) {
+		__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(acc + i)));
+		_mm_storeu_si128((__m128i *)(acc + i),
+		                 _mm256_cvtps_ph(_mm256_mul_ps(a, m), _MM_FROUND_TO_NEAREST_INT));
+	}
+	for (; i < D; i++)
+		acc[i] = f2h(h2f(acc[i]) * ms);
+}
+
+F16C_FNS static void mad_h(uint16_t *acc, const uint16_t *vp, uint32_t D, float vs)
+{
+	uint32_t i = 0;
+	const __m256 m = _mm256_set1_ps(vs);
+	for (; i + 8 <= D; i += 8) {
+		__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(acc + i)));
+		__m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + i)));
+		_mm_storeu_si128((__m128i *)(acc + i),
+		                 _mm256_cvtps_ph(_mm256_fmadd_ps(x, m, a), _MM_FROUND_TO_NEAREST_INT));
+	}
+	for (; i < D; i++)
+		acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
+}
+
+F16C_FNS static void attend_f16_f16c(const float *qh, const uint8_t *k, const uint8_t *v,
+                                     size_t kv_stride, uint32_t n_kv, uint32_t D, float scale,
+                                     uint16_t *acc, struct f16_state *st)
+{
+	for (uint32_t p = 0; p < n_kv; p++) {
+		const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
+		const uint16_t *vp = (const uint16_t *)(v + p * kv_stride);
+		const float s = dot_h_lanes_f16c(kp, qh, D) * scale;
+		float ms = 1.0f, vs = 1.0f;
+		if (s > st->M) {
+			const float m_old = st->M;
+			st->M = s;
+			ms = expf(m_old - st->M);
+			scale_h(acc, D, ms);
+		} else {
+			vs = expf(s - st->M);
+		}
+		mad_h(acc, vp, D, vs);
+		st->S = st->S * ms + vs;
+	}
+}
+
+static bool have_f16c(void)
+{
+	static int cached = -1;
+	if (cached < 0)
+		cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		         __builtin_cpu_supports("f16c");
+	return cached;
+}
+#endif
+
 void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
                 uint32_t n_kv, uint32_t head_dim, float scale, enum wf_engine_kv_type type,
                 float *scratch, float *out)
@@ -121,29 +246,14 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
 			qh[i] = h2f(f2h(q[i]));
 			acc[i] = 0;
 		}
-		float M = -INFINITY, S = 0.0f;
-		for (uint32_t p = 0; p < n_kv; p++) {
-			const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
-			const uint16_t *vp = (const uint16_t *)(v + p * kv_stride);
-			float s = 0.0f;
-			for (uint32_t i = 0; i < head_dim; i++)
-				s += h2f(kp[i]) * qh[i];
-			s *= scale;
-			float ms = 1.0f, vs = 1.0f;
-			if (s > M) {
-				const float m_old = M;
-				M = s;
-				ms = expf(m_old - M);
-				for (uint32_t i = 0; i < head_dim; i++)
-					acc[i] = f2h(h2f(acc[i]) * ms);
-			} else {
-				vs = expf(s - M);
-			}
-			for (uint32_t i = 0; i < head_dim; i++)
-				acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
-			S = S * ms + vs;
-		}
-		const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+		struct f16_state st = {-INFINITY, 0.0f};
+#if defined(__x86_64__)
+		if (have_f16c())
+			attend_f16_f16c(qh, k, v, kv_stride, n_kv, head_dim, scale, acc, &st);
+		else
+#endif
+			attend_f16_portable(qh, k, v, kv_stride, n_kv, head_dim, scale, acc, &st);
+		const float inv = st.S == 0.0f ? 0.0f : 1.0f / st.S;
 		for (uint32_t i = 0; i < head_dim; i++)
 			out[i] = h2f(acc[i]) * inv;
 		return;

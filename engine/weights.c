@@ -170,8 +170,12 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 	 * in feed_forward_length (hp.n_ff_exp falls back to it). */
 	w->n_ff = w->moe ? hp->n_ff_exp : hp->n_ff;
 	uint32_t key_len = 0, value_len = 0;
-	(void)get_u32(model, hp->arch, "attention.key_length", &key_len, diag);
-	(void)get_u32(model, hp->arch, "attention.value_length", &value_len, diag);
+	int krc = get_u32(model, hp->arch, "attention.key_length", &key_len, diag);
+	if (krc < 0 && krc != WF_ENOT_FOUND)
+		return krc;
+	krc = get_u32(model, hp->arch, "attention.value_length", &value_len, diag);
+	if (krc < 0 && krc != WF_ENOT_FOUND)
+		return krc;
 	if (value_len && key_len && value_len != key_len)
 		return wf_diag_set(diag, WF_EUNSUPPORTED,
 		                   "attention.value_length %u differs from key_length %u", value_len,

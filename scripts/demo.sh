@@ -132,3 +132,10 @@ awk -v r="$sum_rss" -v p="$sum_pss" -v z="$region_kb" 'BEGIN {
 		verdict = "not one full copy: PSS counts only the pages these processes have touched"
 	printf "   PSS sum %.2f x region size: %s\n", p / z, verdict
 }'
+
+# The engine: text from the default model through a worker, printed as it is made, tokens/s on
+# stderr. The worker reads the weights from the floor above (its own read-only mapping of the
+# same pages). wf-gen's weights are random, so the text is too.
+echo
+echo "== agentctl generate demo \"Once upon a time\" --worker worker-a --max-tokens 32"
+ctl generate demo "Once upon a time" --worker worker-a --max-tokens 32 --seed 1 --temp 0.8

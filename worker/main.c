@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "proto/status.h"
 #include "worker/cache.h"
+#include "worker/generate.h"
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
 #include "cuda/device_cuda.h"
@@ -44,6 +45,7 @@ struct opts {
 	uid_t uids[64];
 	size_t n_uids;
 	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
+	struct wf_gen_opts gen;     /* Generate's engines */
 	bool verbose;
 };
 
@@ -75,6 +77,10 @@ static void usage(FILE *out)
 		"  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
 		"                        to a tls+tcp:// agent\n"
 		"  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
+		"  --ctx N               generation: KV positions per sequence (default: the\n"
+		"                        model's context, at most 4096)\n"
+		"  --seqs N              generation: concurrent sequences per model (default 8)\n"
+		"  --threads N           generation: engine threads (default: every CPU allowed)\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
@@ -105,7 +111,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
-	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION };
+	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
+	       O_THREADS };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -128,6 +135,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"tls-cert", required_argument, NULL, O_TLS_CERT},
 		{"tls-key", required_argument, NULL, O_TLS_KEY},
 		{"tls-ca", required_argument, NULL, O_TLS_CA},
+		{"ctx", required_argument, NULL, O_CTX},
+		{"seqs", required_argument, NULL, O_SEQS},
+		{"threads", required_argument, NULL, O_THREADS},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -199,6 +209,25 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				return 2;
 			}
 			o->uids[o->n_uids++] = (uid_t)v;
+			break;
+		}
+		case O_CTX:
+		case O_SEQS:
+		case O_THREADS: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+			unsigned long max = c == O_CTX ? 1ul << 20 : c == O_SEQS ? 256 : 256;
+			if (*end || end == optarg || v < 1 || v > max) {
+				fprintf(stderr, "wf-worker: --%s takes 1..%lu, not '%s'\n",
+					c == O_CTX ? "ctx" : c == O_SEQS ? "seqs" : "threads", max, optarg);
+				return 2;
+			}
+			if (c == O_CTX)
+				o->gen.n_ctx = (uint32_t)v;
+			else if (c == O_SEQS)
+				o->gen.n_seq = (uint32_t)v;
+			else
+				o->gen.n_threads = (uint32_t)v;
 			break;
 		}
 		case 'v': o->verbose = true; break;
@@ -687,7 +716,13 @@ int main(int argc, char **argv)
 		}
 	}
 
+	if ((rc = wf_gen_create(&svc, &o.gen, &svc.gen)) < 0) {
+		wf_log_error("generation: %s", wf_strerror(rc));
+		goto out;
+	}
 	struct wf_ctl_server_opts so = {
+		/* Long polls (GenerateRead) hold a thread each while they wait. */
+		.nworkers = 32,
 		.listen = {.url = endpoint,
 		           .allowed_uids = o.uids,
 		           .n_allowed_uids = o.n_uids,
@@ -754,11 +789,14 @@ out:
 		pthread_mutex_unlock(&rep.mu);
 		pthread_join(rep.thread, NULL);
 	}
+	wf_gen_close(svc.gen); /* wakes the long polls, so the server stops at once */
 	if (srv) {
 		wf_ctl_server_close(srv);
 		wf_ctl_server_stop(srv);
 	}
 	wf_ctl_server_destroy(srv);
+	wf_gen_destroy(svc.gen);
+	svc.gen = NULL;
 	wf_cache_close(cache);
 	wf_cache_stop(cache);
 	wf_cache_destroy(cache);

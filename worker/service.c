@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "proto/status.h"
+#include "worker/generate.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -232,6 +233,15 @@ out:
 	return rc;
 }
 
+const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *name)
+{
+	pthread_mutex_lock(&s->mu);
+	struct wf_worker_model *m = find_locked(s, name);
+	const struct wf_model *model = m && m->in_cache ? m->model : NULL;
+	pthread_mutex_unlock(&s->mu);
+	return model;
+}
+
 Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 {
 	switch (r) {
@@ -404,6 +414,12 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS:
 		wid = req->worker_status->worker_id;
 		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE:
+		wid = req->generate->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ:
+		wid = req->generate_read->worker_id;
+		break;
 	default:
 		reply->message = "not served by a worker: floor requests go to the agent";
 		return WF_EUNSUPPORTED;
@@ -417,6 +433,16 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	 * for the load and our answer. */
 	int agent_ms = wf_ctl_call_time_left_ms(call, WF_WORKER_AGENT_MAX_MS);
 	agent_ms -= agent_ms / 10;
+	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
+	    req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ) {
+		if (!s->gen) {
+			reply->message = "this worker does not generate";
+			return WF_EUNSUPPORTED;
+		}
+		return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE
+			   ? wf_gen_handle_start(s->gen, req->generate, agent_ms, reply, call)
+			   : wf_gen_handle_read(s->gen, req->generate_read, reply, call);
+	}
 	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
 		return fail(reply, call, rc, &d);
 

@@ -32,6 +32,7 @@ struct wf_worker_svc {
 	struct wf_device *dev;
 	struct wf_cache *cache;
 	struct wf_ctl_client *agent; /* NULL without an agent */
+	struct wf_gen *gen;          /* Generate (worker/generate.h); NULL: not served */
 	const struct wf_shm_config *shm; /* the floor directory; NULL: models from files only */
 	pthread_mutex_t mu;          /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
@@ -58,6 +59,10 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
  * for again (the agent may have released it since), within the same agent_ms. */
 int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
 			  uint32_t *ret_id, struct wf_diag *diag);
+
+/* The open model of a name the cache knows (resolved before), or NULL. Models stay open until
+ * wf_worker_svc_fini, so the pointer stays valid as long as the service. */
+const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *name);
 
 /* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,

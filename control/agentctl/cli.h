@@ -127,5 +127,8 @@ int cmd_watch(struct cli *cli, int argc, char **argv);
 int cmd_workers(struct cli *cli, int argc, char **argv);
 /* residency, pin, unpin, evict, prefetch, compact: argv[0] names the verb. */
 int cmd_worker_verb(struct cli *cli, int argc, char **argv);
+/* generate MODEL PROMPT [--worker ID] [sampling...]: prints text as it is made (--json: JSON
+ * lines, the one exception to one document per command). */
+int cmd_generate(struct cli *cli, int argc, char **argv);
 
 #endif

@@ -34,6 +34,7 @@ static const struct command commands[] = {
 	{"evict", cmd_worker_verb, "free MODEL's device memory on a worker"},
 	{"prefetch", cmd_worker_verb, "load MODEL on a worker's device"},
 	{"compact", cmd_worker_verb, "free every unpinned device buffer, reload MODEL..."},
+	{"generate", cmd_generate, "generate MODEL PROMPT: text from a worker, with tokens/s"},
 };
 
 static void usage(FILE *out)

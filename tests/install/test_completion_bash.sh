@@ -28,7 +28,7 @@ has() {
 }
 
 # Commands: the fixed list, and every command agentctl --help lists.
-has "commands" "inspect status models register floor watch workers residency pin unpin evict prefetch compact" "$A" ""
+has "commands" "inspect status models register floor watch workers residency pin unpin evict prefetch compact generate" "$A" ""
 help_cmds=$("$A" --help | sed -n '/^commands:/,/^$/p' | awk 'NR > 1 && NF { print $1 }')
 [ -n "$help_cmds" ] || fail "agentctl --help lists no commands"
 has "every command in agentctl --help" "$help_cmds" "$A" ""
@@ -41,7 +41,7 @@ has "every flag in agentctl --help" "$("$A" --help | flags_of)" "$A" "--"
 has "global flags after the command" "--socket --json --timeout" "$A" "status" "--"
 
 # Per-command flags, checked against each command's own --help.
-for c in inspect status models register watch workers residency pin unpin evict prefetch compact; do
+for c in inspect status models register watch workers residency pin unpin evict prefetch compact generate; do
 	want=$("$A" "$c" --help 2>&1 | flags_of)
 	has "$c flags (from agentctl $c --help)" "$want" "$A" "$c" "--"
 done
@@ -49,6 +49,7 @@ want=$("$A" floor --help 2>&1 | flags_of)
 has "floor ensure flags (from agentctl floor --help)" "$want" "$A" floor ensure "--"
 has "worker verbs take --worker and --all" "--worker --all --json" "$A" pin qwen "--"
 has "watch flags" "--count --for" "$A" watch "--"
+has "generate flags" "--worker --max-tokens --temp --top-k --top-p --min-p --repeat-penalty --seed --stop --prompt-ids" "$A" generate qwen "--"
 has "floor ensure flags" "--no-wait --wait-timeout" "$A" floor ensure "--"
 
 # Fixed values.

@@ -1,0 +1,648 @@
+#include "worker/generate.h"
+
+#include "base/error.h"
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "engine/tokenizer.h"
+#include "shm/region.h"
+#include "worker/service.h"
+#include "worker/weights.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+struct gmodel {
+	char *name;
+	const struct wf_model *model; /* the service's, open until the worker stops */
+	struct wf_shm_region *region; /* our own attachment; NULL: file mappings */
+	struct wf_weight_view view;
+	struct wf_tokenizer *tok;
+	struct wf_engine *engine;
+	struct wf_sched *sched;
+	uint32_t n_ctx;
+};
+
+struct gtok {
+	int32_t id;
+	uint32_t len;
+	size_t off; /* in gen.text */
+};
+
+struct gen {
+	struct wf_gen *g;
+	uint64_t id;
+	struct gmodel *gm;
+	uint64_t sched_id;
+	struct gtok *toks;
+	uint32_t n_toks, cap;
+	char *text;
+	size_t text_len, text_cap;
+	bool lost;     /* out of memory for the output: it ends as an error */
+	bool done;
+	struct wf_sched_result res;
+	double done_at;
+	double last_seen;
+	unsigned readers; /* long polls in progress: it is not idle */
+	uint32_t idle_ms;
+	uint64_t seed;
+	uint32_t n_prompt;
+};
+
+struct wf_gen {
+	struct wf_worker_svc *svc;
+	struct wf_gen_opts opts;
+	pthread_mutex_t mu; /* guards models, gens and every gen's fields */
+	pthread_cond_t cv;  /* a token, an end, or closing */
+	pthread_mutex_t load_mu; /* one engine build at a time */
+	struct gmodel *models[WF_GEN_MODELS_MAX];
+	uint32_t n_models;
+	struct gen *gens[WF_GEN_MAX];
+	uint32_t n_gens;
+	uint64_t next_id;
+	bool closing;
+	pthread_t reaper;
+	bool reaper_started;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void deadline_after(struct timespec *ts, uint32_t ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/* ---- engines ------------------------------------------------------------------------------ */
+
+static void gmodel_free(struct gmodel *gm)
+{
+	if (!gm)
+		return;
+	wf_sched_destroy(gm->sched);
+	wf_engine_destroy(gm->engine);
+	wf_tokenizer_destroy(gm->tok);
+	wf_weight_view_release(&gm->view);
+	wf_shm_region_detach(gm->region);
+	free(gm->name);
+	free(gm);
+}
+
+/* Our own read-only attachment of the model's floor: the engine reads the same pages every
+ * worker on the node maps, and the attachment lives as long as the engine, whatever the cache
+ * or the agent do with theirs. */
+static int view_floor(struct gmodel *gm, const struct wf_shm_config *shm,
+		      const struct wf_digest *dg, struct wf_diag *diag)
+{
+	struct wf_diag d = {{0}};
+	int rc = wf_shm_region_attach(shm, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &gm->region,
+				      &d);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "floor: %s", wf_diag_str(&d, rc));
+	return wf_weight_view_from_floor(gm->model, gm->region, &gm->view, diag);
+}
+
+/* Finds or builds the engine of a model. The residency rules are applied here, once: an engine
+ * that exists is what "loaded" means for generation. */
+static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
+		     struct wf_diag *diag)
+{
+	struct wf_worker_svc *s = g->svc;
+	pthread_mutex_lock(&g->mu);
+	for (uint32_t i = 0; i < g->n_models; i++)
+		if (strcmp(g->models[i]->name, name) == 0) {
+			*ret = g->models[i];
+			pthread_mutex_unlock(&g->mu);
+			return 0;
+		}
+	pthread_mutex_unlock(&g->mu);
+
+	pthread_mutex_lock(&g->load_mu);
+	struct gmodel *gm = NULL;
+	struct wf_cache_status *st = NULL;
+	int rc;
+	pthread_mutex_lock(&g->mu);
+	for (uint32_t i = 0; i < g->n_models; i++)
+		if (strcmp(g->models[i]->name, name) == 0)
+			gm = g->models[i];
+	bool full = g->n_models == WF_GEN_MODELS_MAX;
+	pthread_mutex_unlock(&g->mu);
+	if (gm) { /* built by another request while we waited */
+		*ret = gm;
+		rc = 0;
+		goto out;
+	}
+	if (full) {
+		rc = wf_diag_set(diag, WF_ELIMIT, "engines for %d models exist already",
+				 WF_GEN_MODELS_MAX);
+		goto out;
+	}
+	uint32_t id;
+	struct wf_diag d = {{0}};
+	if ((rc = wf_worker_svc_resolve(s, name, agent_ms, true, &id, &d)) < 0) {
+		wf_diag_set(diag, rc, "%s", wf_diag_str(&d, rc));
+		goto out;
+	}
+	if ((rc = wf_cache_status(s->cache, &st)) < 0)
+		goto out;
+	const struct wf_cache_model_status *ms = NULL;
+	for (size_t i = 0; i < st->n_models && !ms; i++)
+		if (st->models[i].id == id)
+			ms = &st->models[i];
+	if (!ms) {
+		rc = wf_diag_set(diag, WF_ENOT_FOUND, "model '%s' left the cache", name);
+		goto out;
+	}
+	if (st->mode == WF_CACHE_EXTERNAL && ms->state == WF_RESIDENCY_DISK) {
+		rc = wf_diag_set(diag, WF_ENOT_RESIDENT,
+				 "model '%s' is not resident on worker '%s' (external residency: "
+				 "attach it with a residency command first)", name, s->worker_id);
+		goto out;
+	}
+	gm = calloc(1, sizeof(*gm));
+	if (!gm || !(gm->name = strdup(name))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	gm->model = wf_worker_svc_model(s, name);
+	if (!gm->model) {
+		rc = wf_diag_set(diag, WF_ENOT_FOUND, "model '%s' is not open", name);
+		goto out;
+	}
+	if (ms->floor && s->shm)
+		rc = view_floor(gm, s->shm, &ms->digest, &d);
+	else
+		rc = wf_weight_view_map_files(gm->model, &gm->view, &d);
+	if (rc < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
+		goto out;
+	}
+	if ((rc = wf_tokenizer_create(&gm->model->kv, &gm->tok, &d)) < 0) {
+		wf_diag_set(diag, rc, "model '%s': tokenizer: %s", name, wf_diag_str(&d, rc));
+		goto out;
+	}
+	struct wf_engine_config ec = {.n_ctx = g->opts.n_ctx,
+				      .n_seq_max = g->opts.n_seq ? g->opts.n_seq : 8,
+				      .n_threads = g->opts.n_threads,
+				      .kv_type = WF_ENGINE_KV_F16};
+	if ((rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d)) < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
+		goto out;
+	}
+	struct wf_engine_info info;
+	wf_engine_get_info(gm->engine, &info);
+	gm->n_ctx = info.n_ctx;
+	struct wf_sched_config sc = {.n_batch = g->opts.n_batch};
+	if ((rc = wf_sched_create(gm->engine, gm->tok, &sc, &gm->sched, &d)) < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
+		goto out;
+	}
+	pthread_mutex_lock(&g->mu);
+	g->models[g->n_models++] = gm;
+	pthread_mutex_unlock(&g->mu);
+	*ret = gm;
+	gm = NULL;
+out:
+	pthread_mutex_unlock(&g->load_mu);
+	wf_cache_status_free(st);
+	gmodel_free(gm);
+	return rc;
+}
+
+/* ---- generations -------------------------------------------------------------------------- */
+
+static void on_token(void *arg, int32_t token, const char *text, size_t len)
+{
+	struct gen *x = arg;
+	struct wf_gen *g = x->g;
+	pthread_mutex_lock(&g->mu);
+	if (x->n_toks == x->cap) {
+		uint32_t cap = x->cap ? x->cap * 2 : 64;
+		struct gtok *nt = realloc(x->toks, cap * sizeof(*nt));
+		if (!nt)
+			goto lost;
+		x->toks = nt;
+		x->cap = cap;
+	}
+	if (x->text_len + len > x->text_cap) {
+		size_t cap = x->text_cap ? x->text_cap * 2 : 1024;
+		while (cap < x->text_len + len)
+			cap *= 2;
+		char *nt = realloc(x->text, cap);
+		if (!nt)
+			goto lost;
+		x->text = nt;
+		x->text_cap = cap;
+	}
+	if (len)
+		memcpy(x->text + x->text_len, text, len);
+	x->toks[x->n_toks++] = (struct gtok){.id = token, .len = (uint32_t)len, .off = x->text_len};
+	x->text_len += len;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	return;
+lost:
+	if (!x->lost)
+		(void)wf_sched_cancel(x->gm->sched, x->sched_id);
+	x->lost = true;
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void on_done(void *arg, const struct wf_sched_result *res)
+{
+	struct gen *x = arg;
+	struct wf_gen *g = x->g;
+	pthread_mutex_lock(&g->mu);
+	x->res = *res;
+	if (x->lost) {
+		x->res.reason = WF_SCHED_FINISH_ERROR;
+		x->res.error = -ENOMEM;
+		snprintf(x->res.message, sizeof x->res.message, "out of memory for the output");
+	}
+	x->done = true;
+	x->done_at = now_s();
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void gen_free(struct gen *x)
+{
+	if (!x)
+		return;
+	free(x->toks);
+	free(x->text);
+	free(x);
+}
+
+/* Cancels generations nobody reads any more (the client went away) and drops finished ones
+ * nobody collected, every quarter second. */
+static void *reaper_main(void *arg)
+{
+	struct wf_gen *g = arg;
+	pthread_mutex_lock(&g->mu);
+	while (!g->closing) {
+		struct timespec ts;
+		deadline_after(&ts, 250);
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		double t = now_s();
+		for (uint32_t i = 0; i < g->n_gens;) {
+			struct gen *x = g->gens[i];
+			bool idle = !x->readers && t - x->last_seen > x->idle_ms / 1000.0;
+			/* A finished one stays readable for a while after its end too, so a client
+			 * that comes back late learns how it ended. */
+			double keep = x->idle_ms > WF_GEN_IDLE_MS ? x->idle_ms / 1000.0
+								  : WF_GEN_IDLE_MS / 1000.0;
+			double since = x->last_seen > x->done_at ? x->last_seen : x->done_at;
+			if (x->done && !x->readers && t - since > keep) {
+				g->gens[i] = g->gens[--g->n_gens];
+				gen_free(x);
+				continue;
+			}
+			if (idle && !x->done)
+				(void)wf_sched_cancel(x->gm->sched, x->sched_id);
+			i++;
+		}
+	}
+	pthread_mutex_unlock(&g->mu);
+	return NULL;
+}
+
+int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
+		  struct wf_gen **ret_gen)
+{
+	struct wf_gen *g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->svc = svc;
+	if (opts)
+		g->opts = *opts;
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_mutex_init(&g->load_mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	/* Ids that a restarted worker does not hand out again: a random high half. */
+	uint32_t r = 0;
+	if (getrandom(&r, sizeof r, GRND_NONBLOCK) != sizeof r)
+		r = (uint32_t)getpid() ^ (uint32_t)time(NULL);
+	g->next_id = ((uint64_t)(r | 1u) << 32) | 1u;
+	int rc = -pthread_create(&g->reaper, NULL, reaper_main, g);
+	if (rc < 0) {
+		wf_gen_destroy(g);
+		return rc;
+	}
+	g->reaper_started = true;
+	*ret_gen = g;
+	return 0;
+}
+
+void wf_gen_close(struct wf_gen *g)
+{
+	if (!g)
+		return;
+	pthread_mutex_lock(&g->mu);
+	g->closing = true;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+void wf_gen_destroy(struct wf_gen *g)
+{
+	if (!g)
+		return;
+	wf_gen_close(g);
+	if (g->reaper_started)
+		pthread_join(g->reaper, NULL);
+	/* Each scheduler cancels its requests and runs their done callbacks on the way down. */
+	for (uint32_t i = 0; i < g->n_models; i++)
+		gmodel_free(g->models[i]);
+	for (uint32_t i = 0; i < g->n_gens; i++)
+		gen_free(g->gens[i]);
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->load_mu);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}
+
+static Weightfloor__V1__FinishReason finish_pb(enum wf_sched_finish f)
+{
+	switch (f) {
+	case WF_SCHED_FINISH_EOS: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_EOS;
+	case WF_SCHED_FINISH_STOP: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_STOP;
+	case WF_SCHED_FINISH_LENGTH: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+	case WF_SCHED_FINISH_CONTEXT: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
+	case WF_SCHED_FINISH_CANCELED: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED;
+	default: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR;
+	}
+}
+
+/* The reply for x from token index after on. Under g->mu. */
+static int reply_locked(struct wf_gen *g, struct gen *x, uint32_t after,
+			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	Weightfloor__V1__GenerateReply *gr = wf_ctl_call_alloc(call, sizeof(*gr));
+	if (!gr)
+		return -ENOMEM;
+	weightfloor__v1__generate_reply__init(gr);
+	gr->generation_id = x->id;
+	gr->worker_id = (char *)g->svc->worker_id;
+	gr->model = x->gm->name;
+	gr->seed = x->seed;
+	gr->prompt_tokens = x->n_prompt;
+	if (after > x->n_toks)
+		after = x->n_toks;
+	uint32_t n = x->n_toks - after;
+	if (n > WF_GEN_REPLY_TOKENS)
+		n = WF_GEN_REPLY_TOKENS;
+	gr->first = after;
+	if (n) {
+		Weightfloor__V1__GeneratedToken *tv = wf_ctl_call_calloc(call, n, sizeof(*tv));
+		Weightfloor__V1__GeneratedToken **tp = wf_ctl_call_calloc(call, n, sizeof(*tp));
+		if (!tv || !tp)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < n; i++) {
+			const struct gtok *t = &x->toks[after + i];
+			weightfloor__v1__generated_token__init(&tv[i]);
+			tv[i].id = t->id;
+			if (t->len) {
+				uint8_t *b = wf_ctl_call_alloc(call, t->len);
+				if (!b)
+					return -ENOMEM;
+				memcpy(b, x->text + t->off, t->len);
+				tv[i].text.data = b;
+				tv[i].text.len = t->len;
+			}
+			tp[i] = &tv[i];
+		}
+		gr->tokens = tp;
+		gr->n_tokens = n;
+	}
+	if (x->done && after + n == x->n_toks) {
+		const struct wf_sched_result *r = &x->res;
+		gr->done = true;
+		gr->finish = finish_pb(r->reason);
+		if (r->message[0] && !(gr->error = wf_ctl_call_strdup(call, r->message)))
+			return -ENOMEM;
+		Weightfloor__V1__GenerateTimings *tm = wf_ctl_call_alloc(call, sizeof(*tm));
+		if (!tm)
+			return -ENOMEM;
+		weightfloor__v1__generate_timings__init(tm);
+		tm->prompt_tokens = r->n_prompt;
+		tm->generated_tokens = r->n_gen;
+		tm->queue_ms = r->queue_s * 1e3;
+		tm->prompt_ms = r->prompt_s * 1e3;
+		tm->decode_ms = r->decode_s * 1e3;
+		tm->time_to_first_token_ms = r->first_token_s * 1e3;
+		tm->prompt_tokens_per_s = r->prompt_s > 0 ? r->n_prompt / r->prompt_s : 0;
+		tm->decode_tokens_per_s =
+		    r->decode_s > 0 && r->n_gen > 1 ? (r->n_gen - 1) / r->decode_s : 0;
+		gr->timings = tm;
+	}
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_GENERATE;
+	reply->generate = gr;
+	return 0;
+}
+
+/* Waits (under g->mu) until x has more than after tokens, ends, the worker closes, or wait_ms
+ * pass. */
+static void wait_locked(struct wf_gen *g, struct gen *x, uint32_t after, uint32_t wait_ms)
+{
+	if (wait_ms > WF_GEN_WAIT_MAX_MS)
+		wait_ms = WF_GEN_WAIT_MAX_MS;
+	struct timespec ts;
+	deadline_after(&ts, wait_ms);
+	while (!g->closing && !x->done && x->n_toks <= after)
+		if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT)
+			break;
+}
+
+static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
+		const struct wf_diag *d)
+{
+	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
+	return rc;
+}
+
+/* The protocol's sampling (zero: off) as the sampler's parameters. */
+static void sampling_from_pb(const Weightfloor__V1__Sampling *p, struct wf_sampler_params *sp)
+{
+	wf_sampler_params_default(sp);
+	if (!p)
+		return;
+	sp->temperature = p->temperature;
+	sp->top_k = p->top_k;
+	sp->top_p = p->top_p == 0.0f ? 1.0f : p->top_p;
+	sp->min_p = p->min_p;
+	sp->repeat_penalty = p->repeat_penalty == 0.0f ? 1.0f : p->repeat_penalty;
+	if (p->repeat_last_n)
+		sp->repeat_last_n = p->repeat_last_n;
+	sp->seed = p->seed;
+}
+
+int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, int agent_ms,
+			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_diag d = {{0}};
+	int rc;
+	bool has_text = req->prompt && *req->prompt;
+	if (!req->model || !*req->model)
+		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "no model named"), &d);
+	if (has_text && req->n_prompt_ids)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
+	if (!has_text && !req->n_prompt_ids)
+		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
+	if (req->idle_timeout_ms > WF_GEN_IDLE_MAX_MS)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d",
+					WF_GEN_IDLE_MAX_MS), &d);
+	struct wf_sched_request sr = {0};
+	sampling_from_pb(req->sampling, &sr.sampling);
+	/* Checked before any model is loaded: a bad request costs nothing. */
+	if ((rc = wf_sampler_params_check(&sr.sampling, &d)) < 0)
+		return fail(reply, call, rc, &d);
+	if (req->n_stop > WF_SCHED_STOP_MAX)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
+					WF_SCHED_STOP_MAX), &d);
+	struct gmodel *gm = NULL;
+	if ((rc = model_get(g, req->model, agent_ms, &gm, &d)) < 0)
+		return fail(reply, call, rc, &d);
+
+	int32_t *ids = NULL;
+	size_t n_ids = 0;
+	if (has_text) {
+		/* llama.cpp's prompt: BOS where the vocabulary adds one, special tokens parsed. */
+		rc = wf_tokenizer_encode(gm->tok, req->prompt, strlen(req->prompt), true, true, &ids,
+					 &n_ids, &d);
+		if (rc < 0)
+			return fail(reply, call, rc, &d);
+		if (n_ids == 0) {
+			free(ids);
+			return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
+		}
+		sr.tokens = ids;
+		sr.n_tokens = n_ids;
+	} else {
+		sr.tokens = req->prompt_ids;
+		sr.n_tokens = req->n_prompt_ids;
+	}
+	if (sr.n_tokens > gm->n_ctx) {
+		free(ids);
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL,
+					"the prompt has %zu tokens, more than the context of %u",
+					sr.n_tokens, gm->n_ctx), &d);
+	}
+	if (sr.sampling.seed == 0) {
+		uint64_t seed = 0;
+		if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != sizeof seed)
+			seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+		sr.sampling.seed = seed ? seed : 1;
+	}
+	sr.max_tokens = req->max_tokens ? req->max_tokens : WF_GEN_MAX_TOKENS;
+	sr.stop = (const char *const *)req->stop;
+	sr.n_stop = req->n_stop;
+	sr.ignore_eos = req->ignore_eos;
+	sr.on_token = on_token;
+	sr.on_done = on_done;
+
+	struct gen *x = calloc(1, sizeof(*x));
+	if (!x) {
+		free(ids);
+		return -ENOMEM;
+	}
+	x->g = g;
+	x->gm = gm;
+	x->seed = sr.sampling.seed;
+	x->n_prompt = (uint32_t)sr.n_tokens;
+	x->idle_ms = req->idle_timeout_ms ? req->idle_timeout_ms : WF_GEN_IDLE_MS;
+	x->last_seen = now_s();
+	sr.arg = x;
+	pthread_mutex_lock(&g->mu);
+	if (g->closing) {
+		rc = wf_diag_set(&d, WF_EUNAVAILABLE, "the worker is stopping");
+	} else if (g->n_gens == WF_GEN_MAX) {
+		rc = wf_diag_set(&d, WF_ELIMIT, "%d generations in progress or unread: retry later",
+				 WF_GEN_MAX);
+	} else {
+		x->id = g->next_id++;
+		/* Submitted under mu: the callbacks take mu, so none can run before the
+		 * generation is in the table with its scheduler id. */
+		rc = wf_sched_submit(gm->sched, &sr, &x->sched_id, &d);
+		if (rc == 0)
+			g->gens[g->n_gens++] = x;
+	}
+	bool in_table = rc == 0;
+	if (rc == 0) {
+		x->readers++;
+		wait_locked(g, x, 0, req->wait_ms);
+		x->readers--;
+		x->last_seen = now_s();
+		/* Out of memory here leaves the generation running: the client may read it. */
+		rc = reply_locked(g, x, 0, reply, call);
+	}
+	pthread_mutex_unlock(&g->mu);
+	free(ids);
+	if (!in_table)
+		gen_free(x);
+	if (rc < 0)
+		return fail(reply, call, rc, &d);
+	return 0;
+}
+
+int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *req,
+		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	pthread_mutex_lock(&g->mu);
+	struct gen *x = NULL;
+	for (uint32_t i = 0; i < g->n_gens; i++)
+		if (g->gens[i]->id == req->generation_id)
+			x = g->gens[i];
+	if (!x) {
+		pthread_mutex_unlock(&g->mu);
+		reply->message = wf_ctl_call_printf(
+		    call, "no generation %llu on worker '%s' (never started, or finished and "
+			  "not read for its idle time-out)",
+		    (unsigned long long)req->generation_id, g->svc->worker_id);
+		return WF_ENOT_FOUND;
+	}
+	x->last_seen = now_s();
+	x->readers++;
+	uint32_t after = req->after;
+	if (req->cancel && !x->done) {
+		(void)wf_sched_cancel(x->gm->sched, x->sched_id);
+		/* The step thread ends it at its next step: wait for that, so the reply is final. */
+		struct timespec ts;
+		deadline_after(&ts, WF_GEN_WAIT_MAX_MS);
+		while (!x->done && !g->closing)
+			if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT)
+				break;
+		after = x->n_toks < after ? x->n_toks : after;
+	} else {
+		wait_locked(g, x, after, req->wait_ms);
+	}
+	x->readers--;
+	x->last_seen = now_s();
+	int rc = reply_locked(g, x, after, reply, call);
+	pthread_mutex_unlock(&g->mu);
+	return rc;
+}

@@ -1,0 +1,58 @@
+/* Text generation on a worker: Generate and GenerateRead (docs/PROTOCOL.md "Generation").
+ *
+ * Per model, the first Generate builds an engine whose weights are read in place: from the
+ * worker's own read-only attachment of the model's floor (tensor i at the floor's offset for it,
+ * shared pages, no private copy), or, where the model has no floor (no agent), from a shared
+ * read-only mmap of the model files (the page cache's pages). A tokenizer and a continuous-
+ * batching scheduler (engine/scheduler.h) go with it; they live until the worker stops.
+ *
+ * A model with no engine yet follows the worker's residency mode: self-managed loads it (the
+ * floor through the agent, as Pin does); external needs the model attached first (HOST or above,
+ * by a residency command), else WF_ENOT_RESIDENT.
+ *
+ * A generation is kept in a table with the tokens made so far; GenerateRead long-polls it. A
+ * generation nobody has read for its idle time-out is canceled (the client went away); a finished
+ * one stays readable for that long (at least WF_GEN_IDLE_MS) after its end or last read. Thread-safe: the control server's threads call
+ * in concurrently. Shutdown: close (wakes every long poll; does not block), then destroy (cancels
+ * every generation and frees the engines), after the control server has stopped. */
+#ifndef WF_WORKER_GENERATE_H
+#define WF_WORKER_GENERATE_H
+
+#include "control/server.h"
+
+#include <stdint.h>
+
+struct wf_worker_svc;
+
+#define WF_GEN_MAX            256    /* generations kept at once (running or unread) */
+#define WF_GEN_MODELS_MAX     16     /* models with an engine */
+#define WF_GEN_WAIT_MAX_MS    10000  /* longest long poll */
+#define WF_GEN_IDLE_MS        5000   /* default idle time-out */
+#define WF_GEN_IDLE_MAX_MS    600000
+#define WF_GEN_MAX_TOKENS     256    /* default max_tokens */
+#define WF_GEN_REPLY_TOKENS   1024   /* tokens in one reply at most */
+
+struct wf_gen_opts {
+	uint32_t n_ctx;     /* 0: the engine's default (the model's, capped at 4096) */
+	uint32_t n_seq;     /* concurrent sequences per model; 0: 8 */
+	uint32_t n_threads; /* 0: the engine's default (every CPU this process may use) */
+	uint32_t n_batch;   /* 0: the scheduler's default */
+};
+
+struct wf_gen;
+
+/* svc is borrowed (its cache, models and agent). Returns 0, -ENOMEM or -errno of
+ * pthread_create. */
+int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
+                  struct wf_gen **ret_gen);
+void wf_gen_close(struct wf_gen *gen);
+/* Accepts NULL. */
+void wf_gen_destroy(struct wf_gen *gen);
+
+/* The handlers (wf_ctl_handle_fn conventions); agent_ms bounds the agent's part of a load. */
+int wf_gen_handle_start(struct wf_gen *gen, const Weightfloor__V1__Generate *req, int agent_ms,
+                        Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+int wf_gen_handle_read(struct wf_gen *gen, const Weightfloor__V1__GenerateRead *req,
+                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+
+#endif
