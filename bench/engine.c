@@ -404,10 +404,7 @@ int bench_engine(const struct bench_opts *o)
 	logits = NULL;
 	wf_engine_destroy(e);
 	e = NULL;
-	(void)ctx;
-	bench_skip("engine", "private_memory_over_model", "needs the worker's Generate path");
-	bench_skip("engine", "first_token_vs_llama_cpp", "needs the worker's Generate path");
-	ret = 0;
+	ret = bench_engine_workers(o, &ctx);
 out:
 	free(logits);
 	wf_engine_destroy(e);

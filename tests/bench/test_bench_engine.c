@@ -86,12 +86,15 @@ Test(bench_engine, tiny_model_every_row, .fini = fini, .timeout = 50)
 	cr_assert_eq(rc, 0, "wf-bench engine exited %d\nstdout:\n%s\nstderr:\n%s", rc, o, e);
 	expect_measured(o, "decode_vs_bandwidth_bound");
 	expect_measured(o, "batch8_vs_batch1");
+	expect_measured(o, "private_memory_over_model");
 	if (llama) {
 		expect_measured(o, "decode_vs_llama_cpp");
 		expect_measured(o, "prefill_vs_llama_cpp");
+		expect_measured(o, "first_token_vs_llama_cpp");
 	} else {
 		expect_skipped(o, "decode_vs_llama_cpp");
 		expect_skipped(o, "prefill_vs_llama_cpp");
+		expect_skipped(o, "first_token_vs_llama_cpp");
 	}
 	free(o);
 	free(e);
