@@ -5,14 +5,26 @@
  *
  * For a weight type W the engine quantizes each activation row once with
  * from_float[types[W].vec_dot_type] (ggml's type_traits_cpu from_float of the vec_dot_type) and
- * then calls types[W].vec_dot per weight row. A type with a NULL vec_dot is not supported.
- * Today the table holds the plain-C reference (kernels/ref.h); SIMD paths chosen at run time will
- * replace entries behind the same layout. */
+ * then calls types[W].gemm on a slice of weight rows and all the activation rows of a batch (or
+ * types[W].vec_dot per row pair). A type with a NULL vec_dot is not supported.
+ *
+ * Levels: the table exists once per kernel level (enum wf_kernel_level): the plain-C reference
+ * (kernels/ref.h, every build), and on x86-64 AVX2 (+FMA+F16C) and AVX-512 (F/BW/VL + VNNI),
+ * compiled per file with their own target flags so the binary runs on any x86-64 and each level
+ * is used only where the CPU (and the OS, for the AVX-512 register state) has it. The CPU table is
+ * the best level the CPU has, or the one the environment variable WF_KERNELS=ref|avx2|avx512
+ * names, read once when the table is first asked for. SIMD results differ from the reference only
+ * by float summation order (integer block sums are exact); the activation quantizers are
+ * bit-identical at every level.
+ *
+ * Activations: the SIMD integer dots rely on what the Q8_0/Q8_K quantizers write (|q| <= 127);
+ * an activation block holding -128 is outside the contract. */
 #ifndef WF_KERNELS_KERNELS_H
 #define WF_KERNELS_KERNELS_H
 
 #include "model/dtype.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -20,16 +32,27 @@ extern "C" {
 #endif
 
 /* Bumped whenever struct wf_kernel_ops changes layout; the table's `version` carries it. */
-#define WF_KERNEL_OPS_VERSION 1u
+#define WF_KERNEL_OPS_VERSION 2u
 
 typedef void (*wf_kernel_dequantize_row_fn)(const void *x, float *y, int64_t n);
 typedef void (*wf_kernel_from_float_fn)(const float *x, void *y, int64_t n);
 typedef float (*wf_kernel_vec_dot_fn)(int64_t n, const void *x, const void *y);
+/* out[j * out_stride + i] = vec_dot(n, w + i * w_stride, act + j * act_stride) for i < n_rows and
+ * j < n_act: strides in bytes for w and act (any multiple of the row's block size in bytes, as
+ * GGUF rows are), in floats for out. The SIMD versions load each weight block once for several
+ * activation rows, which is what makes batched decode and prefill cheaper than n_act dots. At a
+ * given level out[j][i] is bit-identical to that level's vec_dot of the same two rows, whatever
+ * n_rows and n_act are, so an engine's results do not depend on how it batches sequences.
+ * Thread-safe (no state); the caller splits rows among threads. */
+typedef void (*wf_kernel_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
+                                  const void *act, size_t act_stride, int64_t n_act, float *out,
+                                  size_t out_stride);
 
 struct wf_kernel_type_ops {
 	wf_kernel_dequantize_row_fn dequantize_row; /* NULL: the type is not supported */
 	wf_kernel_vec_dot_fn vec_dot;               /* x: this type, y: vec_dot_type */
 	enum wf_dtype vec_dot_type;                 /* the activation type vec_dot takes */
+	wf_kernel_gemm_fn gemm;                     /* batched vec_dot; NULL: loop over vec_dot */
 };
 
 struct wf_kernel_ops {
@@ -42,11 +65,32 @@ struct wf_kernel_ops {
 const struct wf_kernel_type_ops *wf_kernel_ops_type(const struct wf_kernel_ops *ops,
                                                     uint32_t dtype);
 
-/* The CPU kernel ops (static storage). */
+enum wf_kernel_level {
+	WF_KERNEL_LEVEL_REF,    /* plain C (kernels/ref.h) */
+	WF_KERNEL_LEVEL_AVX2,   /* x86-64 AVX2 + FMA + F16C */
+	WF_KERNEL_LEVEL_AVX512, /* x86-64 AVX-512 F/BW/VL + VNNI (and the AVX2 set) */
+	WF_KERNEL_LEVEL_MAX_
+};
+
+/* "ref", "avx2", "avx512"; NULL for a level out of range. */
+const char *wf_kernel_level_name(enum wf_kernel_level level);
+
+/* The ops of one level (static storage), or NULL when this build or this CPU lacks it. For tests
+ * and benchmarks that compare levels; thread-safe. */
+const struct wf_kernel_ops *wf_kernels_cpu_ops_level(enum wf_kernel_level level);
+
+/* The level the CPU table uses: WF_KERNELS when set, else the best one the CPU has. Returns 0 and
+ * writes ret_level, WF_EINVAL when WF_KERNELS names no level, or WF_EUNSUPPORTED when it names one
+ * this build or CPU lacks. The choice is made once per process; thread-safe. */
+int wf_kernels_cpu_level(enum wf_kernel_level *ret_level);
+
+/* The CPU kernel ops of the chosen level (static storage), or NULL when WF_KERNELS is refused
+ * (wf_kernels_cpu_level says why). */
 const struct wf_kernel_ops *wf_kernels_cpu_ops(void);
 
 /* Registers the CPU table for WF_DEVICE_KIND_HOST (name "cpu", version WF_KERNEL_OPS_VERSION).
- * Idempotent and thread-safe; returns 0, or WF_EDUPLICATE when another table holds the kind. */
+ * Idempotent and thread-safe; returns 0, WF_EDUPLICATE when another table holds the kind, or
+ * wf_kernels_cpu_level's error when WF_KERNELS is refused. */
 int wf_kernels_cpu_register(void);
 
 #ifdef __cplusplus

@@ -486,3 +486,25 @@ float wf_kernels_ref_vec_dot_q6_K_q8_K(int64_t n, const void *x, const void *y)
 	}
 	return k_acc_finish(&acc);
 }
+
+/* ---- Batched dots -------------------------------------------------------------------------- */
+
+#define REF_GEMM(name)                                                                          \
+	WF_KERNELS_REF_GEMM(name)                                                               \
+	{                                                                                       \
+		for (int64_t j = 0; j < n_act; j++)                                             \
+			for (int64_t i = 0; i < n_rows; i++)                                    \
+				out[(size_t)j * out_stride + (size_t)i] =                       \
+				    wf_kernels_ref_vec_dot_##name(                              \
+					n, (const char *)w + (size_t)i * w_stride,              \
+					(const char *)act + (size_t)j * act_stride);            \
+	}
+
+REF_GEMM(f32_f32)
+REF_GEMM(f16_f16)
+REF_GEMM(bf16_bf16)
+REF_GEMM(q8_0_q8_0)
+REF_GEMM(q4_0_q8_0)
+REF_GEMM(q4_K_q8_K)
+REF_GEMM(q5_K_q8_K)
+REF_GEMM(q6_K_q8_K)

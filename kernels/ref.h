@@ -21,6 +21,7 @@
 #ifndef WF_KERNELS_REF_H
 #define WF_KERNELS_REF_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -105,6 +106,21 @@ float wf_kernels_ref_vec_dot_q4_0_q8_0(int64_t n, const void *x, const void *y);
 float wf_kernels_ref_vec_dot_q4_K_q8_K(int64_t n, const void *x, const void *y);
 float wf_kernels_ref_vec_dot_q5_K_q8_K(int64_t n, const void *x, const void *y);
 float wf_kernels_ref_vec_dot_q6_K_q8_K(int64_t n, const void *x, const void *y);
+
+/* out[j * out_stride + i] = the vec_dot above of weight row i (w + i * w_stride bytes) with
+ * activation row j (act + j * act_stride bytes), for i < n_rows, j < n_act (kernels.h's gemm). */
+#define WF_KERNELS_REF_GEMM(name)                                                                  \
+	void wf_kernels_ref_gemm_##name(int64_t n, const void *w, size_t w_stride, int64_t n_rows, \
+	                                const void *act, size_t act_stride, int64_t n_act,         \
+	                                float *out, size_t out_stride)
+WF_KERNELS_REF_GEMM(f32_f32);
+WF_KERNELS_REF_GEMM(f16_f16);
+WF_KERNELS_REF_GEMM(bf16_bf16);
+WF_KERNELS_REF_GEMM(q8_0_q8_0);
+WF_KERNELS_REF_GEMM(q4_0_q8_0);
+WF_KERNELS_REF_GEMM(q4_K_q8_K);
+WF_KERNELS_REF_GEMM(q5_K_q8_K);
+WF_KERNELS_REF_GEMM(q6_K_q8_K);
 
 #ifdef __cplusplus
 }

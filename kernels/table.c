@@ -1,15 +1,23 @@
-/* The CPU kernel table and its registration with the device layer. */
+/* The CPU kernel tables (one per level), the choice among them, and the registration with the
+ * device layer. */
 #include "kernels/kernels.h"
 
+#include "base/error.h"
 #include "device/device.h"
 #include "kernels/ref.h"
+#include "kernels/simd.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define TYPE(dt, deq, dot, act) \
 	[WF_DTYPE_##dt] = {wf_kernels_ref_dequantize_row_##deq, wf_kernels_ref_vec_dot_##dot, \
-	                   WF_DTYPE_##act}
+	                   WF_DTYPE_##act, wf_kernels_ref_gemm_##dot}
 
 /* The pairing of weight and activation types is ggml's type_traits_cpu vec_dot_type at b10573. */
-static const struct wf_kernel_ops cpu_ops = {
+static const struct wf_kernel_ops ref_ops = {
     .types =
         {
             TYPE(F32, f32, f32_f32, F32),
@@ -33,12 +41,113 @@ static const struct wf_kernel_ops cpu_ops = {
 
 #undef TYPE
 
-static const struct wf_device_kernel_table cpu_table = {
-    .kind = WF_DEVICE_KIND_HOST,
-    .name = "cpu",
-    .version = WF_KERNEL_OPS_VERSION,
-    .ops = &cpu_ops,
+static const char *const level_names[WF_KERNEL_LEVEL_MAX_] = {
+    [WF_KERNEL_LEVEL_REF] = "ref",
+    [WF_KERNEL_LEVEL_AVX2] = "avx2",
+    [WF_KERNEL_LEVEL_AVX512] = "avx512",
 };
+
+/* Built once (pthread_once) and read-only afterwards. */
+static struct {
+	pthread_once_t once;
+	struct wf_kernel_ops ops[WF_KERNEL_LEVEL_MAX_];
+	bool have[WF_KERNEL_LEVEL_MAX_];
+	int choice_err; /* 0, or why WF_KERNELS was refused */
+	enum wf_kernel_level choice;
+	struct wf_device_kernel_table table;
+} cpu = {.once = PTHREAD_ONCE_INIT};
+
+#if defined(WF_KERNELS_X86)
+#include <cpuid.h>
+
+/* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 register state. F16C
+ * comes from CPUID itself: clang's __builtin_cpu_supports does not know it. */
+static bool cpu_has_avx2(void)
+{
+	unsigned int eax, ebx, ecx, edx;
+
+	__builtin_cpu_init();
+	if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C))
+		return false;
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static bool cpu_has_avx512(void)
+{
+	return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+	       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+	       __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+static void cpu_build(void)
+{
+	const char *want = getenv("WF_KERNELS");
+
+	cpu.ops[WF_KERNEL_LEVEL_REF] = ref_ops;
+	cpu.have[WF_KERNEL_LEVEL_REF] = true;
+#if defined(WF_KERNELS_X86)
+	if (cpu_has_avx2()) {
+		cpu.ops[WF_KERNEL_LEVEL_AVX2] = ref_ops;
+		wf__kernels_avx2_fill(&cpu.ops[WF_KERNEL_LEVEL_AVX2]);
+		cpu.have[WF_KERNEL_LEVEL_AVX2] = true;
+	}
+	if (cpu_has_avx512()) {
+		cpu.ops[WF_KERNEL_LEVEL_AVX512] = ref_ops;
+		wf__kernels_avx512_fill(&cpu.ops[WF_KERNEL_LEVEL_AVX512]);
+		cpu.have[WF_KERNEL_LEVEL_AVX512] = true;
+	}
+#endif
+	cpu.choice = WF_KERNEL_LEVEL_REF;
+	for (int l = 0; l < WF_KERNEL_LEVEL_MAX_; l++)
+		if (cpu.have[l])
+			cpu.choice = (enum wf_kernel_level)l;
+	if (want && want[0]) {
+		int l = 0;
+
+		while (l < WF_KERNEL_LEVEL_MAX_ && strcmp(want, level_names[l]) != 0)
+			l++;
+		if (l == WF_KERNEL_LEVEL_MAX_)
+			cpu.choice_err = WF_EINVAL;
+		else if (!cpu.have[l])
+			cpu.choice_err = WF_EUNSUPPORTED;
+		else
+			cpu.choice = (enum wf_kernel_level)l;
+	}
+	cpu.table = (struct wf_device_kernel_table){
+	    .kind = WF_DEVICE_KIND_HOST,
+	    .name = "cpu",
+	    .version = WF_KERNEL_OPS_VERSION,
+	    .ops = &cpu.ops[cpu.choice],
+	};
+}
+
+static void cpu_init(void)
+{
+	pthread_once(&cpu.once, cpu_build);
+}
+
+const char *wf_kernel_level_name(enum wf_kernel_level level)
+{
+	return (unsigned)level < WF_KERNEL_LEVEL_MAX_ ? level_names[level] : NULL;
+}
+
+const struct wf_kernel_ops *wf_kernels_cpu_ops_level(enum wf_kernel_level level)
+{
+	if ((unsigned)level >= WF_KERNEL_LEVEL_MAX_)
+		return NULL;
+	cpu_init();
+	return cpu.have[level] ? &cpu.ops[level] : NULL;
+}
+
+int wf_kernels_cpu_level(enum wf_kernel_level *ret_level)
+{
+	cpu_init();
+	if (cpu.choice_err)
+		return cpu.choice_err;
+	*ret_level = cpu.choice;
+	return 0;
+}
 
 const struct wf_kernel_type_ops *wf_kernel_ops_type(const struct wf_kernel_ops *ops,
                                                     uint32_t dtype)
@@ -50,10 +159,14 @@ const struct wf_kernel_type_ops *wf_kernel_ops_type(const struct wf_kernel_ops *
 
 const struct wf_kernel_ops *wf_kernels_cpu_ops(void)
 {
-	return &cpu_ops;
+	cpu_init();
+	return cpu.choice_err ? NULL : &cpu.ops[cpu.choice];
 }
 
 int wf_kernels_cpu_register(void)
 {
-	return wf_device_kernels_register(&cpu_table);
+	cpu_init();
+	if (cpu.choice_err)
+		return cpu.choice_err;
+	return wf_device_kernels_register(&cpu.table);
 }

@@ -65,9 +65,10 @@ static uint16_t h(float f)
 	return wf_kernels_fp32_to_fp16(f);
 }
 
+/* The reference level whatever the CPU has (test_simd.c checks the SIMD levels against it). */
 static const struct wf_kernel_ops *ops(void)
 {
-	return wf_kernels_cpu_ops();
+	return wf_kernels_cpu_ops_level(WF_KERNEL_LEVEL_REF);
 }
 
 static size_t row_bytes(enum wf_dtype t, int64_t n)

@@ -1,0 +1,518 @@
+/* The SIMD kernel levels (kernels/kernels.h) against the plain-C reference (kernels/ref.h).
+ *
+ *  - gemm and vec_dot, every weight type x every level the CPU has: rows of 1 to several blocks
+ *    (float rows of odd lengths, so the scalar tails run), odd row counts, 1..9, 17 and 67
+ *    activation rows (full tiles, partial tiles, more than one group), strides that are any
+ *    multiple of the block size (what GGUF rows allow) and an out stride with a gap that must stay
+ *    untouched. Per activation row: NMSE against the reference gemm and the largest error relative
+ *    to the row's largest value. The integer types only differ by float summation order;
+ *  - gemm's out[j][i] is bit-identical to the same level's vec_dot of row i with activation j
+ *    (what makes an engine's results independent of how sequences are batched);
+ *  - the activation quantizers (Q8_0, Q8_K, F16, BF16): bit-identical to the reference on random
+ *    and hand-picked values (ties, zero blocks, the sign of Q8_K's d, NaN, infinities,
+ *    subnormals);
+ *  - the level choice: WF_KERNELS=ref|avx2|avx512, refusing a level the CPU lacks or a name that
+ *    is none.
+ * A level the CPU lacks is skipped (cr_skip_test), never passed. */
+#include "base/error.h"
+#include "kernels/kernels.h"
+#include "kernels/ref.h"
+#include "model/dtype.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+TestSuite(kernels_simd, .timeout = 120);
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s)
+{
+	rng_state = s;
+}
+
+static uint64_t rng_u64(void)
+{
+	/* splitmix64 */
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float rng_uniform(float lo, float hi)
+{
+	return lo + (hi - lo) * (float)((double)(rng_u64() >> 11) * 0x1p-53);
+}
+
+static void rng_bytes(void *p, size_t n)
+{
+	uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		b[i] = (uint8_t)rng_u64();
+}
+
+static uint16_t h(float f)
+{
+	return wf_kernels_fp32_to_fp16(f);
+}
+
+/* The level's ops, or a skip when the CPU (or this build) lacks it. */
+static const struct wf_kernel_ops *level_ops(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *o = wf_kernels_cpu_ops_level(level);
+
+	if (!o)
+		cr_skip_test("this CPU or build has no %s kernels", wf_kernel_level_name(level));
+	return o;
+}
+
+static const struct wf_kernel_ops *ref_ops(void)
+{
+	const struct wf_kernel_ops *o = wf_kernels_cpu_ops_level(WF_KERNEL_LEVEL_REF);
+
+	cr_assert_not_null(o);
+	return o;
+}
+
+static size_t block_bytes(enum wf_dtype t)
+{
+	return wf_dtype_info(t)->type_size;
+}
+
+static int64_t block_elems(enum wf_dtype t)
+{
+	return wf_dtype_info(t)->block_size;
+}
+
+static size_t row_bytes(enum wf_dtype t, int64_t n)
+{
+	return (size_t)(n / block_elems(t)) * block_bytes(t);
+}
+
+/* A random weight row: random bits with F16 scales of the magnitude real models have (as
+ * test_ref.c makes them); Q8_0 keeps -128 in its values, which a weight may hold. */
+static void random_weights(enum wf_dtype t, void *w, int64_t n)
+{
+	rng_bytes(w, row_bytes(t, n));
+	switch (t) {
+	case WF_DTYPE_F32:
+		for (int64_t i = 0; i < n; i++)
+			((float *)w)[i] = rng_uniform(-0.1f, 0.1f);
+		break;
+	case WF_DTYPE_F16:
+		for (int64_t i = 0; i < n; i++)
+			((uint16_t *)w)[i] = h(rng_uniform(-0.1f, 0.1f));
+		break;
+	case WF_DTYPE_BF16:
+		for (int64_t i = 0; i < n; i++)
+			((uint16_t *)w)[i] = wf_kernels_fp32_to_bf16(rng_uniform(-0.1f, 0.1f));
+		break;
+	case WF_DTYPE_Q8_0:
+		for (int64_t i = 0; i < n / 32; i++)
+			((struct wf_block_q8_0 *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
+		break;
+	case WF_DTYPE_Q4_0:
+		for (int64_t i = 0; i < n / 32; i++)
+			((struct wf_block_q4_0 *)w)[i].d = h(rng_uniform(-0.02f, 0.02f));
+		break;
+	case WF_DTYPE_Q4_K:
+		for (int64_t i = 0; i < n / 256; i++) {
+			((struct wf_block_q4_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
+			((struct wf_block_q4_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
+		}
+		break;
+	case WF_DTYPE_Q5_K:
+		for (int64_t i = 0; i < n / 256; i++) {
+			((struct wf_block_q5_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
+			((struct wf_block_q5_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
+		}
+		break;
+	case WF_DTYPE_Q6_K:
+		for (int64_t i = 0; i < n / 256; i++)
+			((struct wf_block_q6_K *)w)[i].d = h(rng_uniform(-1e-4f, 1e-4f));
+		break;
+	default:
+		cr_assert_fail("no generator for %d", t);
+	}
+}
+
+/* ---- gemm and vec_dot against the reference ------------------------------------------------ */
+
+static double norm(const float *x, int64_t n)
+{
+	double s = 0;
+
+	for (int64_t i = 0; i < n; i++)
+		s += (double)x[i] * x[i];
+	return sqrt(s);
+}
+
+struct worst {
+	double nmse, rel;
+};
+
+/* One shape: n_rows weight rows at w_stride, n_act activation rows at act_stride (the reference
+ * quantizer's output of random floats), outputs with a gap of 3 floats per row. */
+static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64_t n,
+                        int64_t n_rows, int64_t n_act, size_t w_pad, size_t act_pad,
+                        double max_nmse, double max_rel, struct worst *worst)
+{
+	const struct wf_kernel_type_ops *so = wf_kernel_ops_type(simd, t);
+	const struct wf_kernel_type_ops *ro = wf_kernel_ops_type(ref_ops(), t);
+	const enum wf_dtype at = ro->vec_dot_type;
+	const size_t ws = row_bytes(t, n) + w_pad * block_bytes(t);
+	const size_t as = row_bytes(at, n) + act_pad * block_bytes(at);
+	const size_t os = (size_t)n_rows + 3;
+	char *w = malloc(ws * (size_t)n_rows), *act = malloc(as * (size_t)n_act);
+	float *x = malloc((size_t)n * sizeof(float));
+	float *out = malloc(os * (size_t)n_act * sizeof(float));
+	float *want = malloc(os * (size_t)n_act * sizeof(float));
+	double *wnorm = malloc((size_t)n_rows * sizeof(double));
+
+	cr_assert(so && ro && so->gemm && so->vec_dot && ro->gemm);
+	cr_assert_eq(so->vec_dot_type, at);
+	cr_assert(w && act && x && out && want && wnorm);
+	rng_bytes(w, ws * (size_t)n_rows); /* the pads hold noise the kernels must not read */
+	rng_bytes(act, as * (size_t)n_act);
+	for (int64_t i = 0; i < n_rows; i++)
+		random_weights(t, w + (size_t)i * ws, n);
+	for (int64_t j = 0; j < n_act; j++) {
+		for (int64_t k = 0; k < n; k++)
+			x[k] = rng_uniform(-1.0f, 1.0f);
+		ref_ops()->from_float[at](x, act + (size_t)j * as, n);
+	}
+	/* a NaN sentinel in every output slot: the gaps must keep it */
+	memset(out, 0xff, os * (size_t)n_act * sizeof(float));
+	ro->gemm(n, w, ws, n_rows, act, as, n_act, want, os);
+	so->gemm(n, w, ws, n_rows, act, as, n_act, out, os);
+
+	/* the rows' norms (dequantized, in double): the scale a dot's rounding error is relative to,
+	 * which stays meaningful when a dot cancels to almost nothing */
+	for (int64_t i = 0; i < n_rows; i++) {
+		ro->dequantize_row(w + (size_t)i * ws, x, n);
+		wnorm[i] = norm(x, n);
+	}
+	for (int64_t j = 0; j < n_act; j++) {
+		double err2 = 0, ref2 = 0;
+
+		if (at == WF_DTYPE_Q8_K)
+			wf_kernels_ref_dequantize_row_q8_K(act + (size_t)j * as, x, n);
+		else
+			wf_kernel_ops_type(ref_ops(), at)->dequantize_row(act + (size_t)j * as, x, n);
+		const double anorm = norm(x, n);
+
+		for (size_t i = 0; i < os; i++) {
+			const float got = out[(size_t)j * os + i];
+
+			if (i >= (size_t)n_rows) {
+				uint32_t bits;
+				memcpy(&bits, &got, 4);
+				cr_assert_eq(bits, 0xffffffffu, "gap %zu of row %ld written", i, (long)j);
+				continue;
+			}
+			const double r = want[(size_t)j * os + i];
+			/* the batched result is the level's own vec_dot, bit for bit */
+			const float one = so->vec_dot(n, w + i * ws, act + (size_t)j * as);
+			cr_assert(memcmp(&one, &got, 4) == 0,
+			          "%s n=%ld rows=%ld acts=%ld: gemm[%ld][%zu] %a != vec_dot %a",
+			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
+			          i, got, one);
+			const double rel = fabs(got - r) / (wnorm[i] * anorm + 1e-30);
+			cr_assert(rel <= max_rel,
+			          "%s n=%ld rows=%ld acts=%ld [%ld][%zu]: %a vs reference %a: error "
+			          "%.3g of |w||a| (max %.3g)",
+			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
+			          i, got, r, rel, max_rel);
+			worst->rel = fmax(worst->rel, rel);
+			err2 += (got - r) * (got - r);
+			ref2 += r * r;
+		}
+		/* NMSE over a row of outputs needs a few of them to mean anything */
+		if (n_rows >= 8) {
+			const double nmse = ref2 > 0 ? err2 / ref2 : err2;
+
+			cr_assert(nmse <= max_nmse,
+			          "%s n=%ld rows=%ld acts=%ld act row %ld: nmse %.3g (max %.3g)",
+			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
+			          nmse, max_nmse);
+			worst->nmse = fmax(worst->nmse, nmse);
+		}
+	}
+	free(w);
+	free(act);
+	free(x);
+	free(out);
+	free(want);
+	free(wnorm);
+}
+
+static void check_type(enum wf_kernel_level level, enum wf_dtype t)
+{
+	const struct wf_kernel_ops *simd = level_ops(level);
+	const bool is_float = t == WF_DTYPE_F32 || t == WF_DTYPE_F16 || t == WF_DTYPE_BF16;
+	/* integer block sums are exact: only float summation order differs. The float types
+	 * accumulate in float with FMA where the reference adds in double. The error bound is
+	 * relative to |w| |a| (a dot's rounding scale); worst seen at writing: 1.5e-7 (float
+	 * types), 7e-8 (integer types). */
+	const double max_nmse = is_float ? 1e-9 : 1e-10, max_rel = is_float ? 1e-6 : 5e-7;
+	static const int64_t float_n[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 100, 1001};
+	static const int64_t block_n[] = {1, 2, 3, 5, 8};
+	static const int64_t acts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 67};
+	static const int64_t rows[] = {1, 3, 9};
+	struct worst worst = {0, 0};
+	int n_shapes = 0;
+
+	rng_seed(0x51d0 + (uint64_t)t * 131 + (uint64_t)level);
+	const int n_sizes = is_float ? 12 : 5;
+	for (int s = 0; s < n_sizes; s++) {
+		const int64_t n = is_float ? float_n[s] : block_n[s] * block_elems(t);
+
+		for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
+			for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+				/* pads of 0, 1 or 3 blocks: strides that are no power of two */
+				const size_t w_pad = (size_t)(a + r) % 3 == 2 ? 3 : (size_t)(a + r) % 3;
+				const size_t act_pad = (size_t)(a + 2 * r) % 3;
+
+				check_shape(simd, t, n, rows[r], acts[a], w_pad, act_pad, max_nmse,
+				            max_rel, &worst);
+				n_shapes++;
+			}
+		}
+	}
+	cr_log_info("%s %s: %d shapes, worst nmse %.3g, worst error / (|w| |a|) %.3g",
+	            wf_kernel_level_name(level), wf_dtype_info(t)->name, n_shapes, worst.nmse,
+	            worst.rel);
+}
+
+#define TYPE_TESTS(lvl, LVL)                                                                     \
+	Test(kernels_simd, lvl##_f32) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F32); }   \
+	Test(kernels_simd, lvl##_f16) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F16); }   \
+	Test(kernels_simd, lvl##_bf16) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_BF16); } \
+	Test(kernels_simd, lvl##_q8_0) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q8_0); } \
+	Test(kernels_simd, lvl##_q4_0) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_0); } \
+	Test(kernels_simd, lvl##_q4_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_K); } \
+	Test(kernels_simd, lvl##_q5_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q5_K); } \
+	Test(kernels_simd, lvl##_q6_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q6_K); }
+
+TYPE_TESTS(avx2, AVX2)
+TYPE_TESTS(avx512, AVX512)
+
+/* Extreme K-quant blocks: all 6-bit scales and mins at 63, values at their largest, activations
+ * at +-127: the int16 pair sums come closest to saturating here. */
+static void check_extremes(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *simd = level_ops(level);
+	struct wf_block_q4_K q4[2];
+	struct wf_block_q5_K q5[2];
+	struct wf_block_q6_K q6[2];
+	struct wf_block_q8_K y[2];
+	struct wf_block_q8_0 a0[16], w0[16];
+	struct wf_block_q4_0 w4[16];
+
+	for (int b = 0; b < 2; b++) {
+		q4[b].d = q5[b].d = q6[b].d = h(1e-3f);
+		q4[b].dmin = q5[b].dmin = h(2e-3f);
+		memset(q4[b].scales, 0xff, sizeof(q4[b].scales));
+		memset(q5[b].scales, 0xff, sizeof(q5[b].scales));
+		memset(q4[b].qs, 0xff, sizeof(q4[b].qs));
+		memset(q5[b].qs, 0xff, sizeof(q5[b].qs));
+		memset(q5[b].qh, 0xff, sizeof(q5[b].qh));
+		memset(q6[b].ql, b ? 0x00 : 0xff, sizeof(q6[b].ql)); /* 6-bit 63 and 0: v = 31, -32 */
+		memset(q6[b].qh, b ? 0x00 : 0xff, sizeof(q6[b].qh));
+		memset(q6[b].scales, b ? 0x80 : 0x7f, sizeof(q6[b].scales)); /* -128 and 127 */
+		y[b].d = 1e-2f;
+		for (int e = 0; e < WF_QK_K; e++)
+			y[b].qs[e] = (int8_t)((e + b) % 3 == 0 ? -127 : 127);
+		for (int g = 0; g < WF_QK_K / 16; g++) {
+			int s = 0;
+			for (int e = 0; e < 16; e++)
+				s += y[b].qs[16 * g + e];
+			y[b].bsums[g] = (int16_t)s;
+		}
+	}
+	for (int b = 0; b < 16; b++) {
+		w0[b].d = a0[b].d = w4[b].d = h(0.5f);
+		memset(w0[b].qs, b % 2 ? 0x80 : 0x7f, 32); /* -128 and 127 */
+		memset(w4[b].qs, b % 2 ? 0x00 : 0xff, 16); /* -8 and 7 */
+		for (int e = 0; e < 32; e++)
+			a0[b].qs[e] = (int8_t)(e % 2 ? -127 : 127);
+	}
+	const struct {
+		enum wf_dtype t;
+		const void *w, *a;
+		int64_t n;
+	} cases[] = {
+	    {WF_DTYPE_Q4_K, q4, y, 512}, {WF_DTYPE_Q5_K, q5, y, 512}, {WF_DTYPE_Q6_K, q6, y, 512},
+	    {WF_DTYPE_Q8_0, w0, a0, 512}, {WF_DTYPE_Q4_0, w4, a0, 512},
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		const float r = wf_kernel_ops_type(ref_ops(), cases[c].t)->vec_dot(cases[c].n, cases[c].w,
+		                                                                   cases[c].a);
+		const float s =
+		    wf_kernel_ops_type(simd, cases[c].t)->vec_dot(cases[c].n, cases[c].w, cases[c].a);
+
+		cr_assert(fabsf(s - r) <= 1e-5f * fabsf(r) + 1e-6f, "%s: %a vs reference %a",
+		          wf_dtype_info(cases[c].t)->name, s, r);
+	}
+}
+
+Test(kernels_simd, avx2_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX2); }
+Test(kernels_simd, avx512_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX512); }
+
+/* ---- activation quantizers: bit for bit ---------------------------------------------------- */
+
+/* A finite float of any magnitude from 2^-40 to 2^40 (or zero), either sign. */
+static float rng_wide(void)
+{
+	const uint64_t r = rng_u64();
+
+	if ((r & 63) == 0)
+		return (r & 64) ? -0.0f : 0.0f;
+	return ldexpf(rng_uniform(-1.0f, 1.0f), (int)((r >> 8) % 81) - 40);
+}
+
+static void check_quantizer(const struct wf_kernel_ops *simd, enum wf_dtype at, const float *x,
+                            int64_t n, const char *what)
+{
+	const size_t nb = row_bytes(at, n);
+	uint8_t *a = malloc(nb + 16), *b = malloc(nb + 16);
+
+	cr_assert(a && b);
+	memset(a, 0xa5, nb + 16);
+	memset(b, 0xa5, nb + 16);
+	ref_ops()->from_float[at](x, a, n);
+	simd->from_float[at](x, b, n);
+	for (size_t i = 0; i < nb + 16; i++)
+		cr_assert_eq(a[i], b[i], "%s %s n=%ld: byte %zu: %02x, reference %02x",
+		             wf_dtype_info(at)->name, what, (long)n, i, b[i], a[i]);
+	free(a);
+	free(b);
+}
+
+static void check_quantizers(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *simd = level_ops(level);
+	enum { N = 4 * 256 };
+	float x[N];
+
+	rng_seed(0x9a77 + (uint64_t)level);
+	/* random rows at several scales, then rows of one scale with ties built in */
+	for (int trial = 0; trial < 200; trial++) {
+		const float scale = ldexpf(1.0f, (int)(rng_u64() % 60) - 30);
+
+		for (int i = 0; i < N; i++)
+			x[i] = rng_uniform(-1.0f, 1.0f) * scale;
+		if (trial % 4 == 1)
+			for (int i = 0; i < N; i++)
+				x[i] = rng_wide();
+		if (trial % 4 == 2) {
+			/* amax 127 gives Q8_0 d = 1 and Q8_K iscale = -1: k + 0.5 are exact ties */
+			for (int i = 0; i < N; i++)
+				x[i] = (float)((int)(rng_u64() % 254) - 127) + ((rng_u64() & 1) ? 0.5f : 0.0f);
+			for (int i = 0; i < N; i += 32)
+				x[i + (int)(rng_u64() % 32)] = (rng_u64() & 1) ? 127.0f : -127.0f;
+		}
+		if (trial % 4 == 3) {
+			/* a zero block, a block of one value, and equal magnitudes of both signs */
+			for (int i = 0; i < 512; i++)
+				x[i] = i < 256 ? 0.0f : -3.0f;
+			x[700] = 5.0f;
+			x[701] = -5.0f;
+		}
+		const int64_t n = 256 * (1 + trial % 4);
+		check_quantizer(simd, WF_DTYPE_Q8_0, x, n, "random");
+		check_quantizer(simd, WF_DTYPE_Q8_K, x, n, "random");
+		check_quantizer(simd, WF_DTYPE_F16, x, n, "random");
+		check_quantizer(simd, WF_DTYPE_BF16, x, n, "random");
+	}
+	/* the float conversions on every kind of bit pattern (NaNs too), with tails of any length */
+	for (int trial = 0; trial < 64; trial++) {
+		for (int i = 0; i < N; i++) {
+			uint32_t u = (uint32_t)rng_u64();
+			memcpy(&x[i], &u, 4);
+		}
+		const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 65519.0f, 65520.0f,
+		                          -65520.0f, 0x1p-25f, 3 * 0x1p-25f, 0x1p-14f, 0x1p-149f,
+		                          -0.0f, 1.0f + 0x1p-11f};
+		for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); i++)
+			x[(size_t)trial + 13 * i] = specials[i];
+		check_quantizer(simd, WF_DTYPE_F16, x, 1 + trial * 7, "bits");
+		check_quantizer(simd, WF_DTYPE_BF16, x, 1 + trial * 7, "bits");
+	}
+}
+
+Test(kernels_simd, avx2_quantizers) { check_quantizers(WF_KERNEL_LEVEL_AVX2); }
+Test(kernels_simd, avx512_quantizers) { check_quantizers(WF_KERNEL_LEVEL_AVX512); }
+
+/* ---- the level choice ---------------------------------------------------------------------- */
+
+Test(kernels_simd, default_level_is_the_best_the_cpu_has)
+{
+	enum wf_kernel_level best = WF_KERNEL_LEVEL_REF, got;
+
+	unsetenv("WF_KERNELS");
+	for (int l = 0; l < WF_KERNEL_LEVEL_MAX_; l++)
+		if (wf_kernels_cpu_ops_level((enum wf_kernel_level)l))
+			best = (enum wf_kernel_level)l;
+	cr_assert_eq(wf_kernels_cpu_level(&got), 0);
+	cr_assert_eq(got, best, "chose %s, best is %s", wf_kernel_level_name(got),
+	             wf_kernel_level_name(best));
+	cr_assert_eq(wf_kernels_cpu_ops(), wf_kernels_cpu_ops_level(best));
+	cr_log_info("CPU kernel level: %s", wf_kernel_level_name(got));
+	cr_assert_str_eq(wf_kernel_level_name(WF_KERNEL_LEVEL_REF), "ref");
+	cr_assert_str_eq(wf_kernel_level_name(WF_KERNEL_LEVEL_AVX2), "avx2");
+	cr_assert_str_eq(wf_kernel_level_name(WF_KERNEL_LEVEL_AVX512), "avx512");
+	cr_assert_null(wf_kernel_level_name(WF_KERNEL_LEVEL_MAX_));
+	cr_assert_null(wf_kernels_cpu_ops_level(WF_KERNEL_LEVEL_MAX_));
+	/* every level fills every type and quantizer the reference has */
+	for (int l = 0; l < WF_KERNEL_LEVEL_MAX_; l++) {
+		const struct wf_kernel_ops *o = wf_kernels_cpu_ops_level((enum wf_kernel_level)l);
+
+		for (uint32_t t = 0; o && t < WF_DTYPE_GGML_COUNT_; t++) {
+			const struct wf_kernel_type_ops *r = wf_kernel_ops_type(ref_ops(), t);
+			const struct wf_kernel_type_ops *s = wf_kernel_ops_type(o, t);
+
+			cr_assert_eq(!r, !s);
+			cr_assert(!s || (s->gemm && s->dequantize_row && s->vec_dot_type == r->vec_dot_type));
+			cr_assert_eq(!ref_ops()->from_float[t], !o->from_float[t]);
+		}
+	}
+}
+
+/* In a process of its own (Criterion forks per test), so the choice is made here. */
+static void check_forced(const char *name)
+{
+	enum wf_kernel_level l = WF_KERNEL_LEVEL_MAX_, got;
+
+	for (int k = 0; k < WF_KERNEL_LEVEL_MAX_; k++)
+		if (strcmp(wf_kernel_level_name((enum wf_kernel_level)k), name) == 0)
+			l = (enum wf_kernel_level)k;
+	cr_assert_eq(setenv("WF_KERNELS", name, 1), 0);
+	if (l == WF_KERNEL_LEVEL_MAX_) {
+		cr_assert_eq(wf_kernels_cpu_level(&got), WF_EINVAL);
+		cr_assert_null(wf_kernels_cpu_ops());
+		cr_assert_eq(wf_kernels_cpu_register(), WF_EINVAL);
+	} else if (!wf_kernels_cpu_ops_level(l)) {
+		cr_assert_eq(wf_kernels_cpu_level(&got), WF_EUNSUPPORTED);
+		cr_assert_null(wf_kernels_cpu_ops());
+		cr_assert_eq(wf_kernels_cpu_register(), WF_EUNSUPPORTED);
+		cr_skip_test("this CPU has no %s kernels: refused as it should be", name);
+	} else {
+		cr_assert_eq(wf_kernels_cpu_level(&got), 0);
+		cr_assert_eq(got, l);
+		cr_assert_eq(wf_kernels_cpu_ops(), wf_kernels_cpu_ops_level(l));
+		cr_assert_eq(wf_kernels_cpu_register(), 0);
+	}
+}
+
+Test(kernels_simd, forced_ref) { check_forced("ref"); }
+Test(kernels_simd, forced_avx2) { check_forced("avx2"); }
+Test(kernels_simd, forced_avx512) { check_forced("avx512"); }
+Test(kernels_simd, forced_unknown_name_refused) { check_forced("sse9"); }
