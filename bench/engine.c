@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 
 #include <errno.h>
@@ -268,10 +269,12 @@ static int llama_run(const char *exe, const char *model, unsigned threads, const
 
 /* ---- the mode ---- */
 
-/* The SIMD level the CPU kernels run at, for the JSON lines; NULL when the table does not say. */
+/* The SIMD level the engine's CPU kernels run at (WF_KERNELS or the best the CPU has), for the
+ * JSON lines; NULL when WF_KERNELS names a level this CPU lacks (the engine then fails too). */
 static const char *kernel_level(void)
 {
-	return NULL;
+	enum wf_kernel_level l;
+	return wf_kernels_cpu_level(&l) == 0 ? wf_kernel_level_name(l) : NULL;
 }
 
 static void ensure_model(const struct bench_opts *o, char *path, size_t len)
