@@ -3,6 +3,7 @@
 #define WF_BENCH_ANCHORS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 double bench_now(void); /* CLOCK_MONOTONIC seconds */
@@ -19,6 +20,24 @@ double bench_fio_read(const char *path, bool direct);
 
 /* Seconds `cat path > /dev/null` takes (a real cat process). Negative on failure. */
 double bench_cat_seconds(const char *path);
+
+/* Memory read bandwidth with n_threads threads: each reads its own contiguous slice of one
+ * anonymous buffer of `bytes` (pre-faulted; pick it much larger than the last-level cache) front
+ * to back, summing the words into registers, as a bandwidth-bound decode reads its weights. The
+ * best of `passes` timed passes, in bytes/s; negative on failure (no memory, no threads). */
+double bench_read_bandwidth(unsigned n_threads, size_t bytes, int passes);
+
+/* A buffer size for bench_read_bandwidth: 4 x the last-level cache (sysfs), at least 1 GiB, at
+ * most an eighth of physical memory. */
+size_t bench_read_bandwidth_size(void);
+
+/* Runs argv (argv[0] a path, or a name looked up in $PATH) with stdout to out_path (NULL:
+ * /dev/null), stderr inherited; returns its exit status, or -1 when it could not run or died of
+ * a signal. */
+int bench_run(char *const argv[], const char *out_path);
+
+/* Removes a file or a directory tree (best effort). */
+void bench_rmtree(const char *path);
 
 /* Generates a model with wf-gen (next to wf-bench in the build tree, or on PATH). */
 int bench_gen_model(const char *wfgen, const char *path, const char *size, int seed);

@@ -2,6 +2,8 @@
 #define WF_BENCH_BENCH_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 struct bench_opts {
 	bool json;
@@ -12,10 +14,29 @@ struct bench_opts {
 	const char *wfgen;      /* path of wf-gen */
 	const char *device;     /* residency: device spec */
 	int iterations;
+	const char *model;       /* engine: the model (NULL: generate the model in dir) */
+	const char *llama_bench; /* engine: a llama-bench to compare with (NULL: skip its rows) */
+	unsigned threads;        /* engine: threads (0: the CPUs this process may run on) */
 };
+
+/* What the engine mode's process rows (worker.c) need from its in-process part. */
+struct bench_engine_ctx {
+	const char *model_path;
+	const char *agent_exe, *worker_exe;
+	uint64_t model_bytes;             /* tensor bytes */
+	uint32_t n_vocab, n_threads;
+	uint64_t kv_bytes, scratch_bytes; /* of the in-process engine, for the notes */
+	uint32_t n_ctx, n_seq;            /* its config */
+};
+
+/* Writes to out the path of a program of the project: beside wf-bench once installed (bin/), else
+ * in the build tree (bench/../build_dir/name), else the bare name (for $PATH). */
+void bench_tool(const char *name, const char *build_dir, char *out, size_t len);
 
 bool bench_selected(const struct bench_opts *o, const char *name);
 int bench_floor(const struct bench_opts *o);
 int bench_residency(const struct bench_opts *o);
+int bench_engine(const struct bench_opts *o);
+int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_ctx *ctx);
 
 #endif

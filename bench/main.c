@@ -23,16 +23,42 @@ bool bench_selected(const struct bench_opts *o, const char *name)
 	return false;
 }
 
+void bench_tool(const char *name, const char *build_dir, char *out, size_t len)
+{
+	/* Installed, the tools sit beside us (bin/); in the build tree, in a sibling directory of
+	 * bench/. */
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n > 0) {
+		self[n] = '\0';
+		const char *dir = dirname(self);
+		snprintf(out, len, "%s/%s", dir, name);
+		if (access(out, X_OK) == 0)
+			return;
+		snprintf(out, len, "%s/../%s/%s", dir, build_dir, name);
+		if (access(out, X_OK) == 0)
+			return;
+	}
+	snprintf(out, len, "%s", name);
+}
+
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: wf-bench floor [--json] [--dir DIR] [--floor-root DIR] [--size SIZE]\n"
 		     "                [--only cold,warm,share,attach] [--iterations N]\n"
 		     "       wf-bench residency [--json] [--device SPEC] [--dir DIR] [--size SIZE]\n"
 		     "                [--only floor,cold]\n"
+		     "       wf-bench engine [--json] [--model FILE] [--llama-bench PATH] [--threads N]\n"
+		     "                [--dir DIR] [--floor-root DIR] [--iterations N]\n"
 		     "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 		     "                must be a disk file system for the cold figure)\n"
 		     "  --floor-root  where floors are made (default /dev/shm)\n"
 		     "  --size        model size for throughput figures (default 2G)\n"
+		     "  --model       engine: the model (default: generate issue 10's 1 GB qwen3moe\n"
+		     "                Q4_K model in --dir, once)\n"
+		     "  --llama-bench engine: a llama-bench (llama.cpp b10573) to compare with\n"
+		     "  --threads     engine: threads for both (default: the CPUs we may run on)\n"
+		     "  --iterations  repetitions of each figure; engine: 1 also shortens the runs\n"
 		     "  wf-bench --version prints \"wf-bench VERSION\".\n");
 }
 
@@ -40,20 +66,8 @@ int main(int argc, char **argv)
 {
 	static char wfgen[PATH_MAX];
 	struct bench_opts o = {.dir = "/var/tmp/wf-bench", .floor_root = "/dev/shm", .size = "2G"};
-	/* wf-gen sits beside us once installed (bin/), and in a sibling directory in the build tree
-	 * (bench/ and tools/); else $PATH finds it. */
-	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-	if (n > 0) {
-		self[n] = '\0';
-		const char *dir = dirname(self);
-		snprintf(wfgen, sizeof wfgen, "%s/wf-gen", dir);
-		if (access(wfgen, X_OK) != 0)
-			snprintf(wfgen, sizeof wfgen, "%s/../tools/wf-gen", dir);
-		o.wfgen = access(wfgen, X_OK) == 0 ? wfgen : "wf-gen";
-	} else {
-		o.wfgen = "wf-gen";
-	}
+	bench_tool("wf-gen", "tools", wfgen, sizeof wfgen);
+	o.wfgen = wfgen;
 	if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
 		printf("wf-bench %s\n", WF_VERSION);
 		return 0;
@@ -71,6 +85,9 @@ int main(int argc, char **argv)
 		{"only", required_argument, NULL, 'o'},
 		{"iterations", required_argument, NULL, 'i'},
 		{"device", required_argument, NULL, 'D'},
+		{"model", required_argument, NULL, 'm'},
+		{"llama-bench", required_argument, NULL, 'L'},
+		{"threads", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -85,6 +102,18 @@ int main(int argc, char **argv)
 		case 'o': o.only = optarg; break;
 		case 'i': o.iterations = atoi(optarg); break;
 		case 'D': o.device = optarg; break;
+		case 'm': o.model = optarg; break;
+		case 'L': o.llama_bench = optarg; break;
+		case 't': {
+			char *end;
+			unsigned long t = strtoul(optarg, &end, 10);
+			if (*optarg == '\0' || *end != '\0' || t < 1 || t > 256) {
+				fprintf(stderr, "wf-bench: --threads '%s' is not 1..256\n", optarg);
+				return 2;
+			}
+			o.threads = (unsigned)t;
+			break;
+		}
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -94,6 +123,8 @@ int main(int argc, char **argv)
 		return bench_floor(&o);
 	if (strcmp(mode, "residency") == 0)
 		return bench_residency(&o);
+	if (strcmp(mode, "engine") == 0)
+		return bench_engine(&o);
 	fprintf(stderr, "wf-bench: unknown mode '%s'\n", mode);
 	usage(stderr);
 	return 2;

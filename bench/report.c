@@ -42,6 +42,8 @@ void bench_report(const struct bench_result *r)
 		json_object_object_add(o, "pass", json_object_new_boolean(passes(r)));
 		if (r->notes)
 			json_object_object_add(o, "notes", json_object_new_string(r->notes));
+		if (r->kernels)
+			json_object_object_add(o, "kernels", json_object_new_string(r->kernels));
 		puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
 							       JSON_C_TO_STRING_NOSLASHESCAPE));
 		json_object_put(o);
@@ -53,6 +55,8 @@ void bench_report(const struct bench_result *r)
 		       r->value, r->unit, r->anchor, r->anchor_value, r->ratio, goal);
 		if (r->notes)
 			printf("%-10s   note: %s\n", "", r->notes);
+		if (r->kernels)
+			printf("%-10s   kernels: %s\n", "", r->kernels);
 	}
 	fflush(stdout);
 }

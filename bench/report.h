@@ -1,7 +1,7 @@
 /* wf-bench output: one result per line, JSON (--json) or a readable table.
  *
  * JSON fields: bench, metric, value, unit, anchor, anchor_value, ratio, goal, goal_op ("<=" or
- * ">="), pass, plus free-form notes; or, for a figure that could not be measured here, bench,
+ * ">="), pass, plus free-form notes and the kernels' SIMD level (kernels); or, for a figure that could not be measured here, bench,
  * metric and skipped (the reason), never a made-up value. */
 #ifndef WF_BENCH_REPORT_H
 #define WF_BENCH_REPORT_H
@@ -17,6 +17,7 @@ struct bench_result {
 	double goal;
 	const char *goal_op; /* ">=" or "<=" */
 	const char *notes;   /* optional */
+	const char *kernels; /* optional: the CPU kernels' SIMD level the figure ran with */
 };
 
 void bench_report_init(bool json);

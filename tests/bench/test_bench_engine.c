@@ -1,0 +1,101 @@
+/* `wf-bench engine` on a tiny wf-gen model with --iterations 1: every row it can measure here
+ * comes out with a finite, positive value and ratio (the in-process engine, the bandwidth anchor,
+ * a real agent and worker); llama.cpp's rows are skipped with a reason when no llama-bench is
+ * given. With WF_LLAMA_BENCH set to a llama-bench (llama.cpp b10573, built outside the
+ * repository), its rows are checked too. */
+#include "common/wftest.h"
+
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *dir;
+
+static void fini(void)
+{
+	if (dir)
+		wft_rmtree(dir);
+}
+
+/* The JSON line whose metric is name (a new reference), or NULL. */
+static struct json_object *row(const char *out, const char *name)
+{
+	char *copy = strdup(out), *save = NULL;
+	struct json_object *found = NULL;
+	for (char *l = strtok_r(copy, "\n", &save); l && !found; l = strtok_r(NULL, "\n", &save)) {
+		struct json_object *j = json_tokener_parse(l), *m;
+		cr_assert(j, "not a JSON line: %s", l);
+		if (json_object_object_get_ex(j, "metric", &m) &&
+		    strcmp(json_object_get_string(m), name) == 0)
+			found = j;
+		else
+			json_object_put(j);
+	}
+	free(copy);
+	return found;
+}
+
+static double num(struct json_object *j, const char *key)
+{
+	struct json_object *v;
+	cr_assert(json_object_object_get_ex(j, key, &v), "no %s in %s", key,
+		  json_object_to_json_string(j));
+	return json_object_get_double(v);
+}
+
+static void expect_measured(const char *out, const char *name)
+{
+	struct json_object *j = row(out, name);
+	cr_assert(j, "no %s row in:\n%s", name, out);
+	double v = num(j, "value"), a = num(j, "anchor_value"), r = num(j, "ratio");
+	cr_expect(isfinite(v) && v > 0, "%s value %g", name, v);
+	cr_expect(isfinite(a) && a > 0, "%s anchor %g", name, a);
+	cr_expect(isfinite(r) && r > 0 && fabs(r - v / a) <= 1e-6 * r, "%s ratio %g (%g / %g)", name,
+		  r, v, a);
+	json_object_put(j);
+}
+
+static void expect_skipped(const char *out, const char *name)
+{
+	struct json_object *j = row(out, name), *s;
+	cr_assert(j, "no %s row in:\n%s", name, out);
+	cr_expect(json_object_object_get_ex(j, "skipped", &s) && strlen(json_object_get_string(s)),
+		  "%s is not skipped with a reason: %s", name, json_object_to_json_string(j));
+	json_object_put(j);
+}
+
+Test(bench_engine, tiny_model_every_row, .fini = fini, .timeout = 50)
+{
+	dir = wft_tmpdir("bench-engine");
+	char model[4200], out[4200], err[4200];
+	snprintf(model, sizeof model, "%s/tiny.gguf", dir);
+	snprintf(out, sizeof out, "%s/out.jsonl", dir);
+	snprintf(err, sizeof err, "%s/err.txt", dir);
+	char *gen[] = {wft_exe("tools/wf-gen"), "--arch", "qwen3moe", "--seed", "3", "-q", "-o", model,
+		       NULL};
+	cr_assert_eq(wft_run(gen, NULL, NULL, 30), 0, "wf-gen");
+	const char *llama = getenv("WF_LLAMA_BENCH");
+	char *argv[] = {wft_exe("bench/wf-bench"), "engine", "--json", "--model", model,
+			"--iterations", "1", "--threads", "2", "--dir", dir,
+			llama ? "--llama-bench" : NULL, (char *)llama, NULL};
+	int rc = wft_run(argv, out, err, 40);
+	char *o = wft_read_file(out, NULL), *e = wft_read_file(err, NULL);
+	cr_assert_eq(rc, 0, "wf-bench engine exited %d\nstdout:\n%s\nstderr:\n%s", rc, o, e);
+	expect_measured(o, "decode_vs_bandwidth_bound");
+	expect_measured(o, "batch8_vs_batch1");
+	expect_measured(o, "private_memory_over_model");
+	if (llama) {
+		expect_measured(o, "decode_vs_llama_cpp");
+		expect_measured(o, "prefill_vs_llama_cpp");
+		expect_measured(o, "first_token_vs_llama_cpp");
+	} else {
+		expect_skipped(o, "decode_vs_llama_cpp");
+		expect_skipped(o, "prefill_vs_llama_cpp");
+		expect_skipped(o, "first_token_vs_llama_cpp");
+	}
+	free(o);
+	free(e);
+}
