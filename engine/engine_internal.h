@@ -59,12 +59,17 @@ struct wf__kv {
 	enum wf_engine_kv_type type;
 	uint32_t n_layer, n_seq, n_ctx, row;     /* row: elements per position */
 	size_t elem;                             /* 2 or 4 */
+	size_t bytes;                            /* of k, and of v */
 	uint8_t *k, *v;                          /* [layer][seq][pos][row] */
 	uint32_t *len;                           /* per sequence */
 };
 int wf__kv_init(struct wf__kv *kv, enum wf_engine_kv_type type, uint32_t n_layer, uint32_t n_seq,
                 uint32_t n_ctx, uint32_t row);
 void wf__kv_fini(struct wf__kv *kv);
+
+/* Anonymous zero pages, touched only when used (NULL on failure); wf__unmap accepts NULL. */
+void *wf__map_zeroed(size_t bytes);
+void wf__unmap(void *p, size_t bytes);
 static inline uint8_t *wf__kv_k(const struct wf__kv *kv, uint32_t layer, uint32_t seq, uint32_t pos)
 {
 	return kv->k + ((((size_t)layer * kv->n_seq + seq) * kv->n_ctx + pos) * kv->row) * kv->elem;

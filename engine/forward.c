@@ -46,6 +46,8 @@ struct wf_engine {
 	uint32_t *out_rows;                      /* tokens whose logits are wanted, per slice */
 
 	struct mm_phase *ph;
+	void *scratch; /* the mapping all the buffers above live in */
+	size_t scratch_size;
 
 	wf_engine_router_fn router_fn;
 	void *router_arg;
@@ -480,44 +482,60 @@ static enum wf_dtype widest_act(const struct wf_engine *e)
 	return best;
 }
 
+/* Scratch is one anonymous mapping carved into buffers: its pages stay untouched (no memory)
+ * until a batch that large uses them, whichever thread creates the engine. (calloc from a
+ * thread's malloc arena zeroes, and so touches, every byte it hands out.) */
 static int alloc_scratch(struct wf_engine *e)
 {
 	const struct wf__weights *w = &e->w;
 	const size_t U = UBATCH_MAX, K = w->moe ? w->n_expert_used : 1, S = U * K;
 	const size_t E = w->n_embd, F = w->n_ff, X = w->moe ? w->n_expert : 1;
-	e->x = calloc(U * E, sizeof(float));
-	e->xn = calloc(U * E, sizeof(float));
-	e->tmp = calloc(U * E, sizeof(float));
-	e->q = calloc(U * e->q_dim, sizeof(float));
-	e->attn = calloc(U * e->q_dim, sizeof(float));
-	e->k = calloc(U * e->kv_dim, sizeof(float));
-	e->v = calloc(U * e->kv_dim, sizeof(float));
-	e->router = calloc(U * X, sizeof(float));
-	e->probs = calloc(X, sizeof(float));
-	e->sel = calloc(S, sizeof(int32_t));
-	e->sel_w = calloc(S, sizeof(float));
-	e->gate = calloc(S * F, sizeof(float));
-	e->up = calloc(S * F, sizeof(float));
-	e->hbuf = calloc(S * F, sizeof(float));
-	e->down = calloc(S * E, sizeof(float));
-	e->slot_of = calloc(S, sizeof(uint32_t));
-	e->row_token = calloc(S, sizeof(uint32_t));
-	e->expert_first = calloc(X, sizeof(uint32_t));
-	e->expert_count = calloc(X, sizeof(uint32_t));
-	e->out_rows = calloc(U, sizeof(uint32_t));
 	/* Quantized activations, for every row a phase quantizes (three inputs of Q/K/V, or the
 	 * slots' rows twice), at the widest activation type any weight pairs with. */
-	e->qa_size = S * act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u + 4096u;
-	e->qa = malloc(e->qa_size);
-	e->qb = malloc(e->qa_size);
+	e->qa_size = S * act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u +
+	             4096u;
 	e->att_scratch_floats = 2u * w->head_dim + e->n_ctx + 16u;
-	e->att_scratch = calloc((size_t)e->n_threads * e->att_scratch_floats, sizeof(float));
-	e->ph = malloc(sizeof(*e->ph));
-	if (!e->x || !e->xn || !e->tmp || !e->q || !e->attn || !e->k || !e->v || !e->router ||
-	    !e->probs || !e->sel || !e->sel_w || !e->gate || !e->up || !e->hbuf || !e->down ||
-	    !e->slot_of || !e->row_token || !e->expert_first || !e->expert_count || !e->out_rows ||
-	    !e->qa || !e->qb || !e->att_scratch || !e->ph)
+	struct {
+		void **ptr;
+		size_t bytes;
+	} bufs[] = {
+	    {(void **)&e->x, U * E * sizeof(float)},
+	    {(void **)&e->xn, U * E * sizeof(float)},
+	    {(void **)&e->tmp, U * E * sizeof(float)},
+	    {(void **)&e->q, U * e->q_dim * sizeof(float)},
+	    {(void **)&e->attn, U * e->q_dim * sizeof(float)},
+	    {(void **)&e->k, U * e->kv_dim * sizeof(float)},
+	    {(void **)&e->v, U * e->kv_dim * sizeof(float)},
+	    {(void **)&e->router, U * X * sizeof(float)},
+	    {(void **)&e->probs, X * sizeof(float)},
+	    {(void **)&e->sel, S * sizeof(int32_t)},
+	    {(void **)&e->sel_w, S * sizeof(float)},
+	    {(void **)&e->gate, S * F * sizeof(float)},
+	    {(void **)&e->up, S * F * sizeof(float)},
+	    {(void **)&e->hbuf, S * F * sizeof(float)},
+	    {(void **)&e->down, S * E * sizeof(float)},
+	    {(void **)&e->slot_of, S * sizeof(uint32_t)},
+	    {(void **)&e->row_token, S * sizeof(uint32_t)},
+	    {(void **)&e->expert_first, X * sizeof(uint32_t)},
+	    {(void **)&e->expert_count, X * sizeof(uint32_t)},
+	    {(void **)&e->out_rows, U * sizeof(uint32_t)},
+	    {(void **)&e->qa, e->qa_size},
+	    {(void **)&e->qb, e->qa_size},
+	    {(void **)&e->att_scratch, (size_t)e->n_threads * e->att_scratch_floats * sizeof(float)},
+	    {(void **)&e->ph, sizeof(*e->ph)},
+	};
+	size_t total = 0;
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		total += (bufs[i].bytes + 63u) & ~(size_t)63u;
+	uint8_t *base = wf__map_zeroed(total);
+	if (!base)
 		return -ENOMEM;
+	e->scratch = base;
+	e->scratch_size = total;
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+		*bufs[i].ptr = base;
+		base += (bufs[i].bytes + 63u) & ~(size_t)63u;
+	}
 	return 0;
 }
 
@@ -594,30 +612,7 @@ void wf_engine_destroy(struct wf_engine *e)
 	wf_pool_destroy(e->pool);
 	wf__kv_fini(&e->kv);
 	wf__weights_fini(&e->w);
-	free(e->x);
-	free(e->xn);
-	free(e->tmp);
-	free(e->q);
-	free(e->attn);
-	free(e->k);
-	free(e->v);
-	free(e->router);
-	free(e->probs);
-	free(e->sel);
-	free(e->sel_w);
-	free(e->gate);
-	free(e->up);
-	free(e->hbuf);
-	free(e->down);
-	free(e->slot_of);
-	free(e->row_token);
-	free(e->expert_first);
-	free(e->expert_count);
-	free(e->out_rows);
-	free(e->qa);
-	free(e->qb);
-	free(e->att_scratch);
-	free(e->ph);
+	wf__unmap(e->scratch, e->scratch_size);
 	free(e);
 }
 
@@ -642,11 +637,7 @@ void wf_engine_get_info(const struct wf_engine *e, struct wf_engine_info *ret)
 	ret->n_threads = e->n_threads;
 	ret->weight_bytes_per_token = w->bytes_per_token;
 	ret->kv_bytes = 2ull * e->kv.n_layer * e->kv.n_seq * e->kv.n_ctx * e->kv.row * e->kv.elem;
-	ret->scratch_bytes = 2ull * e->qa_size +
-	                     (uint64_t)UBATCH_MAX * sizeof(float) *
-	                         (3u * w->n_embd + 2u * e->q_dim + 2u * e->kv_dim) +
-	                     (uint64_t)UBATCH_MAX * (w->moe ? w->n_expert_used : 1u) * sizeof(float) *
-	                         (3u * w->n_ff + w->n_embd);
+	ret->scratch_bytes = e->scratch_size;
 }
 
 static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *b,

@@ -309,6 +309,8 @@ static bool pin_resident_locked(struct wf_cache *c, struct model *m, uint32_t se
  * PINNED_DEVICE model when all); acquire (whole model only): counts a holder in the same step that
  * publishes it. allow_evict: LRU victims may go (self-managed). Resident sets are only converted.
  * All or nothing: a failure leaves every set where it was. */
+static int stage_ready(struct wf_cache *c, struct wf_diag *diag);
+
 static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin, bool acquire,
                      bool allow_evict, struct wf_diag *diag)
 {
@@ -396,6 +398,8 @@ static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin
 		wf__cache_fill_pointers(&d[j]);
 	}
 
+	if ((ret = stage_ready(c, diag)) < 0)
+		goto fail;
 	pthread_mutex_lock(&c->lock);
 	m->loading = true;
 	m->load_done = 0;
@@ -806,17 +810,32 @@ static bool is_load(const struct cmd *k)
 /* The io reader is created, used and destroyed on this thread: an io_uring reader registers its
  * ring descriptor with the thread that set it up (io_uring_register_ring_fd), and a registered
  * ring is invisible to every other thread. The stage registers its ring with that reader, so it
- * lives here too. */
+ * lives here too, made by the first load (stage_ready): its pinned ring (64 MiB by default) is
+ * resident memory that a worker which never copies weights to its device (one that only runs
+ * the CPU engine on the floor) should not hold. Its options are checked here, at start. */
 static int manager_init(struct wf_cache *c)
 {
 	int ret = wf_io_reader_create(c->have_io_opts ? &c->io_opts : NULL, &c->io);
 
 	if (ret < 0)
 		return wf_diag_set(&c->init_diag, ret, "cache: io reader: %s", wf_strerror(ret));
-	ret = wf_stage_create(c->dev, c->io, &c->opts.stage, &c->stage, &c->init_diag);
+	return wf_stage_info_planned(&c->opts.stage, &c->stage_info, &c->init_diag);
+}
+
+/* Makes the stage on the first load. */
+static int stage_ready(struct wf_cache *c, struct wf_diag *diag)
+{
+	if (c->stage)
+		return 0;
+	struct wf_stage *st = NULL;
+	struct wf_diag d = {{0}};
+	int ret = wf_stage_create(c->dev, c->io, &c->opts.stage, &st, &d);
 	if (ret < 0)
-		return ret;
+		return wf_diag_set(diag, ret, "staging buffers: %s", wf_diag_str(&d, ret));
+	pthread_mutex_lock(&c->lock);
+	c->stage = st;
 	wf_stage_info(c->stage, &c->stage_info);
+	pthread_mutex_unlock(&c->lock);
 	return 0;
 }
 

@@ -225,6 +225,22 @@ void wf_stage_destroy(struct wf_stage *st)
 	free(st);
 }
 
+int wf_stage_info_planned(const struct wf_stage_opts *opts, struct wf_stage_info *ret_info,
+                          struct wf_diag *diag)
+{
+	struct wf_stage_opts o;
+	int ret = resolve_opts(opts, &o, diag);
+	if (ret < 0)
+		return ret;
+	*ret_info = (struct wf_stage_info){
+	    .n_buffers = o.n_buffers,
+	    .buffer_size = o.buffer_size,
+	    .n_streams = o.n_streams,
+	    .preferred = WF_STAGE_MODE_DIRECT,
+	};
+	return 0;
+}
+
 void wf_stage_info(const struct wf_stage *st, struct wf_stage_info *ret_info)
 {
 	*ret_info = (struct wf_stage_info){

@@ -147,6 +147,12 @@ struct wf_stage_info {
 
 struct wf_stage;
 
+/* What a stage made with opts would report before any transfer (opts checked as
+ * wf_stage_create checks them), for a caller that creates its stage only when it first needs
+ * one. Returns 0 or WF_EINVAL. */
+int wf_stage_info_planned(const struct wf_stage_opts *opts, struct wf_stage_info *ret_info,
+                          struct wf_diag *diag);
+
 /* Creates a stage on dev that reads with io (both borrowed: they must outlive the stage): allocates
  * the pinned ring (one allocation, MADV_DONTFORK), registers it with the reader where that works
  * (failure only costs the speed-up), and creates the copy streams and one event per buffer.
