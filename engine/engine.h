@@ -97,6 +97,15 @@ uint32_t wf_engine_seq_len(const struct wf_engine *engine, uint32_t seq);
  * reused or the sequence rewound. WF_EINVAL for a sequence out of range. */
 int wf_engine_seq_truncate(struct wf_engine *engine, uint32_t seq, uint32_t pos);
 
+/* What the decodes so far did: tokens computed, and bytes of weights read (each matrix once per
+ * decode step however many tokens use it, each routed expert once per layer and step, one
+ * embedding row per token), the figure a bandwidth bound divides by. */
+struct wf_engine_stats {
+	uint64_t decodes, tokens, weight_bytes;
+};
+void wf_engine_get_stats(const struct wf_engine *engine, struct wf_engine_stats *ret_stats);
+void wf_engine_reset_stats(struct wf_engine *engine);
+
 /* Debug and test hook: when set, the engine writes each layer's router logits (before softmax)
  * for every token of the next decodes, [n_layer][n][n_expert] per decode, to the callback. */
 typedef void (*wf_engine_router_fn)(void *arg, uint32_t layer, uint32_t n_tokens,

@@ -51,6 +51,9 @@ struct wf_engine {
 
 	wf_engine_router_fn router_fn;
 	void *router_arg;
+	struct wf_engine_stats stats;
+	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
+	                              experts and the embedding row) */
 };
 
 /* ---- matrix products over the pool ---------------------------------------------------------- */
@@ -327,6 +330,9 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		e->expert_count[e->sel[i]]++;
 	uint32_t at = 0;
 	for (uint32_t x = 0; x < X; x++) {
+		if (e->expert_count[x])
+			e->stats.weight_bytes += L->gate_exps.matrix_size + L->up_exps.matrix_size +
+			                         L->down_exps.matrix_size;
 		e->expert_first[x] = at;
 		at += e->expert_count[x];
 		e->expert_count[x] = 0;
@@ -401,6 +407,7 @@ static void forward_slice(struct wf_engine *e, struct mm_phase *ph, const int32_
 {
 	const struct wf__weights *w = &e->w;
 	const uint32_t E = w->n_embd;
+	e->stats.weight_bytes += e->dense_step_bytes + (uint64_t)n * w->tok_embd.row_size;
 	for (uint32_t t = 0; t < n; t++)
 		w->tok_embd.ops->dequantize_row((const uint8_t *)w->tok_embd.data +
 		                                    (size_t)tokens[t] * w->tok_embd.row_size,
@@ -577,6 +584,13 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		goto fail;
 	}
 	e->n_seq_max = cfg->n_seq_max ? cfg->n_seq_max : 1;
+	e->dense_step_bytes = w->bytes_per_token - w->tok_embd.row_size;
+	if (w->moe)
+		for (uint32_t il = 0; il < w->n_layer; il++)
+			e->dense_step_bytes -= (uint64_t)w->n_expert_used *
+			                       (w->layers[il].gate_exps.matrix_size +
+			                        w->layers[il].up_exps.matrix_size +
+			                        w->layers[il].down_exps.matrix_size);
 	e->n_threads = cfg->n_threads ? cfg->n_threads : online_cpus();
 	e->q_dim = w->n_head * w->head_dim;
 	e->kv_dim = w->n_head_kv * w->head_dim;
@@ -694,6 +708,8 @@ int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float
 	}
 	for (uint32_t i = 0; i < b->n; i++)
 		e->kv.len[b->seq[i]] = b->pos[i] + 1;
+	e->stats.decodes++;
+	e->stats.tokens += b->n;
 	return 0;
 }
 
@@ -709,6 +725,16 @@ int wf_engine_seq_truncate(struct wf_engine *e, uint32_t seq, uint32_t pos)
 	if (pos < e->kv.len[seq])
 		e->kv.len[seq] = pos;
 	return 0;
+}
+
+void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
+{
+	*ret = e->stats;
+}
+
+void wf_engine_reset_stats(struct wf_engine *e)
+{
+	memset(&e->stats, 0, sizeof(e->stats));
 }
 
 void wf_engine_set_router_hook(struct wf_engine *e, wf_engine_router_fn fn, void *arg)
