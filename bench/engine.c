@@ -19,14 +19,13 @@
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "worker/weights.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,23 +37,16 @@ static const char *const model_flags[] = {
 	"experts=Q4_K,attn=Q8_0,embd=Q8_0,output=Q6_K", "--seed", "10",
 };
 
-/* The model's files mapped read-only, and one pointer per tensor into them. */
+/* The model and its files mapped read-only through the worker's weight view (prefaulted, so the
+ * timed decodes do not pay the first touch of every page, as a worker's floor view does not). */
 struct view {
 	struct wf_model *m;
-	void **maps;
-	size_t *lens;
-	const void **data;
+	struct wf_weight_view w;
 };
 
 static void view_close(struct view *v)
 {
-	if (v->maps)
-		for (uint32_t i = 0; i < v->m->n_files; i++)
-			if (v->maps[i] && v->maps[i] != MAP_FAILED)
-				munmap(v->maps[i], v->lens[i]);
-	free(v->maps);
-	free(v->lens);
-	free(v->data);
+	wf_weight_view_release(&v->w);
 	wf_model_close(v->m);
 	memset(v, 0, sizeof *v);
 }
@@ -63,42 +55,12 @@ static int view_open(const char *path, struct view *v)
 {
 	struct wf_diag d = {{0}};
 	int rc = wf_model_open(path, &v->m, &d);
+	if (rc == 0)
+		rc = wf_weight_view_map_files(v->m, &v->w, &d);
 	if (rc < 0) {
 		fprintf(stderr, "wf-bench: %s: %s\n", path, wf_diag_str(&d, rc));
-		return rc;
+		view_close(v);
 	}
-	v->maps = calloc(v->m->n_files, sizeof *v->maps);
-	v->lens = calloc(v->m->n_files, sizeof *v->lens);
-	v->data = calloc(v->m->n_tensors ? v->m->n_tensors : 1, sizeof *v->data);
-	if (!v->maps || !v->lens || !v->data) {
-		rc = -ENOMEM;
-		goto err;
-	}
-	for (uint32_t i = 0; i < v->m->n_files; i++) {
-		int fd = open(v->m->files[i].path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0) {
-			rc = -errno;
-			fprintf(stderr, "wf-bench: %s: %s\n", v->m->files[i].path, strerror(errno));
-			goto err;
-		}
-		v->lens[i] = v->m->files[i].size;
-		/* MAP_POPULATE: the timed decodes must not pay the first touch of every page (a
-		 * worker's floor mapping is populated the same way when it attaches). */
-		v->maps[i] = mmap(NULL, v->lens[i], PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-		rc = -errno;
-		close(fd);
-		if (v->maps[i] == MAP_FAILED) {
-			fprintf(stderr, "wf-bench: mmap %s: %s\n", v->m->files[i].path, strerror(-rc));
-			goto err;
-		}
-	}
-	for (uint32_t i = 0; i < v->m->n_tensors; i++) {
-		const struct wf_tensor *t = &v->m->tensors[i];
-		v->data[i] = (const char *)v->maps[t->file] + t->offset;
-	}
-	return 0;
-err:
-	view_close(v);
 	return rc;
 }
 
@@ -321,7 +283,7 @@ int bench_engine(const struct bench_opts *o)
 		return 1;
 	struct wf_engine_config cfg = {
 	    .n_ctx = n_prompt > n_gen ? n_prompt : n_gen, .n_seq_max = 8, .n_threads = o->threads};
-	if ((rc = wf_engine_create(v.m, v.data, &cfg, &e, &d)) < 0) {
+	if ((rc = wf_engine_create(v.m, v.w.tensor_data, &cfg, &e, &d)) < 0) {
 		fprintf(stderr, "wf-bench: engine: %s: %s\n", model_path, wf_diag_str(&d, rc));
 		goto out;
 	}

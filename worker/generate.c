@@ -60,9 +60,17 @@ struct wf_gen {
 	struct wf_gen_opts opts;
 	pthread_mutex_t mu; /* guards models, gens and every gen's fields */
 	pthread_cond_t cv;  /* a token, an end, or closing */
-	pthread_mutex_t load_mu; /* one engine build at a time */
+	/* Engines being built, by model name: a second request for one waits on cv; requests for
+	 * other models go on. Builds hold no lock: they ask the agent for floors. */
+	char *loading[WF_GEN_MODELS_MAX];
+	uint32_t n_loading;
 	struct gmodel *models[WF_GEN_MODELS_MAX];
 	uint32_t n_models;
+	/* Engines of models sent back to disk: no new generation finds them; the reaper frees one
+	 * (and with it the floor attachment that keeps the floor alive) once no generation refers
+	 * to it. */
+	struct gmodel *retired[WF_GEN_MODELS_MAX];
+	uint32_t n_retired;
 	struct gen *gens[WF_GEN_MAX];
 	uint32_t n_gens;
 	uint64_t next_id;
@@ -120,43 +128,95 @@ static int view_floor(struct gmodel *gm, const struct wf_shm_config *shm,
 
 /* Finds or builds the engine of a model. The residency rules are applied here, once: an engine
  * that exists is what "loaded" means for generation. */
+static struct gmodel *find_model_locked(struct wf_gen *g, const char *name)
+{
+	for (uint32_t i = 0; i < g->n_models; i++)
+		if (strcmp(g->models[i]->name, name) == 0)
+			return g->models[i];
+	return NULL;
+}
+
+static bool loading_locked(const struct wf_gen *g, const char *name)
+{
+	for (uint32_t i = 0; i < g->n_loading; i++)
+		if (strcmp(g->loading[i], name) == 0)
+			return true;
+	return false;
+}
+
+static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
+                       struct wf_diag *diag);
+
 static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
 		     struct wf_diag *diag)
 {
-	struct wf_worker_svc *s = g->svc;
 	pthread_mutex_lock(&g->mu);
-	for (uint32_t i = 0; i < g->n_models; i++)
-		if (strcmp(g->models[i]->name, name) == 0) {
-			*ret = g->models[i];
-			pthread_mutex_unlock(&g->mu);
-			return 0;
-		}
+	struct gmodel *gm;
+	while (!(gm = find_model_locked(g, name)) && loading_locked(g, name) && !g->closing)
+		pthread_cond_wait(&g->cv, &g->mu);
+	if (gm || g->closing) {
+		pthread_mutex_unlock(&g->mu);
+		if (!gm)
+			return wf_diag_set(diag, WF_ECANCELED, "the worker is stopping");
+		*ret = gm;
+		return 0;
+	}
+	if (g->n_models + g->n_loading >= WF_GEN_MODELS_MAX) {
+		pthread_mutex_unlock(&g->mu);
+		return wf_diag_set(diag, WF_ELIMIT, "engines for %d models exist already",
+				   WF_GEN_MODELS_MAX);
+	}
+	char *mine = strdup(name);
+	if (!mine) {
+		pthread_mutex_unlock(&g->mu);
+		return -ENOMEM;
+	}
+	g->loading[g->n_loading++] = mine;
 	pthread_mutex_unlock(&g->mu);
 
-	pthread_mutex_lock(&g->load_mu);
+	int rc = build_model(g, name, agent_ms, &gm, diag);
+
+	pthread_mutex_lock(&g->mu);
+	for (uint32_t i = 0; i < g->n_loading; i++)
+		if (g->loading[i] == mine) {
+			g->loading[i] = g->loading[--g->n_loading];
+			break;
+		}
+	if (rc == 0)
+		g->models[g->n_models++] = gm;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	free(mine);
+	if (rc == 0)
+		*ret = gm;
+	return rc;
+}
+
+/* Builds a model's engine: asks the agent for its floor (or opens its files), views the weights,
+ * makes the tokenizer, the engine and its scheduler. No lock held. */
+static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
+                       struct wf_diag *diag)
+{
+	struct wf_worker_svc *s = g->svc;
 	struct gmodel *gm = NULL;
 	struct wf_cache_status *st = NULL;
 	int rc;
-	pthread_mutex_lock(&g->mu);
-	for (uint32_t i = 0; i < g->n_models; i++)
-		if (strcmp(g->models[i]->name, name) == 0)
-			gm = g->models[i];
-	bool full = g->n_models == WF_GEN_MODELS_MAX;
-	pthread_mutex_unlock(&g->mu);
-	if (gm) { /* built by another request while we waited: not ours to free */
-		*ret = gm;
-		gm = NULL;
-		rc = 0;
-		goto out;
-	}
-	if (full) {
-		rc = wf_diag_set(diag, WF_ELIMIT, "engines for %d models exist already",
-				 WF_GEN_MODELS_MAX);
-		goto out;
-	}
 	uint32_t id;
 	struct wf_diag d = {{0}};
-	if ((rc = wf_worker_svc_resolve(s, name, agent_ms, true, &id, &d)) < 0) {
+	/* Externally managed: a generation never attaches a model itself (resolving it for a load
+	 * would); only what the control plane attached may run. */
+	if ((rc = wf_cache_status(s->cache, &st)) < 0)
+		goto out;
+	const bool external = st->mode == WF_CACHE_EXTERNAL;
+	wf_cache_status_free(st);
+	st = NULL;
+	if (external && wf_cache_model_find(s->cache, name, &id) < 0) {
+		rc = wf_diag_set(diag, WF_ENOT_RESIDENT,
+				 "model '%s' is not resident on worker '%s' (external residency: "
+				 "attach it with a residency command first)", name, s->worker_id);
+		goto out;
+	}
+	if (!external && (rc = wf_worker_svc_resolve(s, name, agent_ms, true, &id, &d)) < 0) {
 		wf_diag_set(diag, rc, "%s", wf_diag_str(&d, rc));
 		goto out;
 	}
@@ -214,13 +274,9 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;
 	}
-	pthread_mutex_lock(&g->mu);
-	g->models[g->n_models++] = gm;
-	pthread_mutex_unlock(&g->mu);
 	*ret = gm;
 	gm = NULL;
 out:
-	pthread_mutex_unlock(&g->load_mu);
 	wf_cache_status_free(st);
 	gmodel_free(gm);
 	return rc;
@@ -319,9 +375,45 @@ static void *reaper_main(void *arg)
 				(void)wf_sched_cancel(x->gm->sched, x->sched_id);
 			i++;
 		}
+		/* Freed outside the lock: a scheduler going down runs its done callbacks, which
+		 * take it. */
+		for (uint32_t r = 0; r < g->n_retired;) {
+			struct gmodel *gm = g->retired[r];
+			bool used = false;
+			for (uint32_t i = 0; i < g->n_gens && !used; i++)
+				used = g->gens[i]->gm == gm;
+			if (used) {
+				r++;
+				continue;
+			}
+			g->retired[r] = g->retired[--g->n_retired];
+			pthread_mutex_unlock(&g->mu);
+			gmodel_free(gm);
+			pthread_mutex_lock(&g->mu);
+			r = 0;
+		}
 	}
 	pthread_mutex_unlock(&g->mu);
 	return NULL;
+}
+
+void wf_gen_retire(struct wf_gen *g, const char *name)
+{
+	pthread_mutex_lock(&g->mu);
+	struct gmodel *gm = find_model_locked(g, name);
+	if (gm && g->n_retired < WF_GEN_MODELS_MAX) {
+		for (uint32_t i = 0; i < g->n_models; i++)
+			if (g->models[i] == gm) {
+				g->models[i] = g->models[--g->n_models];
+				break;
+			}
+		g->retired[g->n_retired++] = gm;
+		for (uint32_t i = 0; i < g->n_gens; i++)
+			if (g->gens[i]->gm == gm && !g->gens[i]->done)
+				(void)wf_sched_cancel(gm->sched, g->gens[i]->sched_id);
+		pthread_cond_broadcast(&g->cv);
+	}
+	pthread_mutex_unlock(&g->mu);
 }
 
 int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
@@ -334,7 +426,6 @@ int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
 	if (opts)
 		g->opts = *opts;
 	pthread_mutex_init(&g->mu, NULL);
-	pthread_mutex_init(&g->load_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -375,10 +466,11 @@ void wf_gen_destroy(struct wf_gen *g)
 	/* Each scheduler cancels its requests and runs their done callbacks on the way down. */
 	for (uint32_t i = 0; i < g->n_models; i++)
 		gmodel_free(g->models[i]);
+	for (uint32_t i = 0; i < g->n_retired; i++)
+		gmodel_free(g->retired[i]);
 	for (uint32_t i = 0; i < g->n_gens; i++)
 		gen_free(g->gens[i]);
 	pthread_cond_destroy(&g->cv);
-	pthread_mutex_destroy(&g->load_mu);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
 }

@@ -50,6 +50,11 @@ void wf_gen_close(struct wf_gen *gen);
 void wf_gen_destroy(struct wf_gen *gen);
 
 /* The handlers (wf_ctl_handle_fn conventions); agent_ms bounds the agent's part of a load. */
+/* The model went back to disk (SetResidency DISK): its engine is no longer used for new
+ * generations, those in progress end CANCELED, and the engine, with its attachment of the
+ * floor, is freed once nothing refers to it. A model without an engine: nothing happens. */
+void wf_gen_retire(struct wf_gen *gen, const char *name);
+
 int wf_gen_handle_start(struct wf_gen *gen, const Weightfloor__V1__Generate *req, int agent_ms,
                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 int wf_gen_handle_read(struct wf_gen *gen, const Weightfloor__V1__GenerateRead *req,

@@ -455,6 +455,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			return WF_EINVAL;
 		}
 		rc = wf_cache_set_residency(s->cache, id, target, &d);
+		if (rc == 0 && target == WF_RESIDENCY_DISK && s->gen)
+			wf_gen_retire(s->gen, model);
 		break;
 	}
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:

@@ -162,3 +162,46 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 	free(marg);
 	free(gguf);
 }
+
+/* External residency: a model the control plane sends back to disk loses its engine, so the
+ * worker no longer holds its floor and the next Generate is refused until the model is attached
+ * again. */
+Test(generate_route, disk_residency_drops_the_engine)
+{
+	char prompt[1024];
+	char *gguf = ref_gguf(prompt, sizeof prompt);
+	struct agt *a = agt_new("wf-route");
+	char *marg = agt_printf("tiny=%s", gguf);
+	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct agt_worker w1;
+	agt_spawn_worker(a, &w1, "w1", NULL, NULL,
+	                 (const char *[]){"--threads", "1", "--mode", "external", NULL});
+	wait_worker_registered(a, "w1");
+	const char *gen[] = {"generate", "tiny", "--prompt-ids", prompt, "--max-tokens", "2",
+	                     "--temp", "0", NULL};
+	char *out = NULL, *err = NULL;
+	/* Not attached yet: refused. */
+	cr_expect_neq(agt_ctl(a, &out, &err, gen), 0, "%s", out);
+	cr_expect(err && strstr(err, "NOT_RESIDENT"), "%s", err ? err : "");
+	free(out);
+	free(err);
+	int rc = agt_ctl(a, &out, &err, (const char *[]){"residency", "tiny", "host", NULL});
+	cr_assert_eq(rc, 0, "residency host: %s %s", out, err);
+	free(out);
+	free(err);
+	rc = agt_ctl(a, &out, &err, gen);
+	cr_assert_eq(rc, 0, "generate after attach: %s %s\n%s", out, err, agt_worker_log(&w1));
+	free(out);
+	free(err);
+	rc = agt_ctl(a, &out, &err, (const char *[]){"residency", "tiny", "disk", NULL});
+	cr_assert_eq(rc, 0, "residency disk: %s %s", out, err);
+	free(out);
+	free(err);
+	rc = agt_ctl(a, &out, &err, gen);
+	cr_expect_neq(rc, 0, "a model back on disk still generated: %s", out);
+	cr_expect(err && strstr(err, "NOT_RESIDENT"), "%s", err ? err : "");
+	free(out);
+	free(err);
+	free(marg);
+	free(gguf);
+}
