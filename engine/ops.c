@@ -130,26 +130,47 @@ static float dot_h_lanes(const uint16_t *k, const float *qh, uint32_t n)
 	return s;
 }
 
-static void attend_f16_portable(const float *qh, const uint8_t *k, const uint8_t *v,
-                                size_t kv_stride, uint32_t n_kv, uint32_t D, float scale,
-                                uint16_t *acc, struct f16_state *st)
+static void scale_h_portable(uint16_t *acc, uint32_t D, float ms)
+{
+	for (uint32_t i = 0; i < D; i++)
+		acc[i] = f2h(h2f(acc[i]) * ms);
+}
+
+static void mad_h_portable(uint16_t *acc, const uint16_t *vp, uint32_t D, float vs)
+{
+	for (uint32_t i = 0; i < D; i++)
+		acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
+}
+
+/* The three vector steps of the F16 flash-attention loop, portable or F16C. */
+struct f16_ops {
+	float (*dot)(const uint16_t *k, const float *qh, uint32_t n);
+	void (*scale)(uint16_t *acc, uint32_t D, float ms);
+	void (*mad)(uint16_t *acc, const uint16_t *vp, uint32_t D, float vs);
+};
+
+static const struct f16_ops f16_portable = {dot_h_lanes, scale_h_portable, mad_h_portable};
+
+/* llama.cpp's one-chunk flash-attention step per cached position: the score, then either a new
+ * maximum (rescale the accumulator) or a weight below one, then the V row added. */
+static void attend_f16(const struct f16_ops *ops, const float *qh, const uint8_t *k,
+                       const uint8_t *v, size_t kv_stride, uint32_t n_kv, uint32_t D,
+                       float scale, uint16_t *acc, struct f16_state *st)
 {
 	for (uint32_t p = 0; p < n_kv; p++) {
 		const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
 		const uint16_t *vp = (const uint16_t *)(v + p * kv_stride);
-		const float s = dot_h_lanes(kp, qh, D) * scale;
+		const float s = ops->dot(kp, qh, D) * scale;
 		float ms = 1.0f, vs = 1.0f;
 		if (s > st->M) {
 			const float m_old = st->M;
 			st->M = s;
 			ms = expf(m_old - st->M);
-			for (uint32_t i = 0; i < D; i++)
-				acc[i] = f2h(h2f(acc[i]) * ms);
+			ops->scale(acc, D, ms);
 		} else {
 			vs = expf(s - st->M);
 		}
-		for (uint32_t i = 0; i < D; i++)
-			acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
+		ops->mad(acc, vp, D, vs);
 		st->S = st->S * ms + vs;
 	}
 }
@@ -202,27 +223,7 @@ F16C_FNS static void mad_h(uint16_t *acc, const uint16_t *vp, uint32_t D, float 
 		acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
 }
 
-F16C_FNS static void attend_f16_f16c(const float *qh, const uint8_t *k, const uint8_t *v,
-                                     size_t kv_stride, uint32_t n_kv, uint32_t D, float scale,
-                                     uint16_t *acc, struct f16_state *st)
-{
-	for (uint32_t p = 0; p < n_kv; p++) {
-		const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
-		const uint16_t *vp = (const uint16_t *)(v + p * kv_stride);
-		const float s = dot_h_lanes_f16c(kp, qh, D) * scale;
-		float ms = 1.0f, vs = 1.0f;
-		if (s > st->M) {
-			const float m_old = st->M;
-			st->M = s;
-			ms = expf(m_old - st->M);
-			scale_h(acc, D, ms);
-		} else {
-			vs = expf(s - st->M);
-		}
-		mad_h(acc, vp, D, vs);
-		st->S = st->S * ms + vs;
-	}
-}
+static const struct f16_ops f16_f16c = {dot_h_lanes_f16c, scale_h, mad_h};
 
 static bool have_f16c(void)
 {
@@ -248,11 +249,11 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
 		}
 		struct f16_state st = {-INFINITY, 0.0f};
 #if defined(__x86_64__)
-		if (have_f16c())
-			attend_f16_f16c(qh, k, v, kv_stride, n_kv, head_dim, scale, acc, &st);
-		else
+		const struct f16_ops *ops = have_f16c() ? &f16_f16c : &f16_portable;
+#else
+		const struct f16_ops *ops = &f16_portable;
 #endif
-			attend_f16_portable(qh, k, v, kv_stride, n_kv, head_dim, scale, acc, &st);
+		attend_f16(ops, qh, k, v, kv_stride, n_kv, head_dim, scale, acc, &st);
 		const float inv = st.S == 0.0f ? 0.0f : 1.0f / st.S;
 		for (uint32_t i = 0; i < head_dim; i++)
 			out[i] = h2f(acc[i]) * inv;
