@@ -205,3 +205,64 @@ Test(generate_route, disk_residency_drops_the_engine)
 	free(marg);
 	free(gguf);
 }
+
+/* Copies the reference model with its general.architecture value rewritten to ARCH (same
+ * length), the way a GGUF of an architecture the engine does not run looks to the worker. */
+static char *copy_with_arch(const char *src, const char *dir, const char *arch)
+{
+	size_t len = 0;
+	char *buf = wft_read_file(src, &len);
+	cr_assert_not_null(buf, "%s", src);
+	static const char key[] = "general.architecture";
+	char *at = memmem(buf, len, key, sizeof key - 1);
+	cr_assert_not_null(at, "no general.architecture in %s", src);
+	char *val = at + sizeof key - 1 + 4 + 8; /* type u32, string length u64 */
+	uint64_t n;
+	memcpy(&n, val - 8, 8);
+	cr_assert_eq(n, strlen(arch), "the value is %llu bytes", (unsigned long long)n);
+	memcpy(val, arch, n);
+	char *dst = agt_printf("%s/%s.gguf", dir, arch);
+	FILE *f = fopen(dst, "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(buf, 1, len, f), len);
+	cr_assert_eq(fclose(f), 0);
+	free(buf);
+	return dst;
+}
+
+/* A model of an architecture the engine does not run is refused with the reason, and the worker
+ * goes on serving the model it can run. */
+Test(generate_route, unsupported_model_refused_and_the_other_served)
+{
+	char prompt[1024];
+	char *gguf = ref_gguf(prompt, sizeof prompt);
+	struct agt *a = agt_new("wf-route");
+	char *bad = copy_with_arch(gguf, a->models, "lxama");
+	char *marg = agt_printf("tiny=%s", gguf), *barg = agt_printf("odd=%s", bad);
+	agt_start(a, NULL, (const char *[]){"--model", marg, "--model", barg, NULL});
+	struct agt_worker w1;
+	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
+	wait_worker_registered(a, "w1");
+	char *out = NULL, *err = NULL;
+	int rc = agt_ctl(a, &out, &err,
+	                 (const char *[]){"generate", "odd", "--prompt-ids", prompt, "--max-tokens",
+	                                  "2", NULL});
+	cr_expect_neq(rc, 0, "an unsupported architecture generated: %s", out);
+	cr_expect(err && strstr(err, "lxama") && strstr(err, "not supported"), "%s",
+	          err ? err : "");
+	free(out);
+	free(err);
+	for (int i = 0; i < 2; i++) {
+		rc = agt_ctl(a, &out, &err,
+		             (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
+		                              "--max-tokens", "2", "--temp", "0", NULL});
+		cr_expect_eq(rc, 0, "the good model after the bad one: %s %s\n%s", out, err,
+		             agt_worker_log(&w1));
+		free(out);
+		free(err);
+	}
+	free(marg);
+	free(barg);
+	free(bad);
+	free(gguf);
+}
