@@ -643,6 +643,18 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
 	const __m512i dd_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 	const __m128 neg_dmin = _mm_castsi128_ps(_mm_setr_epi32(0, (int)0x80000000u, 0, 0));
+	/* the int16 scale of each lane of packs_epi32(P_2h, P_2h+1): in 128-bit lane j, int16 0..3
+	 * are lanes 4j..4j+3 of P_2h, 4..7 those of P_2h+1, and P_k's lanes 0..7 are sub-block 2k,
+	 * 8..15 sub-block 2k + 1 */
+	__m512i pk_idx[2];
+	UNROLL for (int h = 0; h < 2; h++)
+	{
+		const short a = (short)(4 * h), b = (short)(4 * h + 2);
+
+		pk_idx[h] = _mm512_set_epi16(b + 1, b + 1, b + 1, b + 1, a + 1, a + 1, a + 1, a + 1,
+		                             b + 1, b + 1, b + 1, b + 1, a + 1, a + 1, a + 1, a + 1,
+		                             b, b, b, b, a, a, a, a, b, b, b, b, a, a, a, a);
+	}
 
 	UNROLL for (int c = 0; c < C; c++)
 	{
@@ -667,7 +679,6 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 		__m128i sc8;
 		__m256i mn;
 		k_scales_mins(scales, &sc8, &mn);
-		const __m512i sc = _mm512_broadcast_i32x4(sc8);
 		const __m512 dvec = _mm512_permutexvar_ps(
 		    dd_idx, _mm512_castps128_ps512(_mm_xor_ps(k_d_dmin(dd), neg_dmin)));
 		__m512i v[4], s[4];
@@ -696,22 +707,26 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 				v[k] = _mm512_mask_add_epi8(v[k], _mm512_test_epi8_mask(qh2, bits), v[k], m16);
 			}
 		}
-		UNROLL for (int k = 0; k < 4; k++) s[k] = bcast16_512(sc, 2 * k, 2 * k + 1);
+		const __m512i mn_hi = _mm512_inserti64x4(_mm512_setzero_si512(), mn, 1);
+		s[0] = _mm512_permutexvar_epi16(pk_idx[0], _mm512_castsi128_si512(sc8));
+		s[1] = _mm512_permutexvar_epi16(pk_idx[1], _mm512_castsi128_si512(sc8));
 
 		UNROLL for (int c = 0; c < C; c++)
 		{
-			__m512i p = _mm512_setzero_si512();
+			__m512i p = _mm512_setzero_si512(), q4[4];
 
 			UNROLL for (int k = 0; k < 4; k++)
-			{
-				const __m512i qy = _mm512_loadu_si512(y[c][b].qs + 64 * k);
-
-				p = _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(v[k], qy), s[k]);
-			}
-			const __m256i sum8 =
-			    _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
-			const __m256i summ = _mm256_madd_epi16(loadu256(y[c][b].bsums), mn);
-			const __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(sum8), summ, 1);
+			q4[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[k],
+			                            _mm512_loadu_si512(y[c][b].qs + 64 * k));
+			p = _mm512_dpwssd_epi32(p, _mm512_packs_epi32(q4[0], q4[1]), s[0]);
+			p = _mm512_dpwssd_epi32(p, _mm512_packs_epi32(q4[2], q4[3]), s[1]);
+			/* lanes 8..15: the mins times the activation's sums of sub-block j (bsums
+			 * 2j and 2j + 1); lanes 0..7: p's two halves added */
+			const __m512i m = _mm512_dpwssd_epi32(
+			    _mm512_setzero_si512(),
+			    _mm512_broadcast_i64x4(loadu256(y[c][b].bsums)), mn_hi);
+			const __m512i t = _mm512_mask_add_epi32(
+			    m, 0x00ff, p, _mm512_shuffle_i64x2(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
 
 			acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t),
 			                         _mm512_mul_ps(dvec, _mm512_set1_ps(y[c][b].d)), acc[c]);
