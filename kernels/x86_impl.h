@@ -643,6 +643,7 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
 	const __m512i dd_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 	const __m128 neg_dmin = _mm_castsi128_ps(_mm_setr_epi32(0, (int)0x80000000u, 0, 0));
+	const __m512i hi4 = cat256(_mm256_setzero_si256(), _mm256_set1_epi16(4));
 	/* the int16 scale of each lane of packs_epi32(P_2h, P_2h+1): in 128-bit lane j, int16 0..3
 	 * are lanes 4j..4j+3 of P_2h, 4..7 those of P_2h+1, and P_k's lanes 0..7 are sub-block 2k,
 	 * 8..15 sub-block 2k + 1 */
@@ -681,19 +682,13 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 		k_scales_mins(scales, &sc8, &mn);
 		const __m512 dvec = _mm512_permutexvar_ps(
 		    dd_idx, _mm512_castps128_ps512(_mm_xor_ps(k_d_dmin(dd), neg_dmin)));
-		__m512i v[4], s[4];
+		__m512i v[4], s[2];
 
-		/* chunk k: low nibbles of qs[32k..32k+31] then their high nibbles; two chunks per
-		 * 64-byte load */
-		UNROLL for (int k = 0; k < 4; k += 2)
-		{
-			const __m512i q = _mm512_loadu_si512(qs + 32 * k);
-			const __m512i lo = _mm512_and_si512(q, m4);
-			const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-
-			v[k] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-			v[k + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-		}
+		/* chunk k: low nibbles of qs[32k..32k+31] then their high nibbles (the 32 bytes
+		 * broadcast to both halves, the upper half shifted by 4) */
+		UNROLL for (int k = 0; k < 4; k++)
+		v[k] = _mm512_and_si512(
+		    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4), m4);
 		if (bits5) {
 			/* bit 2k of qh[l] is the fifth bit of element l of chunk k, bit 2k + 1 that of
 			 * element 32 + l */
