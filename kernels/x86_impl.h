@@ -629,11 +629,17 @@ INLINE __m512i bcast16_512(__m512i v16, int k, int k2)
 }
 
 /* Q4_K (bits5 0) and Q5_K. Per weight block, once per tile: the four 64-element chunks of
- * unsigned values, the sub-block scales as int16 per chunk, and a float vector of d (lanes 0..7)
- * and -dmin (lanes 8..15). Per activation row and block: u8 x s8 pairs (vpmaddubsw) times the
- * int16 scales summed into int32 by vpdpwssd, the four chunks into one accumulator; its halves
- * folded to 8 lanes and the mins against the activation's 16-element sums put in the upper 8,
- * so that one conversion and one FMA (by d and -dmin times the row's scale) finish the block. */
+ * unsigned values (vpdpbusd's u8 operand as they are), each chunk's two sub-block scales as int32
+ * lanes, and a float vector of d (lanes 0..7) and -dmin (lanes 8..15). Per activation row and
+ * block, everything but the last two steps in int32 and exact:
+ *  - vpdpbusd: per chunk, 16 lanes of four products each (lanes 0..7 sub-block 2k, 8..15
+ *    2k + 1); |lane| <= 4 * 31 * 127 fits in int16, so the lane is its low int16 sign-extended;
+ *  - vpdpwssd of that lane with its scale as (scale, 0) is lane * scale: one instruction scales
+ *    and accumulates a chunk (vpmaddubsw + vpmaddwd + add before);
+ *  - the accumulator's halves added into lanes 0..7, the mins against the activation's
+ *    16-element sums (vpdpwssd again) into lanes 8..15;
+ *  - one conversion and one FMA by (d, -dmin) times the row's scale into eight float lanes of
+ *    each kind per row, added at the end. */
 INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *act, size_t as,
                        float *out, size_t os)
 {
@@ -641,21 +647,9 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 	__m512 acc[TILE];
 	const int64_t nb = n / WF_QK_K;
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
+	const __m512i hi4 = cat256(_mm256_setzero_si256(), _mm256_set1_epi16(4));
 	const __m512i dd_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 	const __m128 neg_dmin = _mm_castsi128_ps(_mm_setr_epi32(0, (int)0x80000000u, 0, 0));
-	const __m512i hi4 = cat256(_mm256_setzero_si256(), _mm256_set1_epi16(4));
-	/* the int16 scale of each lane of packs_epi32(P_2h, P_2h+1): in 128-bit lane j, int16 0..3
-	 * are lanes 4j..4j+3 of P_2h, 4..7 those of P_2h+1, and P_k's lanes 0..7 are sub-block 2k,
-	 * 8..15 sub-block 2k + 1 */
-	__m512i pk_idx[2];
-	UNROLL for (int h = 0; h < 2; h++)
-	{
-		const short a = (short)(4 * h), b = (short)(4 * h + 2);
-
-		pk_idx[h] = _mm512_set_epi16(b + 1, b + 1, b + 1, b + 1, a + 1, a + 1, a + 1, a + 1,
-		                             b + 1, b + 1, b + 1, b + 1, a + 1, a + 1, a + 1, a + 1,
-		                             b, b, b, b, a, a, a, a, b, b, b, b, a, a, a, a);
-	}
 
 	UNROLL for (int c = 0; c < C; c++)
 	{
@@ -682,13 +676,19 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 		k_scales_mins(scales, &sc8, &mn);
 		const __m512 dvec = _mm512_permutexvar_ps(
 		    dd_idx, _mm512_castps128_ps512(_mm_xor_ps(k_d_dmin(dd), neg_dmin)));
-		__m512i v[4], s[2];
+		const __m512i sc32 = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(sc8));
+		const __m512i mn_hi = _mm512_inserti64x4(_mm512_setzero_si512(), mn, 1);
+		__m512i v[4], s[4];
 
 		/* chunk k: low nibbles of qs[32k..32k+31] then their high nibbles (the 32 bytes
 		 * broadcast to both halves, the upper half shifted by 4) */
 		UNROLL for (int k = 0; k < 4; k++)
-		v[k] = _mm512_and_si512(
-		    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4), m4);
+		{
+			v[k] = _mm512_and_si512(
+			    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4), m4);
+			s[k] = _mm512_permutexvar_epi32(
+			    cat256(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1)), sc32);
+		}
 		if (bits5) {
 			/* bit 2k of qh[l] is the fifth bit of element l of chunk k, bit 2k + 1 that of
 			 * element 32 + l */
@@ -702,24 +702,20 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 				v[k] = _mm512_mask_add_epi8(v[k], _mm512_test_epi8_mask(qh2, bits), v[k], m16);
 			}
 		}
-		const __m512i mn_hi = _mm512_inserti64x4(_mm512_setzero_si512(), mn, 1);
-		s[0] = _mm512_permutexvar_epi16(pk_idx[0], _mm512_castsi128_si512(sc8));
-		s[1] = _mm512_permutexvar_epi16(pk_idx[1], _mm512_castsi128_si512(sc8));
-
 		UNROLL for (int c = 0; c < C; c++)
 		{
-			__m512i p = _mm512_setzero_si512(), q4[4];
+			__m512i p = _mm512_setzero_si512();
 
 			UNROLL for (int k = 0; k < 4; k++)
-			q4[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[k],
-			                            _mm512_loadu_si512(y[c][b].qs + 64 * k));
-			p = _mm512_dpwssd_epi32(p, _mm512_packs_epi32(q4[0], q4[1]), s[0]);
-			p = _mm512_dpwssd_epi32(p, _mm512_packs_epi32(q4[2], q4[3]), s[1]);
-			/* lanes 8..15: the mins times the activation's sums of sub-block j (bsums
-			 * 2j and 2j + 1); lanes 0..7: p's two halves added */
+			{
+				const __m512i q4 = _mm512_dpbusd_epi32(
+				    _mm512_setzero_si512(), v[k], _mm512_loadu_si512(y[c][b].qs + 64 * k));
+
+				p = _mm512_dpwssd_epi32(p, q4, s[k]);
+			}
 			const __m512i m = _mm512_dpwssd_epi32(
-			    _mm512_setzero_si512(),
-			    _mm512_broadcast_i64x4(loadu256(y[c][b].bsums)), mn_hi);
+			    _mm512_setzero_si512(), _mm512_broadcast_i64x4(loadu256(y[c][b].bsums)),
+			    mn_hi);
 			const __m512i t = _mm512_mask_add_epi32(
 			    m, 0x00ff, p, _mm512_shuffle_i64x2(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
 
