@@ -11,7 +11,7 @@
  * Numerics. Integer products of a block are summed exactly (u8 x s8 pairs into int16 cannot
  * saturate: weights are at most 6 bits unsigned or |q| <= 128 and activations |q| <= 127, as the
  * quantizers write them), then scaled in float per block into eight float lanes per activation
- * row; the lanes are added at the end. So the result differs from the reference only by float
+ * row (sixteen for the AVX-512 Q4_K/Q5_K, see q45_K_tile); the lanes are added at the end. So the result differs from the reference only by float
  * summation order (and, for F32/F16/BF16, by FMA rounding instead of a double accumulator).
  * The quantizers reproduce the reference's float operations one for one and are bit-identical. */
 #include "kernels/kernels.h"
