@@ -11,7 +11,7 @@
  * Numerics. Integer products of a block are summed exactly (u8 x s8 pairs into int16 cannot
  * saturate: weights are at most 6 bits unsigned or |q| <= 128 and activations |q| <= 127, as the
  * quantizers write them), then scaled in float per block into eight float lanes per activation
- * row; the lanes are added at the end. So the result differs from the reference only by float
+ * row (sixteen for the AVX-512 Q4_K/Q5_K, see q45_K_tile); the lanes are added at the end. So the result differs from the reference only by float
  * summation order (and, for F32/F16/BF16, by FMA rounding instead of a double accumulator).
  * The quantizers reproduce the reference's float operations one for one and are bit-identical. */
 #include "kernels/kernels.h"
@@ -628,13 +628,28 @@ INLINE __m512i bcast16_512(__m512i v16, int k, int k2)
 	return _mm512_shuffle_epi8(v16, ctl);
 }
 
+/* Q4_K (bits5 0) and Q5_K. Per weight block, once per tile: the four 64-element chunks of
+ * unsigned values (vpdpbusd's u8 operand as they are), each chunk's two sub-block scales as int32
+ * lanes, and a float vector of d (lanes 0..7) and -dmin (lanes 8..15). Per activation row and
+ * block, everything but the last two steps in int32 and exact:
+ *  - vpdpbusd: per chunk, 16 lanes of four products each (lanes 0..7 sub-block 2k, 8..15
+ *    2k + 1); |lane| <= 4 * 31 * 127 fits in int16, so the lane is its low int16 sign-extended;
+ *  - vpdpwssd of that lane with its scale as (scale, 0) is lane * scale: one instruction scales
+ *    and accumulates a chunk (vpmaddubsw + vpmaddwd + add before);
+ *  - the accumulator's halves added into lanes 0..7, the mins against the activation's
+ *    16-element sums (vpdpwssd again) into lanes 8..15;
+ *  - one conversion and one FMA by (d, -dmin) times the row's scale into eight float lanes of
+ *    each kind per row, added at the end. */
 INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *act, size_t as,
                        float *out, size_t os)
 {
 	const struct wf_block_q8_K *y[TILE];
 	__m512 acc[TILE];
 	const int64_t nb = n / WF_QK_K;
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
+	const __m512i hi4 = cat256(_mm256_setzero_si256(), _mm256_set1_epi16(4));
+	const __m512i dd_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	const __m128 neg_dmin = _mm_castsi128_ps(_mm_setr_epi32(0, (int)0x80000000u, 0, 0));
 
 	UNROLL for (int c = 0; c < C; c++)
 	{
@@ -659,40 +674,53 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 		__m128i sc8;
 		__m256i mn;
 		k_scales_mins(scales, &sc8, &mn);
-		const __m512i sc = _mm512_broadcast_i32x4(sc8);
-		const __m256i qhv = bits5 ? loadu256(qh) : _mm256_setzero_si256();
-		__m512i sumi[TILE];
+		const __m512 dvec = _mm512_permutexvar_ps(
+		    dd_idx, _mm512_castps128_ps512(_mm_xor_ps(k_d_dmin(dd), neg_dmin)));
+		const __m512i sc32 = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(sc8));
+		const __m512i mn_hi = _mm512_inserti64x4(_mm512_setzero_si512(), mn, 1);
+		__m512i v[4], s[4];
 
-		UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_setzero_si512();
+		/* chunk k: low nibbles of qs[32k..32k+31] then their high nibbles (the 32 bytes
+		 * broadcast to both halves, the upper half shifted by 4) */
 		UNROLL for (int k = 0; k < 4; k++)
 		{
-			const __m256i q = loadu256(qs + 32 * k);
-			__m512i v = _mm512_and_si512(cat256(q, _mm256_srli_epi16(q, 4)), m4);
+			v[k] = _mm512_and_si512(
+			    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4), m4);
+			s[k] = _mm512_permutexvar_epi32(
+			    cat256(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1)), sc32);
+		}
+		if (bits5) {
+			/* bit 2k of qh[l] is the fifth bit of element l of chunk k, bit 2k + 1 that of
+			 * element 32 + l */
+			const __m512i qh2 = _mm512_broadcast_i64x4(loadu256(qh));
 
-			if (bits5)
-				v = _mm512_or_si512(v, cat256(bit_to_16(qhv, 2 * k), bit_to_16(qhv, 2 * k + 1)));
-			const __m512i s = bcast16_512(sc, 2 * k, 2 * k + 1);
-
-			UNROLL for (int c = 0; c < C; c++)
+			UNROLL for (int k = 0; k < 4; k++)
 			{
-				const __m512i qy = _mm512_loadu_si512(y[c][b].qs + 64 * k);
+				const __m512i bits = cat256(_mm256_set1_epi8((char)(1 << (2 * k))),
+				                            _mm256_set1_epi8((char)(1 << (2 * k + 1))));
 
-				sumi[c] = _mm512_add_epi32(sumi[c],
-				                           _mm512_madd_epi16(_mm512_maddubs_epi16(v, qy), s));
+				v[k] = _mm512_mask_add_epi8(v[k], _mm512_test_epi8_mask(qh2, bits), v[k], m16);
 			}
 		}
-		const __m128 d_dmin = k_d_dmin(dd);
-
 		UNROLL for (int c = 0; c < C; c++)
 		{
-			const __m256i summ = _mm256_madd_epi16(loadu256(y[c][b].bsums), mn);
-			const __m512i summ512 = _mm512_inserti64x4(_mm512_setzero_si512(), summ, 0);
-			const __m128 s = _mm_mul_ps(d_dmin, _mm_set1_ps(y[c][b].d));
+			__m512i p = _mm512_setzero_si512();
 
-			acc[c] = _mm512_fmadd_ps(_mm512_broadcastss_ps(s), _mm512_cvtepi32_ps(sumi[c]),
-			                         acc[c]);
-			acc[c] = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(s)),
-			                          _mm512_cvtepi32_ps(summ512), acc[c]);
+			UNROLL for (int k = 0; k < 4; k++)
+			{
+				const __m512i q4 = _mm512_dpbusd_epi32(
+				    _mm512_setzero_si512(), v[k], _mm512_loadu_si512(y[c][b].qs + 64 * k));
+
+				p = _mm512_dpwssd_epi32(p, q4, s[k]);
+			}
+			const __m512i m = _mm512_dpwssd_epi32(
+			    _mm512_setzero_si512(), _mm512_broadcast_i64x4(loadu256(y[c][b].bsums)),
+			    mn_hi);
+			const __m512i t = _mm512_mask_add_epi32(
+			    m, 0x00ff, p, _mm512_shuffle_i64x2(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
+
+			acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t),
+			                         _mm512_mul_ps(dvec, _mm512_set1_ps(y[c][b].d)), acc[c]);
 		}
 	}
 	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]);

@@ -8,6 +8,8 @@
  *    to the row's largest value. The integer types only differ by float summation order;
  *  - gemm's out[j][i] is bit-identical to the same level's vec_dot of row i with activation j
  *    (what makes an engine's results independent of how sequences are batched);
+ *  - K-quant blocks at their extremes, and Q4_K/Q5_K against activations of one sign over whole
+ *    4-element groups (the largest integer lanes the AVX-512 kernel scales as int16);
  *  - the activation quantizers (Q8_0, Q8_K, F16, BF16): bit-identical to the reference on random
  *    and hand-picked values (ties, zero blocks, the sign of Q8_K's d, NaN, infinities,
  *    subnormals);
@@ -365,6 +367,70 @@ static void check_extremes(enum wf_kernel_level level)
 
 Test(kernels_simd, avx2_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX2); }
 Test(kernels_simd, avx512_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX512); }
+
+/* Q4_K/Q5_K at their largest against activations of one sign over whole 4-element groups: the
+ * AVX-512 kernel scales each vpdpbusd lane (four products) as a sign-extended int16, so the
+ * largest lane, 4 x 31 x 127, must come out exact, positive and negative, through gemm's tiles
+ * of every size (1..8 rows) as through vec_dot. */
+static void check_k_lanes(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *simd = level_ops(level);
+	enum { NB = 2, NA = 8 };
+	struct wf_block_q4_K q4[NB];
+	struct wf_block_q5_K q5[NB];
+	struct wf_block_q8_K y[NA][NB];
+	float out[NA], one;
+
+	for (int b = 0; b < NB; b++) {
+		q4[b].d = q5[b].d = h(1e-3f);
+		q4[b].dmin = q5[b].dmin = h(2e-3f);
+		memset(q4[b].scales, 0xff, sizeof(q4[b].scales)); /* scales and mins 63 */
+		memset(q5[b].scales, 0xff, sizeof(q5[b].scales));
+		memset(q4[b].qs, 0xff, sizeof(q4[b].qs)); /* values 15 (Q4_K), 31 (Q5_K) */
+		memset(q5[b].qs, 0xff, sizeof(q5[b].qs));
+		memset(q5[b].qh, 0xff, sizeof(q5[b].qh));
+	}
+	for (int j = 0; j < NA; j++)
+		for (int b = 0; b < NB; b++) {
+			/* row j: all +127, all -127, or the sign flipping every 4 (j % 3) */
+			for (int e = 0; e < WF_QK_K; e++) {
+				const int neg = j % 3 == 1 || (j % 3 == 2 && (e / 4 + b) % 2);
+				y[j][b].qs[e] = (int8_t)(neg ? -127 : 127);
+			}
+			for (int g = 0; g < WF_QK_K / 16; g++) {
+				int sum = 0;
+				for (int e = 0; e < 16; e++)
+					sum += y[j][b].qs[16 * g + e];
+				y[j][b].bsums[g] = (int16_t)sum;
+			}
+			y[j][b].d = 1e-2f * (float)(j + 1);
+		}
+	const struct {
+		enum wf_dtype t;
+		const void *w;
+	} cases[] = {{WF_DTYPE_Q4_K, q4}, {WF_DTYPE_Q5_K, q5}};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		const struct wf_kernel_type_ops *so = wf_kernel_ops_type(simd, cases[c].t);
+		const struct wf_kernel_type_ops *ro = wf_kernel_ops_type(ref_ops(), cases[c].t);
+
+		for (int na = 1; na <= NA; na++) {
+			so->gemm(NB * WF_QK_K, cases[c].w, sizeof(q5), 1, y, sizeof(y[0]), na, out, 1);
+			for (int j = 0; j < na; j++) {
+				const float r = ro->vec_dot(NB * WF_QK_K, cases[c].w, y[j]);
+
+				one = so->vec_dot(NB * WF_QK_K, cases[c].w, y[j]);
+				cr_assert(memcmp(&one, &out[j], 4) == 0, "%s acts=%d row %d: gemm %a != vec_dot %a",
+				          wf_dtype_info(cases[c].t)->name, na, j, out[j], one);
+				cr_assert(fabsf(one - r) <= 1e-5f * fabsf(r) + 1e-6f,
+				          "%s row %d: %a vs reference %a", wf_dtype_info(cases[c].t)->name, j,
+				          one, r);
+			}
+		}
+	}
+}
+
+Test(kernels_simd, avx2_k_lanes) { check_k_lanes(WF_KERNEL_LEVEL_AVX2); }
+Test(kernels_simd, avx512_k_lanes) { check_k_lanes(WF_KERNEL_LEVEL_AVX512); }
 
 /* ---- activation quantizers: bit for bit ---------------------------------------------------- */
 
