@@ -15,6 +15,7 @@
 #define WF_ENGINE_ENGINE_H
 
 #include "base/diag.h"
+#include "engine/postfetch.h"
 #include "model/model.h"
 
 #include <stdbool.h>
@@ -34,12 +35,21 @@ enum wf_engine_kv_type {
 	WF_ENGINE_KV_MAX
 };
 
+struct wf_device;
+
 struct wf_engine_config {
 	uint32_t n_ctx;      /* KV positions per sequence; 0: the model's context_length
 	                        (capped at 4096 when the model says more, to bound memory) */
 	uint32_t n_seq_max;  /* sequences with their own KV cache; 0: 1 */
 	uint32_t n_threads;  /* 0: the CPUs this process may run on */
 	enum wf_engine_kv_type kv_type;
+	/* Expert post-fetch (engine/postfetch.h): with a device, the selected experts' down
+	 * projections are copied to it right after routing and computed from there. NULL device:
+	 * CPU only. postfetch NULL: the defaults. The device must outlive the engine. Only the host
+	 * device computes fetched experts today (CI's model of a GPU, bandwidth-throttled); on
+	 * another kind post-fetch must be off or forced to the CPU (WF_EUNSUPPORTED otherwise). */
+	struct wf_device *device;
+	const struct wf_postfetch_settings *postfetch;
 };
 
 /* The architecture-level view of a model, resolved at create. */
@@ -102,9 +112,21 @@ int wf_engine_seq_truncate(struct wf_engine *engine, uint32_t seq, uint32_t pos)
  * embedding row per token), the figure a bandwidth bound divides by. */
 struct wf_engine_stats {
 	uint64_t decodes, tokens, weight_bytes;
+	/* Post-fetch (zero without it): down projections copied and their bytes, those computed
+	 * from the copy, those computed on the CPU after all (copy not done under the non-blocking
+	 * policy, or failed), copy or event failures, the scratchpad's size, and the fraction of
+	 * the copy time hidden under compute (1 - time blocked / copy time, over the steps whose
+	 * copies all completed; -1 before any). */
+	uint64_t fetch_experts, fetch_bytes, fetch_used, fetch_fallbacks, fetch_errors;
+	uint64_t scratchpad_bytes;
+	double fetch_overlap;
 };
 void wf_engine_get_stats(const struct wf_engine *engine, struct wf_engine_stats *ret_stats);
 void wf_engine_reset_stats(struct wf_engine *engine);
+
+/* Where WF_POSTFETCH_DEBUG lines go (one per layer and step); none without it. */
+typedef void (*wf_engine_log_fn)(void *arg, const char *line);
+void wf_engine_set_log(struct wf_engine *engine, wf_engine_log_fn fn, void *arg);
 
 /* Debug and test hook: when set, the engine writes each layer's router logits (before softmax)
  * for every token of the next decodes, [n_layer][n][n_expert] per decode, to the callback. */

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -51,7 +52,14 @@ struct wf_engine {
 
 	wf_engine_router_fn router_fn;
 	void *router_arg;
+	wf_engine_log_fn log_fn;
+	void *log_arg;
 	struct wf_engine_stats stats;
+	struct wf__fetch *fetch;    /* post-fetch; NULL: every expert from the floor */
+	bool fetch_debug;
+	const void **fetch_src;     /* per step: the down projections to copy, in expert order */
+	size_t *fetch_bytes;
+	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */
 	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
 	                              experts and the embedding row) */
 };
@@ -122,19 +130,28 @@ static void mm_task(void *arg, uint32_t task, uint32_t thread)
 	mm_rows(j, r0, r1);
 }
 
-static void mm_add(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert, const void *act,
-                   size_t act_stride, uint32_t n_act, float *out, size_t out_stride)
+/* base: the matrix's bytes when not in the view (a post-fetched copy); NULL: the view's. */
+static void mm_add_from(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert,
+                        const void *base, const void *act, size_t act_stride, uint32_t n_act,
+                        float *out, size_t out_stride)
 {
 	if (n_act == 0)
 		return;
 	struct mm_job *j = &ph->jobs[ph->n_jobs++];
 	j->w = w;
-	j->wbase = (const uint8_t *)w->data + (size_t)expert * w->matrix_size;
+	j->wbase = base ? (const uint8_t *)base
+	                : (const uint8_t *)w->data + (size_t)expert * w->matrix_size;
 	j->act = act;
 	j->act_stride = act_stride;
 	j->n_act = n_act;
 	j->out = out;
 	j->out_stride = out_stride;
+}
+
+static void mm_add(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert, const void *act,
+                   size_t act_stride, uint32_t n_act, float *out, size_t out_stride)
+{
+	mm_add_from(ph, w, expert, NULL, act, act_stride, n_act, out, out_stride);
 }
 
 /* Splits every job into chunks of rows so that the threads get several chunks each (dynamic
@@ -346,6 +363,22 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		}
 	}
 
+	/* Post-fetch: the selected experts' down projections start moving to the device now, in
+	 * expert order, while gate and up compute below. */
+	uint32_t n_fetch = 0;
+	if (e->fetch) {
+		for (uint32_t x = 0; x < X; x++) {
+			e->fetch_slot[x] = -1;
+			if (!e->expert_count[x])
+				continue;
+			e->fetch_src[n_fetch] =
+			    (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size;
+			e->fetch_bytes[n_fetch] = L->down_exps.matrix_size;
+			e->fetch_slot[x] = (int32_t)n_fetch++;
+		}
+		n_fetch = wf__fetch_issue(e->fetch, n_fetch, e->fetch_src, e->fetch_bytes);
+	}
+
 	/* Gate and up: each token's input quantized once, then gathered per expert. */
 	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
 	const size_t gs = act_row_bytes(ag, E), us = act_row_bytes(au, E);
@@ -374,11 +407,33 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, e->hbuf + (size_t)r * F, F);
 	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
 	const size_t ds = quantize_rows(e, ad, e->hbuf, F, n * K, F, e->qa);
+	struct wf__fetch_stats before;
+	if (e->fetch && e->fetch_debug)
+		wf__fetch_get_stats(e->fetch, &before);
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
-		mm_add(ph, &L->down_exps, x, e->qa + f * ds, ds, c, e->down + (size_t)f * E, E);
+		const void *copy = NULL;
+		if (c && e->fetch && e->fetch_slot[x] >= 0)
+			copy = wf__fetch_ready(e->fetch, (uint32_t)e->fetch_slot[x]);
+		mm_add_from(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c, e->down + (size_t)f * E,
+		            E);
 	}
 	mm_run(e, ph);
+	if (e->fetch) {
+		wf__fetch_end_step(e->fetch);
+		if (e->fetch_debug && e->log_fn) {
+			struct wf__fetch_stats after;
+			wf__fetch_get_stats(e->fetch, &after);
+			char line[192];
+			snprintf(line, sizeof line,
+			         "post-fetch layer %u: %u experts queued, %llu from the copy, %llu on the "
+			         "cpu, %.3f ms blocked",
+			         il, n_fetch, (unsigned long long)(after.used - before.used),
+			         (unsigned long long)(after.fallbacks - before.fallbacks),
+			         (double)(after.wait_ns - before.wait_ns) / 1e6);
+			e->log_fn(e->log_arg, line);
+		}
+	}
 
 	/* Weighted sum in selected order: ((e0*w0 + e1*w1) + e2*w2) + ... as ggml adds them. */
 	for (uint32_t t = 0; t < n; t++) {
@@ -546,6 +601,34 @@ static int alloc_scratch(struct wf_engine *e)
 	return 0;
 }
 
+/* Post-fetch when the engine has a device, a MoE model, and the settings ask for it. */
+static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
+                      struct wf_diag *diag)
+{
+	struct wf_postfetch_settings s;
+	if (cfg->postfetch)
+		s = *cfg->postfetch;
+	else
+		wf_postfetch_settings_default(&s);
+	const struct wf__weights *w = &e->w;
+	if (!cfg->device || !w->moe || !s.enable || s.force_cpu)
+		return 0;
+	size_t slot = 0;
+	for (uint32_t il = 0; il < w->n_layer; il++)
+		if (w->layers[il].down_exps.matrix_size > slot)
+			slot = w->layers[il].down_exps.matrix_size;
+	uint64_t auto_slots = (uint64_t)UBATCH_MAX * w->n_expert_used;
+	if (auto_slots > w->n_expert)
+		auto_slots = w->n_expert;
+	e->fetch_src = calloc(w->n_expert, sizeof(*e->fetch_src));
+	e->fetch_bytes = calloc(w->n_expert, sizeof(*e->fetch_bytes));
+	e->fetch_slot = calloc(w->n_expert, sizeof(*e->fetch_slot));
+	if (!e->fetch_src || !e->fetch_bytes || !e->fetch_slot)
+		return wf_diag_set(diag, -ENOMEM, "post-fetch");
+	e->fetch_debug = s.debug;
+	return wf__fetch_create(cfg->device, &s, slot, (uint32_t)auto_slots, &e->fetch, diag);
+}
+
 int wf_engine_create(const struct wf_model *model, const void *const *tensor_data,
                      const struct wf_engine_config *cfg, struct wf_engine **ret_engine,
                      struct wf_diag *diag)
@@ -612,6 +695,8 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		wf_diag_set(diag, rc, "thread pool of %u", e->n_threads);
 		goto fail;
 	}
+	if ((rc = fetch_init(e, cfg, diag)) < 0)
+		goto fail;
 	*ret_engine = e;
 	return 0;
 fail:
@@ -623,6 +708,10 @@ void wf_engine_destroy(struct wf_engine *e)
 {
 	if (!e)
 		return;
+	wf__fetch_destroy(e->fetch); /* waits for copies still reading the view */
+	free(e->fetch_src);
+	free(e->fetch_bytes);
+	free(e->fetch_slot);
 	wf_pool_destroy(e->pool);
 	wf__kv_fini(&e->kv);
 	wf__weights_fini(&e->w);
@@ -730,11 +819,34 @@ int wf_engine_seq_truncate(struct wf_engine *e, uint32_t seq, uint32_t pos)
 void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 {
 	*ret = e->stats;
+	ret->fetch_overlap = -1;
+	if (!e->fetch)
+		return;
+	struct wf__fetch_stats f;
+	wf__fetch_get_stats(e->fetch, &f);
+	ret->fetch_experts = f.experts;
+	ret->fetch_bytes = f.bytes;
+	ret->fetch_used = f.used;
+	ret->fetch_fallbacks = f.fallbacks;
+	ret->fetch_errors = f.errors;
+	ret->scratchpad_bytes = f.scratchpad_bytes;
+	if (f.steps_timed && f.copy_ns) {
+		const double hidden = 1.0 - (double)f.wait_ns_timed / (double)f.copy_ns;
+		ret->fetch_overlap = hidden < 0 ? 0 : hidden;
+	}
 }
 
 void wf_engine_reset_stats(struct wf_engine *e)
 {
 	memset(&e->stats, 0, sizeof(e->stats));
+	if (e->fetch)
+		wf__fetch_reset_stats(e->fetch);
+}
+
+void wf_engine_set_log(struct wf_engine *e, wf_engine_log_fn fn, void *arg)
+{
+	e->log_fn = fn;
+	e->log_arg = arg;
 }
 
 void wf_engine_set_router_hook(struct wf_engine *e, wf_engine_router_fn fn, void *arg)

@@ -9,7 +9,9 @@
 
 #include "base/diag.h"
 #include "base/error.h"
+#include "device/device.h"
 #include "engine/engine.h"
+#include "engine/postfetch.h"
 #include "model/model.h"
 #include "worker/weights.h"
 
@@ -24,7 +26,8 @@
 
 static const char usage[] =
     "usage: wf-worker eval --model FILE --prompt IDS [--feed IDS | --generate N]\n"
-    "                      [--logits OUT.bin] [--threads N] [--kv-type f16|f32] [--ctx N]\n";
+    "                      [--logits OUT.bin] [--threads N] [--kv-type f16|f32] [--ctx N]\n"
+    "                      [--device SPEC]   (post-fetch settings: WF_POSTFETCH_* variables)\n";
 
 /* Comma-separated non-negative ids. */
 static int parse_ids(const char *s, int32_t **ret, uint32_t *ret_n)
@@ -98,9 +101,16 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
+static void log_line(void *arg, const char *line)
+{
+	(void)arg;
+	fprintf(stderr, "%s\n", line);
+}
+
 int wf_worker_eval_main(int argc, char **argv)
 {
-	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL;
+	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL,
+		   *device_spec = NULL;
 	uint32_t generate = 0, threads = 0, ctx = 0;
 	bool have_generate = false;
 	enum wf_engine_kv_type kv_type = WF_ENGINE_KV_F16;
@@ -117,6 +127,8 @@ int wf_worker_eval_main(int argc, char **argv)
 			feed = v;
 		} else if (strcmp(a, "--logits") == 0) {
 			out_path = v;
+		} else if (strcmp(a, "--device") == 0) {
+			device_spec = v;
 		} else if (strcmp(a, "--generate") == 0) {
 			bad = parse_u32(v, &generate) < 0;
 			have_generate = true;
@@ -159,18 +171,31 @@ int wf_worker_eval_main(int argc, char **argv)
 	struct wf_model *m = NULL;
 	struct wf_weight_view view = {0};
 	struct wf_engine *e = NULL;
+	struct wf_device *dev = NULL;
+	struct wf_postfetch_settings pf;
+	wf_postfetch_settings_default(&pf);
 	float *logits = NULL;
 	int32_t *gen = NULL;
 	uint32_t *pos = NULL, *seq = NULL;
 	bool *want = NULL;
 	int fd = -1, rc;
+	if ((rc = wf_postfetch_settings_from_env(&pf, &d)) < 0) {
+		fprintf(stderr, "wf-worker eval: %s\n", wf_diag_str(&d, rc));
+		free(prompt_ids);
+		free(feed_ids);
+		return 2;
+	}
 	if ((rc = wf_model_open(model_path, &m, &d)) < 0 ||
 	    (rc = wf_weight_view_map_files(m, &view, &d)) < 0)
 		goto out;
+	if (device_spec && (rc = wf_device_open(device_spec, &dev, &d)) < 0)
+		goto out;
 	struct wf_engine_config cfg = {.n_ctx = ctx, .n_seq_max = 1, .n_threads = threads,
-	                               .kv_type = kv_type};
+	                               .kv_type = kv_type, .device = dev, .postfetch = &pf};
 	if ((rc = wf_engine_create(m, view.tensor_data, &cfg, &e, &d)) < 0)
 		goto out;
+	if (pf.debug)
+		wf_engine_set_log(e, log_line, NULL);
 	struct wf_engine_info info;
 	wf_engine_get_info(e, &info);
 	const size_t V = info.n_vocab;
@@ -216,6 +241,17 @@ int wf_worker_eval_main(int argc, char **argv)
 		}
 		next = argmax(logits, (uint32_t)V);
 	}
+	if (dev) {
+		struct wf_engine_stats st;
+		wf_engine_get_stats(e, &st);
+		fprintf(stderr,
+		        "post-fetch: %llu down projections copied (%.1f MB), %llu computed from the "
+		        "copy, %llu on the cpu, %llu errors, overlap %.2f, scratchpad %.1f MB\n",
+		        (unsigned long long)st.fetch_experts, st.fetch_bytes / 1e6,
+		        (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
+		        (unsigned long long)st.fetch_errors, st.fetch_overlap,
+		        st.scratchpad_bytes / 1e6);
+	}
 	if (have_generate) {
 		for (uint32_t s = 0; s < n_steps; s++)
 			printf("%s%d", s ? "," : "", gen[s]);
@@ -235,6 +271,7 @@ out:
 	free(prompt_ids);
 	free(feed_ids);
 	wf_engine_destroy(e);
+	wf_device_close(dev);
 	wf_weight_view_release(&view);
 	wf_model_close(m);
 	return rc < 0 ? 1 : 0;

@@ -1,0 +1,199 @@
+/* Expert post-fetch (engine/postfetch.h) on the host device: every setting gives bitwise the
+ * logits of the CPU-only engine (same bytes, same kernels), the copies are used when the policy
+ * waits and skipped when it does not and they are slow, and bad settings are refused. */
+#include "base/error.h"
+#include "common/wftest.h"
+#include "device/device.h"
+#include "engine/engine.h"
+#include "engine/postfetch.h"
+#include "model/model.h"
+#include "worker/weights.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+TestSuite(postfetch, .timeout = 120);
+
+static const int32_t prompt[16] = {1, 17, 300, 42, 99, 7, 256, 311, 5, 63, 128, 400, 2, 77, 150, 203};
+
+struct model {
+	struct wf_model *m;
+	struct wf_weight_view v;
+};
+
+static void model_open(struct model *md)
+{
+	char *p = NULL;
+	cr_assert(asprintf(&p, "%s/qwen3moe-tiny-q4_k_m/qwen3moe-tiny-q4_k_m.gguf",
+	                   wft_reference_dir()) > 0);
+	struct wf_diag d = {{0}};
+	int rc = wf_model_open(p, &md->m, &d);
+	cr_assert_eq(rc, 0, "%s: %s", p, wf_diag_str(&d, rc));
+	rc = wf_weight_view_map_files(md->m, &md->v, &d);
+	cr_assert_eq(rc, 0, "%s", wf_diag_str(&d, rc));
+	free(p);
+}
+
+static void model_close(struct model *md)
+{
+	wf_weight_view_release(&md->v);
+	wf_model_close(md->m);
+}
+
+/* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows. */
+static float *run(struct model *md, struct wf_device *dev, const struct wf_postfetch_settings *s,
+                  struct wf_engine_stats *ret_stats)
+{
+	struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev, .postfetch = s};
+	struct wf_engine *e = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_engine_create(md->m, md->v.tensor_data, &cfg, &e, &d);
+	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
+	struct wf_engine_info info;
+	wf_engine_get_info(e, &info);
+	const size_t V = info.n_vocab;
+	float *out = malloc(24 * V * sizeof(float));
+	uint32_t pos[16], seq[16] = {0};
+	bool want[16];
+	for (uint32_t i = 0; i < 16; i++) {
+		pos[i] = i;
+		want[i] = true;
+	}
+	struct wf_engine_batch b = {16, prompt, pos, seq, want};
+	cr_assert_eq(wf_engine_decode(e, &b, out, &d), 0, "%s", d.msg);
+	for (uint32_t step = 0; step < 8; step++) {
+		const float *last = out + (size_t)(15 + step) * V;
+		int32_t tok = 0;
+		for (uint32_t i = 1; i < V; i++)
+			if (last[i] > last[tok])
+				tok = (int32_t)i;
+		uint32_t p = 16 + step, q = 0;
+		bool w = true;
+		struct wf_engine_batch one = {1, &tok, &p, &q, &w};
+		cr_assert_eq(wf_engine_decode(e, &one, out + (size_t)(16 + step) * V, &d), 0, "%s",
+		             d.msg);
+	}
+	wf_engine_get_stats(e, ret_stats);
+	wf_engine_destroy(e);
+	return out;
+}
+
+static size_t rows_bytes(struct model *md)
+{
+	return 24u * md->m->hp.n_vocab * sizeof(float);
+}
+
+Test(postfetch, every_setting_gives_the_cpu_engines_logits)
+{
+	struct model md;
+	model_open(&md);
+	struct wf_engine_stats st;
+	float *want = run(&md, NULL, NULL, &st);
+	cr_expect_eq(st.fetch_experts, 0);
+	struct wf_device *dev = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
+
+	struct {
+		const char *what;
+		struct wf_postfetch_settings s;
+	} cases[] = {
+	    {"blocking", {.enable = true, .block_on_miss = true}},
+	    {"non-blocking", {.enable = true}},
+	    {"one transfer a step", {.enable = true, .block_on_miss = true, .max_transfers = 1}},
+	    {"1 MiB scratchpad, dedicated streams",
+	     {.enable = true, .block_on_miss = true, .scratchpad_mb = 1, .dedicated_streams = true}},
+	    {"forced to the cpu", {.enable = true, .force_cpu = true}},
+	    {"off", {.enable = false}},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		float *got = run(&md, dev, &cases[i].s, &st);
+		cr_expect(memcmp(want, got, rows_bytes(&md)) == 0, "%s: logits differ",
+		          cases[i].what);
+		cr_log_info("%s: %llu copied, %llu used, %llu on the cpu, overlap %.2f",
+		            cases[i].what, (unsigned long long)st.fetch_experts,
+		            (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
+		            st.fetch_overlap);
+		const bool on = cases[i].s.enable && !cases[i].s.force_cpu;
+		if (!on) {
+			cr_expect_eq(st.fetch_experts, 0, "%s", cases[i].what);
+		} else {
+			cr_expect_gt(st.fetch_experts, 0, "%s", cases[i].what);
+			cr_expect_eq(st.fetch_errors, 0, "%s", cases[i].what);
+			cr_expect_eq(st.fetch_used + st.fetch_fallbacks, st.fetch_experts, "%s",
+			             cases[i].what);
+			cr_expect_gt(st.scratchpad_bytes, 0, "%s", cases[i].what);
+		}
+		if (on && cases[i].s.block_on_miss) {
+			cr_expect_eq(st.fetch_fallbacks, 0, "%s: a blocking policy fell back",
+			             cases[i].what);
+			cr_expect_eq(st.fetch_used, st.fetch_experts, "%s", cases[i].what);
+		}
+		if (cases[i].s.max_transfers == 1)
+			cr_expect_leq(st.fetch_experts, 24u * md.m->hp.n_layer,
+			              "at most one copy per layer and step");
+		free(got);
+	}
+	wf_device_close(dev);
+	free(want);
+	model_close(&md);
+}
+
+/* Copies far slower than the compute: the non-blocking policy computes on the CPU instead, and
+ * the result is still the same. */
+Test(postfetch, slow_copies_fall_back_to_the_cpu)
+{
+	struct model md;
+	model_open(&md);
+	struct wf_engine_stats st;
+	float *want = run(&md, NULL, NULL, &st);
+	struct wf_device *dev = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_device_open("host:bw=4M", &dev, &d), 0, "%s", d.msg);
+	struct wf_postfetch_settings s = {.enable = true};
+	float *got = run(&md, dev, &s, &st);
+	cr_expect(memcmp(want, got, rows_bytes(&md)) == 0);
+	cr_expect_gt(st.fetch_fallbacks, 0, "no expert fell back with copies at 4 MB/s");
+	wf_device_close(dev);
+	free(want);
+	free(got);
+	model_close(&md);
+}
+
+Test(postfetch, settings_by_name_and_from_the_environment)
+{
+	struct wf_postfetch_settings s;
+	wf_postfetch_settings_default(&s);
+	cr_expect(s.enable && s.block_on_miss && !s.force_cpu && !s.max_transfers &&
+	          !s.scratchpad_mb && !s.dedicated_streams && !s.debug);
+	struct wf_diag d = {{0}};
+	cr_expect_eq(wf_postfetch_settings_set(&s, "block-on-miss", "off", &d), 0);
+	cr_expect(!s.block_on_miss);
+	cr_expect_eq(wf_postfetch_settings_set(&s, "WF_POSTFETCH_MAX_TRANSFERS", "12", &d), 0);
+	cr_expect_eq(s.max_transfers, 12);
+	cr_expect_eq(wf_postfetch_settings_set(&s, "scratchpad_mb", "64", &d), 0);
+	cr_expect_eq(s.scratchpad_mb, 64);
+	d.msg[0] = 0;
+	cr_expect_eq(wf_postfetch_settings_set(&s, "max_transfers", "4097", &d), WF_EINVAL);
+	cr_expect(strstr(d.msg, "MAX_TRANSFERS") != NULL, "%s", d.msg);
+	d.msg[0] = 0;
+	cr_expect_eq(wf_postfetch_settings_set(&s, "max_transfers", "-1", &d), WF_EINVAL);
+	d.msg[0] = 0;
+	cr_expect_eq(wf_postfetch_settings_set(&s, "enable", "maybe", &d), WF_EINVAL);
+	cr_expect(strstr(d.msg, "maybe") != NULL, "%s", d.msg);
+	d.msg[0] = 0;
+	cr_expect_eq(wf_postfetch_settings_set(&s, "speed", "1", &d), WF_ENOT_FOUND);
+	cr_expect_eq(s.max_transfers, 12, "a refused value changes nothing");
+
+	wf_postfetch_settings_default(&s);
+	setenv("WF_POSTFETCH_FORCE_CPU", "yes", 1);
+	setenv("WF_POSTFETCH_DEDICATED_STREAMS", "1", 1);
+	cr_expect_eq(wf_postfetch_settings_from_env(&s, &d), 0, "%s", d.msg);
+	cr_expect(s.force_cpu && s.dedicated_streams);
+	setenv("WF_POSTFETCH_SCRATCH_MB", "1", 1); /* a typo is refused, not ignored */
+	d.msg[0] = 0;
+	cr_expect_eq(wf_postfetch_settings_from_env(&s, &d), WF_ENOT_FOUND);
+	cr_expect(strstr(d.msg, "SCRATCH_MB") != NULL, "%s", d.msg);
+}
