@@ -50,6 +50,10 @@ struct wf_engine_config {
 	 * another kind post-fetch must be off or forced to the CPU (WF_EUNSUPPORTED otherwise). */
 	struct wf_device *device;
 	const struct wf_postfetch_settings *postfetch;
+	/* A device expert cache of this many MiB (0: none, the post-fetch scratchpad only): down
+	 * projections stay in device slots across steps and requests, least recently used evicted,
+	 * post-fetch filling the misses. Needs post-fetch. */
+	uint32_t expert_cache_mb;
 };
 
 /* The architecture-level view of a model, resolved at create. */
@@ -120,6 +124,9 @@ struct wf_engine_stats {
 	uint64_t fetch_experts, fetch_bytes, fetch_used, fetch_fallbacks, fetch_errors;
 	uint64_t scratchpad_bytes;
 	double fetch_overlap;
+	/* The slots' lookups: selected experts found in a slot (the expert cache kept them), or
+	 * not. Hit rate = hits / (hits + misses). */
+	uint64_t fetch_hits, fetch_misses;
 };
 void wf_engine_get_stats(const struct wf_engine *engine, struct wf_engine_stats *ret_stats);
 void wf_engine_reset_stats(struct wf_engine *engine);

@@ -104,31 +104,37 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
                 uint32_t n_kv, uint32_t head_dim, float scale, enum wf_engine_kv_type type,
                 float *scratch, float *out);
 
-/* ---- expert post-fetch (fetch.c) ---- */
+/* ---- expert slots: the post-fetch scratchpad and the device expert cache (fetch.c) ---- */
 struct wf__fetch_stats {
-	uint64_t experts;          /* copies queued */
+	uint64_t hits, misses;     /* selected experts found in a slot, or not */
+	uint64_t experts;          /* copies queued (the misses that got a slot) */
 	uint64_t bytes;            /* bytes they moved */
-	uint64_t used;             /* experts whose down projection was computed from the copy */
-	uint64_t fallbacks;        /* fetched experts computed on the CPU after all */
+	uint64_t used;             /* experts whose down projection was computed from a slot */
+	uint64_t fallbacks;        /* experts with a slot computed on the CPU after all */
 	uint64_t errors;           /* copies or events that failed */
 	uint64_t wait_ns;          /* time blocked on copies */
 	uint64_t copy_ns;          /* copy time of the timed steps */
 	uint64_t wait_ns_timed;    /* the part of wait_ns spent in the timed steps */
 	uint64_t steps_timed;
-	uint64_t scratchpad_bytes;
+	uint64_t scratchpad_bytes; /* the slots' device memory */
+};
+struct wf__fetch_shape {
+	size_t slot_bytes;     /* the largest down projection */
+	uint32_t step_experts; /* the most experts one step can select */
+	uint32_t n_layer, n_expert;
+	uint64_t cache_mb;     /* 0: a scratchpad (WF_POSTFETCH_SCRATCHPAD_MB or step_experts slots) */
 };
 struct wf__fetch;
-/* slot_bytes: the largest down projection; auto_slots: the most experts one step can select. */
 int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *s,
-                     size_t slot_bytes, uint32_t auto_slots, struct wf__fetch **ret,
+                     const struct wf__fetch_shape *shape, struct wf__fetch **ret,
                      struct wf_diag *diag);
 void wf__fetch_destroy(struct wf__fetch *f);
-/* Queues the copies of up to the scratchpad's slots of n down projections (src[i], bytes[i]),
- * slot i for the i-th; returns how many were queued. */
-uint32_t wf__fetch_issue(struct wf__fetch *f, uint32_t n, const void *const *src,
-                         const size_t *bytes);
-/* The copy of slot i to read, or NULL: compute that expert from the floor. */
-const void *wf__fetch_ready(struct wf__fetch *f, uint32_t slot);
+/* One layer's step: the n selected experts (in expert order), their down projections' bytes in
+ * the view (src, bytes); writes each one's slot, or -1 (the CPU computes it from the floor). */
+void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
+                    const void *const *src, const size_t *bytes, int32_t *ret_slot);
+/* The slot's bytes to read, or NULL: compute that expert from the floor. */
+const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot);
 void wf__fetch_end_step(struct wf__fetch *f);
 void wf__fetch_get_stats(const struct wf__fetch *f, struct wf__fetch_stats *ret);
 void wf__fetch_reset_stats(struct wf__fetch *f);

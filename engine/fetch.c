@@ -1,15 +1,21 @@
-/* Expert post-fetch on the device interface: the scratchpad, the private copy streams, one event
- * per slot, and the accounting behind the post-fetch metrics.
+/* Expert slots on the device: the post-fetch scratchpad and the device expert cache are one
+ * mechanism, a set of device-memory slots each holding one expert's down projection, keyed by
+ * (layer, expert), with the private copy streams and one event per slot.
  *
- * A step (one MoE layer of one decode) issues the copies of the selected experts' down
- * projections into consecutive slots right after routing; gate and up compute meanwhile; then
- * each expert asks for its copy (wf__fetch_ready): blocking waits on the slot's event, the
- * non-blocking policy takes the copy only if its event has completed. The scratchpad is reused by
- * the next step: its copies go to the same streams, so they queue behind any copy of this step
- * still in flight, and a slot is read only after its event completed. */
+ * A step (one MoE layer of one decode) looks up each selected expert right after routing. A hit
+ * (the cache kept it from an earlier step) needs no copy. A miss takes a free slot or the least
+ * recently used one that this step does not use (base/lru.h, the project's one LRU rule) and
+ * queues the copy from the floor there (post-fetch is the cache's miss path). Gate and up compute
+ * meanwhile; then each expert asks for its slot (wf__fetch_ready): the blocking policy waits on
+ * the slot's event, the non-blocking one takes it only if the copy has completed, else the CPU
+ * computes that expert from the floor. Without a cache (expert_cache_mb 0) the slots are the
+ * scratchpad: every step forgets what the last one fetched. Copies of a later step go to the same
+ * streams, so they queue behind any copy still in flight, and a slot is read only after its
+ * event completed. */
 #include "engine/engine_internal.h"
 
 #include "base/error.h"
+#include "base/lru.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -17,21 +23,33 @@
 #include <time.h>
 
 #define FETCH_STREAMS_DEDICATED 4u
+#define NO_KEY UINT64_MAX
+
+struct slot {
+	uint64_t key;      /* layer * n_expert + expert, NO_KEY: empty */
+	bool failed;       /* its last copy could not be queued */
+	uint32_t stream;   /* the stream its last copy went to */
+};
 
 struct wf__fetch {
 	struct wf_device *dev;
 	struct wf_postfetch_settings s;
-	uint8_t *scratch; /* device memory */
+	bool cache;                    /* slots persist across steps */
+	uint8_t *mem;                  /* device memory, n_slots * slot_bytes */
 	size_t slot_bytes;
 	uint32_t n_slots, n_streams;
+	uint32_t n_expert;
+	struct slot *slots;
+	struct wf_lru_item *lru;       /* per slot, for base/lru.h */
+	int32_t *slot_of_key;          /* [n_layer * n_expert]: slot, -1 */
+	uint64_t n_keys;
+	uint64_t stamp;
 	struct wf_device_stream *streams[FETCH_STREAMS_DEDICATED];
-	struct wf_device_event **ev;    /* per slot */
-	struct wf_device_event *start;  /* timing: recorded before a step's first copy */
-	int32_t last_slot[FETCH_STREAMS_DEDICATED]; /* this step's last slot per stream, -1 */
-	/* this step */
-	uint32_t issued;
-	uint64_t step_wait0; /* st.wait_ns when it began */
-	bool *failed; /* per slot: the copy could not be queued */
+	struct wf_device_event **ev;   /* per slot */
+	struct wf_device_event *start; /* timing: recorded before a step's first copy */
+	int32_t last_slot[FETCH_STREAMS_DEDICATED]; /* this step's last copy per stream, -1 */
+	uint32_t step_copies, next_stream;
+	uint64_t step_wait0;
 	struct wf__fetch_stats st;
 };
 
@@ -43,7 +61,7 @@ static uint64_t now_ns(void)
 }
 
 int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *s,
-                     size_t slot_bytes, uint32_t auto_slots, struct wf__fetch **ret,
+                     const struct wf__fetch_shape *shape, struct wf__fetch **ret,
                      struct wf_diag *diag)
 {
 	if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST)
@@ -56,35 +74,49 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		return wf_diag_set(diag, -ENOMEM, "post-fetch");
 	f->dev = dev;
 	f->s = *s;
-	f->slot_bytes = (slot_bytes + 255u) & ~(size_t)255u;
-	uint64_t n = auto_slots;
-	if (s->scratchpad_mb) {
-		n = ((uint64_t)s->scratchpad_mb << 20) / f->slot_bytes;
+	f->n_expert = shape->n_expert;
+	f->slot_bytes = (shape->slot_bytes + 255u) & ~(size_t)255u;
+	uint64_t n = shape->step_experts;
+	const char *what = "WF_POSTFETCH_SCRATCHPAD_MB";
+	uint64_t mb = s->scratchpad_mb;
+	if (shape->cache_mb) {
+		f->cache = true;
+		what = "the expert cache";
+		mb = shape->cache_mb;
+	}
+	if (mb) {
+		n = (mb << 20) / f->slot_bytes;
 		if (n == 0) {
 			free(f);
 			return wf_diag_set(diag, WF_EINVAL,
-			                   "WF_POSTFETCH_SCRATCHPAD_MB=%u holds no expert's down "
-			                   "projection (%zu bytes)",
-			                   s->scratchpad_mb, slot_bytes);
+			                   "%s of %llu MiB holds no expert's down projection (%zu bytes)",
+			                   what, (unsigned long long)mb, shape->slot_bytes);
 		}
-		if (n > auto_slots)
-			n = auto_slots; /* more than a step can use */
+		const uint64_t all = (uint64_t)shape->n_layer * shape->n_expert;
+		if (n > (f->cache ? all : shape->step_experts))
+			n = f->cache ? all : shape->step_experts; /* more than could ever be used */
 	}
-	if (s->max_transfers && n > s->max_transfers)
-		n = s->max_transfers;
 	f->n_slots = (uint32_t)n;
 	f->n_streams = s->dedicated_streams ? FETCH_STREAMS_DEDICATED : 1u;
 	if (f->n_streams > f->n_slots)
 		f->n_streams = f->n_slots;
+	f->n_keys = (uint64_t)shape->n_layer * shape->n_expert;
 	int rc;
+	f->slots = calloc(f->n_slots, sizeof(*f->slots));
+	f->lru = calloc(f->n_slots, sizeof(*f->lru));
 	f->ev = calloc(f->n_slots, sizeof(*f->ev));
-	f->failed = calloc(f->n_slots, sizeof(*f->failed));
-	if (!f->ev || !f->failed) {
+	f->slot_of_key = malloc(f->n_keys * sizeof(*f->slot_of_key));
+	if (!f->slots || !f->lru || !f->ev || !f->slot_of_key) {
 		rc = wf_diag_set(diag, -ENOMEM, "post-fetch");
 		goto fail;
 	}
-	if ((rc = wf_device_mem_alloc(dev, f->slot_bytes * f->n_slots, (void **)&f->scratch,
-	                              diag)) < 0)
+	for (uint64_t k = 0; k < f->n_keys; k++)
+		f->slot_of_key[k] = -1;
+	for (uint32_t i = 0; i < f->n_slots; i++) {
+		f->slots[i].key = NO_KEY;
+		f->lru[i].bytes = f->slot_bytes;
+	}
+	if ((rc = wf_device_mem_alloc(dev, f->slot_bytes * f->n_slots, (void **)&f->mem, diag)) < 0)
 		goto fail;
 	for (uint32_t i = 0; i < f->n_streams; i++)
 		if ((rc = wf_device_stream_create(dev, &f->streams[i], diag)) < 0)
@@ -115,64 +147,110 @@ void wf__fetch_destroy(struct wf__fetch *f)
 	wf_device_event_destroy(f->start);
 	for (uint32_t i = 0; i < FETCH_STREAMS_DEDICATED; i++)
 		wf_device_stream_destroy(f->streams[i]);
-	if (f->scratch)
-		(void)wf_device_mem_free(f->dev, f->scratch, NULL);
+	if (f->mem)
+		(void)wf_device_mem_free(f->dev, f->mem, NULL);
+	free(f->slots);
+	free(f->lru);
 	free(f->ev);
-	free(f->failed);
+	free(f->slot_of_key);
 	free(f);
 }
 
-uint32_t wf__fetch_issue(struct wf__fetch *f, uint32_t n, const void *const *src,
-                         const size_t *bytes)
+static void forget(struct wf__fetch *f, uint32_t slot)
 {
-	f->issued = n < f->n_slots ? n : f->n_slots;
-	f->step_wait0 = f->st.wait_ns;
-	for (uint32_t i = 0; i < FETCH_STREAMS_DEDICATED; i++)
-		f->last_slot[i] = -1;
-	if (f->issued)
-		(void)wf_device_event_record(f->start, f->streams[0], NULL);
-	for (uint32_t i = 0; i < f->issued; i++) {
-		struct wf_device_stream *st = f->streams[i % f->n_streams];
-		f->failed[i] = wf_device_memcpy_async(st, f->scratch + (size_t)i * f->slot_bytes, src[i],
-		                                      bytes[i], WF_DEVICE_COPY_H2D, NULL) < 0 ||
-		               wf_device_event_record(f->ev[i], st, NULL) < 0;
-		if (f->failed[i]) {
-			f->st.errors++;
-			continue;
-		}
-		f->last_slot[i % f->n_streams] = (int32_t)i;
-		f->st.experts++;
-		f->st.bytes += bytes[i];
-	}
-	return f->issued;
+	if (f->slots[slot].key != NO_KEY)
+		f->slot_of_key[f->slots[slot].key] = -1;
+	f->slots[slot].key = NO_KEY;
 }
 
-const void *wf__fetch_ready(struct wf__fetch *f, uint32_t slot)
+void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
+                    const void *const *src, const size_t *bytes, int32_t *ret_slot)
 {
-	if (slot >= f->issued)
-		return NULL; /* not fetched this step (max_transfers, scratchpad): the CPU's */
-	if (f->failed[slot]) {
-		f->st.fallbacks++;
-		return NULL;
+	f->stamp++;
+	f->step_copies = 0;
+	f->step_wait0 = f->st.wait_ns;
+	for (uint32_t s = 0; s < FETCH_STREAMS_DEDICATED; s++)
+		f->last_slot[s] = -1;
+	if (!f->cache) /* the scratchpad: nothing survives a step */
+		for (uint32_t i = 0; i < f->n_slots; i++)
+			forget(f, i);
+	for (uint32_t i = 0; i < f->n_slots; i++)
+		f->lru[i].busy = false;
+	bool started = false;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint64_t key = (uint64_t)layer * f->n_expert + experts[i];
+		int32_t slot = f->slot_of_key[key];
+		if (slot >= 0 && !f->slots[slot].failed) {
+			f->st.hits++;
+			f->lru[slot].busy = true;
+			f->lru[slot].last_used = f->stamp;
+			ret_slot[i] = slot;
+			continue;
+		}
+		f->st.misses++;
+		ret_slot[i] = -1;
+		if (f->s.max_transfers && f->step_copies >= f->s.max_transfers)
+			continue;
+		/* An empty slot first (never used: stamp 0), else the least recently used one
+		 * this step does not use. */
+		const size_t victim = wf_lru_oldest(f->lru, f->n_slots);
+		if (victim >= f->n_slots)
+			continue; /* every slot holds an expert of this step */
+		slot = (int32_t)victim;
+		forget(f, (uint32_t)slot);
+		if (!started) {
+			(void)wf_device_event_record(f->start, f->streams[0], NULL);
+			started = true;
+		}
+		const uint32_t sn = f->next_stream++ % f->n_streams;
+		struct wf_device_stream *st = f->streams[sn];
+		struct slot *sl = &f->slots[slot];
+		sl->failed = wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes, src[i],
+		                                    bytes[i], WF_DEVICE_COPY_H2D, NULL) < 0 ||
+		             wf_device_event_record(f->ev[slot], st, NULL) < 0;
+		sl->stream = sn;
+		f->lru[slot].busy = true;
+		f->lru[slot].last_used = f->stamp;
+		f->step_copies++;
+		if (sl->failed) {
+			f->st.errors++;
+			f->st.fallbacks++;
+			continue; /* the slot stays empty; the CPU computes this expert */
+		}
+		sl->key = key;
+		f->slot_of_key[key] = slot;
+		f->last_slot[sn] = slot;
+		f->st.experts++;
+		f->st.bytes += bytes[i];
+		ret_slot[i] = slot;
 	}
+}
+
+const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot)
+{
+	if (slot < 0)
+		return NULL;
 	int rc = wf_device_event_query(f->ev[slot], NULL);
 	if (rc == -EAGAIN && f->s.block_on_miss) {
 		const uint64_t t0 = now_ns();
 		rc = wf_device_event_synchronize(f->ev[slot], NULL);
 		f->st.wait_ns += now_ns() - t0;
 	}
-	if (rc < 0) { /* still pending (non-blocking policy), or a device error */
-		f->st.errors += rc != -EAGAIN;
+	if (rc < 0) { /* still in flight under the non-blocking policy, or a device error */
+		if (rc != -EAGAIN) {
+			f->st.errors++;
+			forget(f, (uint32_t)slot); /* its bytes are not to be trusted */
+		}
 		f->st.fallbacks++;
 		return NULL;
 	}
 	f->st.used++;
-	return f->scratch + (size_t)slot * f->slot_bytes;
+	return f->mem + (size_t)slot * f->slot_bytes;
 }
 
 void wf__fetch_end_step(struct wf__fetch *f)
 {
-	if (!f->issued)
+	if (!f->step_copies)
 		return;
 	/* The step's copy time, start to the last copy of every stream, when they have all
 	 * completed (a copy the non-blocking policy did not wait for may not have). */

@@ -59,6 +59,8 @@ struct wf_engine {
 	bool fetch_debug;
 	const void **fetch_src;     /* per step: the down projections to copy, in expert order */
 	size_t *fetch_bytes;
+	uint32_t *fetch_ids;        /* per step: the selected experts, in order */
+	int32_t *fetch_step_slot;   /* per step: their slots */
 	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */
 	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
 	                              experts and the embedding row) */
@@ -363,20 +365,24 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		}
 	}
 
-	/* Post-fetch: the selected experts' down projections start moving to the device now, in
-	 * expert order, while gate and up compute below. */
+	/* Post-fetch: the selected experts' down projections start moving to the device now (or
+	 * are found in the expert cache), in expert order, while gate and up compute below. */
 	uint32_t n_fetch = 0;
 	if (e->fetch) {
 		for (uint32_t x = 0; x < X; x++) {
 			e->fetch_slot[x] = -1;
 			if (!e->expert_count[x])
 				continue;
+			e->fetch_ids[n_fetch] = x;
 			e->fetch_src[n_fetch] =
 			    (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size;
 			e->fetch_bytes[n_fetch] = L->down_exps.matrix_size;
-			e->fetch_slot[x] = (int32_t)n_fetch++;
+			n_fetch++;
 		}
-		n_fetch = wf__fetch_issue(e->fetch, n_fetch, e->fetch_src, e->fetch_bytes);
+		wf__fetch_step(e->fetch, il, n_fetch, e->fetch_ids, e->fetch_src, e->fetch_bytes,
+		               e->fetch_step_slot);
+		for (uint32_t i = 0; i < n_fetch; i++)
+			e->fetch_slot[e->fetch_ids[i]] = e->fetch_step_slot[i];
 	}
 
 	/* Gate and up: each token's input quantized once, then gathered per expert. */
@@ -413,8 +419,8 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
 		const void *copy = NULL;
-		if (c && e->fetch && e->fetch_slot[x] >= 0)
-			copy = wf__fetch_ready(e->fetch, (uint32_t)e->fetch_slot[x]);
+		if (c && e->fetch)
+			copy = wf__fetch_ready(e->fetch, e->fetch_slot[x]);
 		mm_add_from(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c, e->down + (size_t)f * E,
 		            E);
 	}
@@ -426,9 +432,11 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 			wf__fetch_get_stats(e->fetch, &after);
 			char line[192];
 			snprintf(line, sizeof line,
-			         "post-fetch layer %u: %u experts queued, %llu from the copy, %llu on the "
-			         "cpu, %.3f ms blocked",
-			         il, n_fetch, (unsigned long long)(after.used - before.used),
+			         "post-fetch layer %u: %u experts, %llu cached, %llu copied, %llu from "
+			         "the device, %llu on the cpu, %.3f ms blocked",
+			         il, n_fetch, (unsigned long long)(after.hits - before.hits),
+			         (unsigned long long)(after.experts - before.experts),
+			         (unsigned long long)(after.used - before.used),
 			         (unsigned long long)(after.fallbacks - before.fallbacks),
 			         (double)(after.wait_ns - before.wait_ns) / 1e6);
 			e->log_fn(e->log_arg, line);
@@ -611,22 +619,28 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	else
 		wf_postfetch_settings_default(&s);
 	const struct wf__weights *w = &e->w;
+	if (cfg->expert_cache_mb && (!cfg->device || !s.enable || s.force_cpu))
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "an expert cache needs a device and post-fetch (its miss path)");
 	if (!cfg->device || !w->moe || !s.enable || s.force_cpu)
 		return 0;
-	size_t slot = 0;
+	struct wf__fetch_shape shape = {.n_layer = w->n_layer, .n_expert = w->n_expert,
+	                                .cache_mb = cfg->expert_cache_mb};
 	for (uint32_t il = 0; il < w->n_layer; il++)
-		if (w->layers[il].down_exps.matrix_size > slot)
-			slot = w->layers[il].down_exps.matrix_size;
-	uint64_t auto_slots = (uint64_t)UBATCH_MAX * w->n_expert_used;
-	if (auto_slots > w->n_expert)
-		auto_slots = w->n_expert;
+		if (w->layers[il].down_exps.matrix_size > shape.slot_bytes)
+			shape.slot_bytes = w->layers[il].down_exps.matrix_size;
+	uint64_t step = (uint64_t)UBATCH_MAX * w->n_expert_used;
+	shape.step_experts = (uint32_t)(step < w->n_expert ? step : w->n_expert);
 	e->fetch_src = calloc(w->n_expert, sizeof(*e->fetch_src));
 	e->fetch_bytes = calloc(w->n_expert, sizeof(*e->fetch_bytes));
+	e->fetch_ids = calloc(w->n_expert, sizeof(*e->fetch_ids));
+	e->fetch_step_slot = calloc(w->n_expert, sizeof(*e->fetch_step_slot));
 	e->fetch_slot = calloc(w->n_expert, sizeof(*e->fetch_slot));
-	if (!e->fetch_src || !e->fetch_bytes || !e->fetch_slot)
+	if (!e->fetch_src || !e->fetch_bytes || !e->fetch_ids || !e->fetch_step_slot ||
+	    !e->fetch_slot)
 		return wf_diag_set(diag, -ENOMEM, "post-fetch");
 	e->fetch_debug = s.debug;
-	return wf__fetch_create(cfg->device, &s, slot, (uint32_t)auto_slots, &e->fetch, diag);
+	return wf__fetch_create(cfg->device, &s, &shape, &e->fetch, diag);
 }
 
 int wf_engine_create(const struct wf_model *model, const void *const *tensor_data,
@@ -711,6 +725,8 @@ void wf_engine_destroy(struct wf_engine *e)
 	wf__fetch_destroy(e->fetch); /* waits for copies still reading the view */
 	free(e->fetch_src);
 	free(e->fetch_bytes);
+	free(e->fetch_ids);
+	free(e->fetch_step_slot);
 	free(e->fetch_slot);
 	wf_pool_destroy(e->pool);
 	wf__kv_fini(&e->kv);
@@ -830,6 +846,8 @@ void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 	ret->fetch_fallbacks = f.fallbacks;
 	ret->fetch_errors = f.errors;
 	ret->scratchpad_bytes = f.scratchpad_bytes;
+	ret->fetch_hits = f.hits;
+	ret->fetch_misses = f.misses;
 	if (f.steps_timed && f.copy_ns) {
 		const double hidden = 1.0 - (double)f.wait_ns_timed / (double)f.copy_ns;
 		ret->fetch_overlap = hidden < 0 ? 0 : hidden;

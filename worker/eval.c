@@ -27,7 +27,8 @@
 static const char usage[] =
     "usage: wf-worker eval --model FILE --prompt IDS [--feed IDS | --generate N]\n"
     "                      [--logits OUT.bin] [--threads N] [--kv-type f16|f32] [--ctx N]\n"
-    "                      [--device SPEC]   (post-fetch settings: WF_POSTFETCH_* variables)\n";
+    "                      [--device SPEC [--expert-cache-mb N]]\n"
+    "                      (post-fetch settings: the WF_POSTFETCH_* variables)\n";
 
 /* Comma-separated non-negative ids. */
 static int parse_ids(const char *s, int32_t **ret, uint32_t *ret_n)
@@ -111,7 +112,7 @@ int wf_worker_eval_main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL,
 		   *device_spec = NULL;
-	uint32_t generate = 0, threads = 0, ctx = 0;
+	uint32_t generate = 0, threads = 0, ctx = 0, cache_mb = 0;
 	bool have_generate = false;
 	enum wf_engine_kv_type kv_type = WF_ENGINE_KV_F16;
 	for (int i = 1; i < argc; i++) {
@@ -134,6 +135,8 @@ int wf_worker_eval_main(int argc, char **argv)
 			have_generate = true;
 		} else if (strcmp(a, "--threads") == 0) {
 			bad = parse_u32(v, &threads) < 0 || threads == 0 || threads > WF_ENGINE_MAX_THREADS;
+		} else if (strcmp(a, "--expert-cache-mb") == 0) {
+			bad = parse_u32(v, &cache_mb) < 0;
 		} else if (strcmp(a, "--ctx") == 0) {
 			bad = parse_u32(v, &ctx) < 0;
 		} else if (strcmp(a, "--kv-type") == 0) {
@@ -191,7 +194,8 @@ int wf_worker_eval_main(int argc, char **argv)
 	if (device_spec && (rc = wf_device_open(device_spec, &dev, &d)) < 0)
 		goto out;
 	struct wf_engine_config cfg = {.n_ctx = ctx, .n_seq_max = 1, .n_threads = threads,
-	                               .kv_type = kv_type, .device = dev, .postfetch = &pf};
+	                               .kv_type = kv_type, .device = dev, .postfetch = &pf,
+	                               .expert_cache_mb = cache_mb};
 	if ((rc = wf_engine_create(m, view.tensor_data, &cfg, &e, &d)) < 0)
 		goto out;
 	if (pf.debug)
@@ -244,9 +248,12 @@ int wf_worker_eval_main(int argc, char **argv)
 	if (dev) {
 		struct wf_engine_stats st;
 		wf_engine_get_stats(e, &st);
+		const uint64_t looked = st.fetch_hits + st.fetch_misses;
 		fprintf(stderr,
-		        "post-fetch: %llu down projections copied (%.1f MB), %llu computed from the "
-		        "copy, %llu on the cpu, %llu errors, overlap %.2f, scratchpad %.1f MB\n",
+		        "post-fetch: hit rate %.3f, %llu down projections copied (%.1f MB), %llu "
+		        "computed from the device, %llu on the cpu, %llu errors, overlap %.2f, slots "
+		        "%.1f MB\n",
+		        looked ? (double)st.fetch_hits / (double)looked : 0.0,
 		        (unsigned long long)st.fetch_experts, st.fetch_bytes / 1e6,
 		        (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
 		        (unsigned long long)st.fetch_errors, st.fetch_overlap,

@@ -43,10 +43,12 @@ static void model_close(struct model *md)
 }
 
 /* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows. */
-static float *run(struct model *md, struct wf_device *dev, const struct wf_postfetch_settings *s,
-                  struct wf_engine_stats *ret_stats)
+static float *run_cached(struct model *md, struct wf_device *dev,
+                         const struct wf_postfetch_settings *s, uint32_t cache_mb,
+                         struct wf_engine_stats *ret_stats)
 {
-	struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev, .postfetch = s};
+	struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev, .postfetch = s,
+	                               .expert_cache_mb = cache_mb};
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
 	int rc = wf_engine_create(md->m, md->v.tensor_data, &cfg, &e, &d);
@@ -78,6 +80,12 @@ static float *run(struct model *md, struct wf_device *dev, const struct wf_postf
 	wf_engine_get_stats(e, ret_stats);
 	wf_engine_destroy(e);
 	return out;
+}
+
+static float *run(struct model *md, struct wf_device *dev, const struct wf_postfetch_settings *s,
+                  struct wf_engine_stats *ret_stats)
+{
+	return run_cached(md, dev, s, 0, ret_stats);
 }
 
 static size_t rows_bytes(struct model *md)
@@ -159,6 +167,53 @@ Test(postfetch, slow_copies_fall_back_to_the_cpu)
 	wf_device_close(dev);
 	free(want);
 	free(got);
+	model_close(&md);
+}
+
+/* The expert cache: every size, from one slot to every expert of the model, gives the same
+ * logits; a cache that holds the whole model hits ever more as decoding goes on, and misses only
+ * what it never saw. (The tiny model: 3 layers x 16 experts, down projections of 42 KiB.) */
+Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
+{
+	struct model md;
+	model_open(&md);
+	struct wf_engine_stats st;
+	float *want = run(&md, NULL, NULL, &st);
+	struct wf_device *dev = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
+	const uint32_t sizes[] = {1, 2, 64};
+	const struct wf_postfetch_settings policies[] = {{.enable = true, .block_on_miss = true},
+	                                                 {.enable = true}};
+	for (size_t p = 0; p < 2; p++)
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+			float *got = run_cached(&md, dev, &policies[p], sizes[i], &st);
+			cr_expect(memcmp(want, got, rows_bytes(&md)) == 0,
+			          "cache %u MiB, %s: logits differ", sizes[i],
+			          policies[p].block_on_miss ? "blocking" : "non-blocking");
+			cr_expect_leq(st.fetch_experts, st.fetch_misses, "a copy for every miss at most");
+			cr_expect_gt(st.fetch_hits + st.fetch_misses, 0);
+			cr_log_info("cache %u MiB: %llu hits, %llu misses, %llu copied, %.1f MB slots",
+			            sizes[i], (unsigned long long)st.fetch_hits,
+			            (unsigned long long)st.fetch_misses,
+			            (unsigned long long)st.fetch_experts, st.scratchpad_bytes / 1e6);
+			if (sizes[i] == 64 && policies[p].block_on_miss) {
+				/* All 48 experts fit: at most 48 misses (one per expert ever seen). */
+				cr_expect_leq(st.fetch_misses, 48u);
+				cr_expect_gt(st.fetch_hits, st.fetch_misses);
+				cr_expect_eq(st.fetch_experts, st.fetch_misses);
+			}
+			free(got);
+		}
+	/* A cache without post-fetch is refused: its misses would have no way in. */
+	struct wf_postfetch_settings off = {.enable = false};
+	struct wf_engine_config cfg = {.n_ctx = 64, .device = dev, .postfetch = &off,
+	                               .expert_cache_mb = 8};
+	struct wf_engine *e = NULL;
+	cr_expect_eq(wf_engine_create(md.m, md.v.tensor_data, &cfg, &e, &d), WF_EINVAL);
+	cr_expect_null(e);
+	wf_device_close(dev);
+	free(want);
 	model_close(&md);
 }
 
