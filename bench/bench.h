@@ -39,4 +39,24 @@ int bench_residency(const struct bench_opts *o);
 int bench_engine(const struct bench_opts *o);
 int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_ctx *ctx);
 
+/* Issue 11's rows (bench/postfetch.c): the same model through engines with a host device. */
+struct wf_model;
+struct wf_engine;
+struct wf_engine_info;
+struct bench_postfetch_ctx {
+	const struct wf_model *model;
+	const void *const *tensor_data;
+	uint32_t n_threads, n_gen;
+	double cpu_decode;        /* tok/s of the CPU-only engine in the same run */
+	uint64_t expert_bytes;    /* the model's routed expert bytes */
+	uint64_t down_bytes_all;  /* every down projection's bytes */
+	uint64_t down_bytes_max;  /* the largest one (a slot) */
+	uint32_t n_down;          /* down projections: layers x experts */
+	const char *kernels;      /* the CPU kernels' level, for the rows */
+	/* decode tokens/s of engine e, measured as the CPU-only row was */
+	double (*measure)(void *arg, struct wf_engine *e, const struct wf_engine_info *info);
+	void *arg;
+};
+int bench_engine_postfetch(const struct bench_postfetch_ctx *c);
+
 #endif

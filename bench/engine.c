@@ -148,6 +148,19 @@ static double measure_decode(struct wf_engine *e, const struct wf_engine_info *i
 	return sum / reps;
 }
 
+struct measure_arg {
+	uint32_t n_gen;
+	int reps;
+	float *logits;
+};
+
+/* Batch-1 decode of an engine built elsewhere (the post-fetch rows), as the CPU row measures. */
+static double measure_one(void *arg, struct wf_engine *e, const struct wf_engine_info *info)
+{
+	const struct measure_arg *m = arg;
+	return measure_decode(e, info, 1, m->n_gen, m->reps, m->logits);
+}
+
 /* ---- llama-bench ---- */
 
 struct llama_figures {
@@ -375,6 +388,26 @@ int bench_engine(const struct bench_opts *o)
 			    .anchor_value = lf.pp, .ratio = pp / lf.pp, .goal = 1.0,
 			    .goal_op = ">=", .notes = notes, .kernels = level});
 		}
+	}
+	/* Issue 11's rows: post-fetch and the expert cache on a throttled host device. */
+	{
+		struct measure_arg ma = {n_gen, reps, logits};
+		struct bench_postfetch_ctx pc = {
+		    .model = v.m, .tensor_data = v.w.tensor_data, .n_threads = info.n_threads,
+		    .n_gen = n_gen, .cpu_decode = tg, .expert_bytes = v.m->expert_bytes,
+		    .kernels = level, .measure = measure_one, .arg = &ma};
+		for (uint32_t i = 0; i < v.m->n_tensors; i++) {
+			const struct wf_tensor *t = &v.m->tensors[i];
+			if (!strstr(t->name, "ffn_down_exps"))
+				continue;
+			const uint64_t n_x = t->n_dims > 2 ? (uint64_t)t->ne[2] : 1;
+			pc.down_bytes_all += t->nbytes;
+			pc.n_down += (uint32_t)n_x;
+			if (t->nbytes / n_x > pc.down_bytes_max)
+				pc.down_bytes_max = t->nbytes / n_x;
+		}
+		if (pc.n_down && bench_engine_postfetch(&pc) != 0)
+			goto out;
 	}
 	struct bench_engine_ctx ctx = {
 	    .model_path = model_path, .model_bytes = v.m->total_bytes, .n_vocab = info.n_vocab,

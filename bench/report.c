@@ -37,9 +37,11 @@ void bench_report(const struct bench_result *r)
 		json_object_object_add(o, "anchor", json_object_new_string(r->anchor));
 		json_object_object_add(o, "anchor_value", json_object_new_double(r->anchor_value));
 		json_object_object_add(o, "ratio", json_object_new_double(r->ratio));
-		json_object_object_add(o, "goal", json_object_new_double(r->goal));
-		json_object_object_add(o, "goal_op", json_object_new_string(r->goal_op));
-		json_object_object_add(o, "pass", json_object_new_boolean(passes(r)));
+		if (r->goal_op) { /* rows without a goal here (figures for the record) have none */
+			json_object_object_add(o, "goal", json_object_new_double(r->goal));
+			json_object_object_add(o, "goal_op", json_object_new_string(r->goal_op));
+			json_object_object_add(o, "pass", json_object_new_boolean(passes(r)));
+		}
 		if (r->notes)
 			json_object_object_add(o, "notes", json_object_new_string(r->notes));
 		if (r->kernels)
@@ -50,7 +52,11 @@ void bench_report(const struct bench_result *r)
 	} else {
 		header();
 		char goal[32];
-		snprintf(goal, sizeof goal, "%s %.2f%s", r->goal_op, r->goal, passes(r) ? "" : " !");
+		if (r->goal_op)
+			snprintf(goal, sizeof goal, "%s %.2f%s", r->goal_op, r->goal,
+				 passes(r) ? "" : " !");
+		else
+			snprintf(goal, sizeof goal, "-");
 		printf("%-10s %-28s %14.4g %-8s %-34s %14.4g %8.3f %10s\n", r->bench, r->metric,
 		       r->value, r->unit, r->anchor, r->anchor_value, r->ratio, goal);
 		if (r->notes)

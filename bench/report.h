@@ -15,7 +15,7 @@ struct bench_result {
 	double anchor_value;
 	double ratio;       /* value / anchor_value, or as the metric defines it */
 	double goal;
-	const char *goal_op; /* ">=" or "<=" */
+	const char *goal_op; /* ">=" or "<=", NULL: no goal on this machine (the row is a record) */
 	const char *notes;   /* optional */
 	const char *kernels; /* optional: the CPU kernels' SIMD level the figure ran with */
 };

@@ -87,6 +87,16 @@ Test(bench_engine, tiny_model_every_row, .fini = fini, .timeout = 50)
 	expect_measured(o, "decode_vs_bandwidth_bound");
 	expect_measured(o, "batch8_vs_batch1");
 	expect_measured(o, "private_memory_over_model");
+	expect_measured(o, "batch8_vs_bandwidth_bound");
+	/* Issue 11's rows (two host-device rates each; the first of each is checked). */
+	expect_measured(o, "postfetch_vs_cpu_experts");
+	expect_measured(o, "cache25_vs_cpu_experts");
+	expect_measured(o, "cache_full_vs_resident");
+	struct json_object *ov = row(o, "postfetch_overlap");
+	cr_assert(ov, "no postfetch_overlap row");
+	double f = num(ov, "value");
+	cr_expect(f >= 0 && f <= 1, "postfetch_overlap %g is not a fraction", f);
+	json_object_put(ov);
 	if (llama) {
 		expect_measured(o, "decode_vs_llama_cpp");
 		expect_measured(o, "prefill_vs_llama_cpp");
