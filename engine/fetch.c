@@ -28,7 +28,6 @@
 struct slot {
 	uint64_t key;      /* layer * n_expert + expert, NO_KEY: empty */
 	bool failed;       /* its last copy could not be queued */
-	uint32_t stream;   /* the stream its last copy went to */
 };
 
 struct wf__fetch {
@@ -48,7 +47,7 @@ struct wf__fetch {
 	struct wf_device_event **ev;   /* per slot */
 	struct wf_device_event *start; /* timing: recorded before a step's first copy */
 	int32_t last_slot[FETCH_STREAMS_DEDICATED]; /* this step's last copy per stream, -1 */
-	uint32_t step_copies, next_stream;
+	uint32_t step_copies;
 	uint64_t step_wait0;
 	struct wf__fetch_stats st;
 };
@@ -202,13 +201,14 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			(void)wf_device_event_record(f->start, f->streams[0], NULL);
 			started = true;
 		}
-		const uint32_t sn = f->next_stream++ % f->n_streams;
+		/* A slot always takes its copies on the same stream: a copy into it that a
+		 * non-blocking step did not wait for is then finished before the next one lands. */
+		const uint32_t sn = (uint32_t)slot % f->n_streams;
 		struct wf_device_stream *st = f->streams[sn];
 		struct slot *sl = &f->slots[slot];
 		sl->failed = wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes, src[i],
 		                                    bytes[i], WF_DEVICE_COPY_H2D, NULL) < 0 ||
 		             wf_device_event_record(f->ev[slot], st, NULL) < 0;
-		sl->stream = sn;
 		f->lru[slot].busy = true;
 		f->lru[slot].last_used = f->stamp;
 		f->step_copies++;
