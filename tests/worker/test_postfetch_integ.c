@@ -144,11 +144,14 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	struct agt_worker wpf, wcpu;
+	/* The environment turns post-fetch off for both; wpf's flag turns it back on (flags over
+	 * the environment), wcpu follows the environment. */
+	setenv("WF_POSTFETCH_ENABLE", "0", 1);
 	agt_spawn_worker(a, &wpf, "wpf", NULL, "host:mem=256Mi,bw=1G",
-	                 (const char *[]){"--threads", "1", "--postfetch", "block_on_miss=1",
-	                                  "--expert-cache-mb", "8", NULL});
-	agt_spawn_worker(a, &wcpu, "wcpu", NULL, NULL,
-	                 (const char *[]){"--threads", "1", "--postfetch", "enable=0", NULL});
+	                 (const char *[]){"--threads", "1", "--postfetch", "enable=1", "--postfetch",
+	                                  "block_on_miss=1", "--expert-cache-mb", "8", NULL});
+	agt_spawn_worker(a, &wcpu, "wcpu", NULL, NULL, (const char *[]){"--threads", "1", NULL});
+	unsetenv("WF_POSTFETCH_ENABLE");
 	wait_worker(a, &wpf, "wpf");
 	wait_worker(a, &wcpu, "wcpu");
 
@@ -229,7 +232,7 @@ static void expect_refused(struct agt *a, const char *const *args, const char *n
 	argv[n++] = agt_printf("ipc://%s/bad.sock", a->run);
 	argv[n] = NULL;
 	char *out = NULL, *err = NULL;
-	int rc = agt_run(argv, &out, &err, 30, a->dir);
+	int rc = agt_run(argv, &out, &err, 15, a->dir);
 	cr_expect_eq(rc, 2, "wf-worker %s: exit %d\n%s\n%s", args[0], rc, out, err);
 	cr_expect(strcasestr(err, name), "wf-worker %s %s: no '%s' in: %s", args[0],
 	          args[1] ? args[1] : "", name, err);
