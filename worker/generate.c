@@ -27,6 +27,7 @@ struct gmodel {
 	struct wf_engine *engine;
 	struct wf_sched *sched;
 	uint32_t n_ctx;
+	struct wf_gen_metrics metrics; /* under wf_gen.mu */
 };
 
 struct gtok {
@@ -146,6 +147,7 @@ static bool loading_locked(const struct wf_gen *g, const char *name)
 
 static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
                        struct wf_diag *diag);
+static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res);
 
 static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
 		     struct wf_diag *diag)
@@ -261,7 +263,10 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 	struct wf_engine_config ec = {.n_ctx = g->opts.n_ctx,
 				      .n_seq_max = g->opts.n_seq ? g->opts.n_seq : 8,
 				      .n_threads = g->opts.n_threads,
-				      .kv_type = WF_ENGINE_KV_F16};
+				      .kv_type = WF_ENGINE_KV_F16,
+				      .device = g->opts.device,
+				      .postfetch = g->opts.postfetch,
+				      .expert_cache_mb = g->opts.expert_cache_mb};
 	if ((rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d)) < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;
@@ -269,6 +274,7 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 	struct wf_engine_info info;
 	wf_engine_get_info(gm->engine, &info);
 	gm->n_ctx = info.n_ctx;
+	metrics_update(gm, NULL);
 	struct wf_sched_config sc = {.n_batch = g->opts.n_batch};
 	if ((rc = wf_sched_create(gm->engine, gm->tok, &sc, &gm->sched, &d)) < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
@@ -280,6 +286,51 @@ out:
 	wf_cache_status_free(st);
 	gmodel_free(gm);
 	return rc;
+}
+
+static double ratio(uint64_t num, uint64_t den)
+{
+	return den ? (double)num / (double)den : -1.0;
+}
+
+/* Reads the engine's counters into gm->metrics; the caller holds wf_gen.mu and the engine is
+ * not decoding (its own thread calls, or it has not started). res: the generation that just
+ * ended, NULL for none. */
+static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res)
+{
+	struct wf_engine_stats es;
+	wf_engine_get_stats(gm->engine, &es);
+	struct wf_gen_metrics *m = &gm->metrics;
+	m->tokens = es.tokens;
+	m->fetch_experts = es.fetch_experts;
+	m->fetch_bytes = es.fetch_bytes;
+	m->fetch_used = es.fetch_used;
+	m->fetch_fallbacks = es.fetch_fallbacks;
+	m->fetch_hits = es.fetch_hits;
+	m->fetch_misses = es.fetch_misses;
+	m->scratchpad_bytes = es.scratchpad_bytes;
+	m->fetch_overlap = es.fetch_overlap;
+	m->fetch_bytes_per_token = es.tokens ? (double)es.fetch_bytes / (double)es.tokens : -1.0;
+	m->fallback_rate = ratio(es.fetch_fallbacks, es.fetch_used + es.fetch_fallbacks);
+	m->cache_hit_rate = ratio(es.fetch_hits, es.fetch_hits + es.fetch_misses);
+	if (!res) {
+		m->decode_tokens_per_s = -1.0;
+		return;
+	}
+	m->generations++;
+	/* n_gen tokens sampled, the first at the end of the prompt: n_gen - 1 decode steps. */
+	if (res->n_gen > 1 && res->decode_s > 0)
+		m->decode_tokens_per_s = (double)(res->n_gen - 1) / res->decode_s;
+}
+
+int wf_gen_model_metrics(struct wf_gen *g, const char *name, struct wf_gen_metrics *ret)
+{
+	pthread_mutex_lock(&g->mu);
+	const struct gmodel *gm = find_model_locked(g, name);
+	if (gm)
+		*ret = gm->metrics;
+	pthread_mutex_unlock(&g->mu);
+	return gm ? 0 : WF_ENOT_FOUND;
 }
 
 /* ---- generations -------------------------------------------------------------------------- */
@@ -327,6 +378,7 @@ static void on_done(void *arg, const struct wf_sched_result *res)
 	struct wf_gen *g = x->g;
 	pthread_mutex_lock(&g->mu);
 	x->res = *res;
+	metrics_update(x->gm, res);
 	if (x->lost) {
 		x->res.reason = WF_SCHED_FINISH_ERROR;
 		x->res.error = -ENOMEM;

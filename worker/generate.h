@@ -32,11 +32,36 @@ struct wf_worker_svc;
 #define WF_GEN_MAX_TOKENS     256    /* default max_tokens */
 #define WF_GEN_REPLY_TOKENS   1024   /* tokens in one reply at most */
 
+struct wf_device;
+struct wf_postfetch_settings;
+
 struct wf_gen_opts {
 	uint32_t n_ctx;     /* 0: the engine's default (the model's, capped at 4096) */
 	uint32_t n_seq;     /* concurrent sequences per model; 0: 8 */
 	uint32_t n_threads; /* 0: the engine's default (every CPU this process may use) */
 	uint32_t n_batch;   /* 0: the scheduler's default */
+	/* Expert post-fetch (engine/postfetch.h): the device the engines fetch experts to, NULL
+	 * for CPU-only engines; the settings (NULL: the defaults) and the expert cache's MiB.
+	 * Borrowed: they must outlive the wf_gen. */
+	struct wf_device *device;
+	const struct wf_postfetch_settings *postfetch;
+	uint32_t expert_cache_mb;
+};
+
+/* A model's engine, as of its last finished generation (the engine's counters are read on the
+ * engine's own thread when a generation ends, never while it decodes). Rates with nothing to
+ * divide by are -1. */
+struct wf_gen_metrics {
+	uint64_t generations;         /* finished on this engine */
+	uint64_t tokens;              /* tokens the engine computed (prompts and generated) */
+	uint64_t fetch_experts, fetch_bytes, fetch_used, fetch_fallbacks, fetch_hits, fetch_misses;
+	uint64_t scratchpad_bytes;
+	double fetch_bytes_per_token; /* fetch_bytes / tokens */
+	double fetch_overlap;         /* fraction of the copy time hidden under compute */
+	double fallback_rate;         /* fallbacks / (used + fallbacks): experts meant for the
+	                                 device that the CPU computed after all */
+	double cache_hit_rate;        /* hits / (hits + misses) */
+	double decode_tokens_per_s;   /* the last finished generation's (first token to last) */
 };
 
 struct wf_gen;
@@ -54,6 +79,10 @@ void wf_gen_destroy(struct wf_gen *gen);
  * generations, those in progress end CANCELED, and the engine, with its attachment of the
  * floor, is freed once nothing refers to it. A model without an engine: nothing happens. */
 void wf_gen_retire(struct wf_gen *gen, const char *name);
+
+/* The metrics of a model's engine. Returns 0, or WF_ENOT_FOUND when the model has no engine
+ * (never generated on this worker, or retired). */
+int wf_gen_model_metrics(struct wf_gen *gen, const char *name, struct wf_gen_metrics *ret);
 
 int wf_gen_handle_start(struct wf_gen *gen, const Weightfloor__V1__Generate *req, int agent_ms,
                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);

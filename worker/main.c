@@ -7,6 +7,7 @@
 #include "control/client.h"
 #include "control/server.h"
 #include "device/device.h"
+#include "engine/postfetch.h"
 #include "engine/tokenizer.h"
 #include "worker/eval.h"
 #include "model/model.h"
@@ -23,6 +24,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,8 @@ struct opts {
 	size_t n_uids;
 	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
 	struct wf_gen_opts gen;     /* Generate's engines */
+	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
+	uint32_t expert_cache_mb;
 	bool verbose;
 };
 
@@ -81,6 +85,12 @@ static void usage(FILE *out)
 		"                        model's context, at most 4096)\n"
 		"  --seqs N              generation: concurrent sequences per model (default 8)\n"
 		"  --threads N           generation: engine threads (default: every CPU allowed)\n"
+		"  --postfetch NAME=VALUE\n"
+		"                        generation: an expert post-fetch setting (repeatable; names\n"
+		"                        as the WF_POSTFETCH_* variables, which apply first: enable,\n"
+		"                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
+		"                        dedicated_streams, debug); host devices only\n"
+		"  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
@@ -112,7 +122,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
 	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS };
+	       O_THREADS, O_POSTFETCH, O_CACHE_MB };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -138,6 +148,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"ctx", required_argument, NULL, O_CTX},
 		{"seqs", required_argument, NULL, O_SEQS},
 		{"threads", required_argument, NULL, O_THREADS},
+		{"postfetch", required_argument, NULL, O_POSTFETCH},
+		{"expert-cache-mb", required_argument, NULL, O_CACHE_MB},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -228,6 +240,35 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				o->gen.n_seq = (uint32_t)v;
 			else
 				o->gen.n_threads = (uint32_t)v;
+			break;
+		}
+		case O_POSTFETCH: {
+			const char *eq = strchr(optarg, '=');
+			char name[64];
+			struct wf_diag d = {{0}};
+			if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof name) {
+				fprintf(stderr, "wf-worker: --postfetch takes NAME=VALUE, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			snprintf(name, sizeof name, "%.*s", (int)(eq - optarg), optarg);
+			if ((rc = wf_postfetch_settings_set(&o->postfetch, name, eq + 1, &d)) < 0) {
+				fprintf(stderr, "wf-worker: --postfetch %s: %s\n", optarg,
+					wf_diag_str(&d, rc));
+				return 2;
+			}
+			break;
+		}
+		case O_CACHE_MB: {
+			char *end;
+			errno = 0;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (*end || end == optarg || errno || optarg[0] == '-' || v > UINT32_MAX) {
+				fprintf(stderr, "wf-worker: --expert-cache-mb takes MiB, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			o->expert_cache_mb = (uint32_t)v;
 			break;
 		}
 		case 'v': o->verbose = true; break;
@@ -621,9 +662,24 @@ int main(int argc, char **argv)
 			 .load_mode = "auto",
 			 .weight_fraction = -1,
 			 .wiggle = -1};
+	/* Post-fetch: the defaults, the WF_POSTFETCH_* variables over them, the flags over those. */
+	wf_postfetch_settings_default(&o.postfetch);
+	{
+		struct wf_diag pd = {{0}};
+		int prc = wf_postfetch_settings_from_env(&o.postfetch, &pd);
+		if (prc < 0) {
+			fprintf(stderr, "wf-worker: %s\n", wf_diag_str(&pd, prc));
+			return 2;
+		}
+	}
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
 		return rc;
+	if (o.expert_cache_mb && (!o.postfetch.enable || o.postfetch.force_cpu)) {
+		fprintf(stderr, "wf-worker: --expert-cache-mb needs post-fetch (its miss path): "
+				"not with enable=0 or force_cpu=1\n");
+		return 2;
+	}
 	wf_log_init("wf-worker", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
 
 	sigset_t sigs;
@@ -716,6 +772,22 @@ int main(int argc, char **argv)
 		}
 	}
 
+	/* Generation engines fetch experts to the worker's device only where that device is the
+	 * host device, the one kind whose engine computes fetched experts today; elsewhere they
+	 * run on the CPU (the CUDA engine is yet to come). */
+	if (wf_device_kind(dev) == WF_DEVICE_KIND_HOST) {
+		o.gen.device = dev;
+		o.gen.postfetch = &o.postfetch;
+		o.gen.expert_cache_mb = o.expert_cache_mb;
+		if (o.postfetch.enable && !o.postfetch.force_cpu)
+			wf_log_info("generation: expert post-fetch to %s (block_on_miss %d, "
+				    "expert cache %u MiB)", wf_device_name(dev),
+				    (int)o.postfetch.block_on_miss, o.expert_cache_mb);
+	} else {
+		wf_log_info("generation: CPU-only engines (expert post-fetch and the expert cache "
+			    "run on the host device only so far; %s is not one)",
+			    wf_device_name(dev));
+	}
 	if ((rc = wf_gen_create(&svc, &o.gen, &svc.gen)) < 0) {
 		wf_log_error("generation: %s", wf_strerror(rc));
 		goto out;

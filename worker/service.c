@@ -253,8 +253,9 @@ Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 	}
 }
 
+/* gen: the worker's generation engines, whose metrics ride along (NULL: none). */
 static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
-						    const char *worker_id,
+						    const char *worker_id, struct wf_gen *gen,
 						    const struct wf_cache_model_status *ms)
 {
 	Weightfloor__V1__ModelResidency *r = wf_ctl_call_alloc(call, sizeof(*r));
@@ -269,6 +270,23 @@ static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
 	r->device_bytes = ms->device_bytes;
 	r->bytes_done = ms->loading ? ms->load_done : (ms->device_bytes ? ms->bytes : 0);
 	r->bytes_total = ms->loading ? ms->load_total : ms->bytes;
+	struct wf_gen_metrics gm;
+	if (gen && wf_gen_model_metrics(gen, ms->name, &gm) == 0) {
+		r->engine = true;
+		r->engine_generations = gm.generations;
+		r->engine_tokens = gm.tokens;
+		r->decode_tokens_per_s = gm.decode_tokens_per_s;
+		r->fetch_bytes = gm.fetch_bytes;
+		r->fetch_bytes_per_token = gm.fetch_bytes_per_token;
+		r->fetch_overlap = gm.fetch_overlap;
+		r->fetch_fallback_rate = gm.fallback_rate;
+		r->scratchpad_bytes = gm.scratchpad_bytes;
+		r->cache_hit_rate = gm.cache_hit_rate;
+		r->fetch_experts = gm.fetch_experts;
+		r->fetch_fallbacks = gm.fetch_fallbacks;
+		r->fetch_hits = gm.fetch_hits;
+		r->fetch_misses = gm.fetch_misses;
+	}
 	return r;
 }
 
@@ -283,7 +301,7 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 	for (size_t i = 0; i < st->n_models; i++) {
 		if (st->models[i].id != id)
 			continue;
-		Weightfloor__V1__ModelResidency *r = residency_pb(call, s->worker_id, &st->models[i]);
+		Weightfloor__V1__ModelResidency *r = residency_pb(call, s->worker_id, s->gen, &st->models[i]);
 		rc = r ? 0 : -ENOMEM;
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY;
 		reply->residency = r;
@@ -313,7 +331,7 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 		wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
 	rc = wi && ms ? 0 : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < st->n_models; i++)
-		if (!(ms[i] = residency_pb(call, s->worker_id, &st->models[i])))
+		if (!(ms[i] = residency_pb(call, s->worker_id, s->gen, &st->models[i])))
 			rc = -ENOMEM;
 	if (rc == 0) {
 		weightfloor__v1__worker_info__init(wi);

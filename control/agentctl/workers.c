@@ -89,6 +89,39 @@ static int worker_status(struct cli *cli, struct wf_ctl_client **c, const char *
 	return rc;
 }
 
+/* A rate as a percentage, "-" when there was nothing to measure (-1). */
+static const char *fmt_pct(double v, char *buf, size_t len)
+{
+	if (v < 0)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%.1f%%", v * 100.0);
+	return buf;
+}
+
+/* The model's generation engine, as of its last finished generation (docs/PROTOCOL.md). */
+static void engine_note(struct cli_table *t, const Weightfloor__V1__ModelResidency *m)
+{
+	char tps[32], fpt[32], ov[16], fb[16], hit[16], sp[32];
+	if (m->decode_tokens_per_s > 0)
+		snprintf(tps, sizeof tps, "%.1f", m->decode_tokens_per_s);
+	else
+		snprintf(tps, sizeof tps, "-");
+	if (m->fetch_bytes_per_token >= 0)
+		cli_fmt_bytes((uint64_t)(m->fetch_bytes_per_token + 0.5), fpt, sizeof fpt);
+	else
+		snprintf(fpt, sizeof fpt, "-");
+	cli_table_note(t,
+		       "  engine: %llu generations, %llu tokens, %s tokens/s (last), fetched %s/token, "
+		       "overlap %s, fallback %s, scratchpad %s, cache hit %s",
+		       (unsigned long long)m->engine_generations,
+		       (unsigned long long)m->engine_tokens, tps, fpt,
+		       fmt_pct(m->fetch_overlap, ov, sizeof ov),
+		       fmt_pct(m->fetch_fallback_rate, fb, sizeof fb),
+		       cli_fmt_bytes(m->scratchpad_bytes, sp, sizeof sp),
+		       fmt_pct(m->cache_hit_rate, hit, sizeof hit));
+}
+
 int cmd_workers(struct cli *cli, int argc, char **argv)
 {
 	static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {0}};
@@ -101,7 +134,10 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 			       "  The node's workers: id, residency mode (self-managed or external), pid,\n"
 			       "  device (whole name), device memory total, on-demand budget and use,\n"
 			       "  pinned device bytes / weight pool (OVER: pinned over-commit), pinned host\n"
-			       "  memory, endpoint; then each model's residency and device bytes. -o wide\n"
+			       "  memory, endpoint; then each model's residency and device bytes, and for\n"
+			       "  a model with a generation engine its metrics (tokens/s of the last\n"
+			       "  generation, post-fetched bytes per token, copy overlap, fallback rate,\n"
+			       "  scratchpad bytes, expert cache hit rate). -o wide\n"
 			       "  adds the device index and uuid and the last heartbeat. --json:\n"
 			       "  {\"workers\": [WorkerInfo + \"reachable\"]}, \"mode\" SELF_MANAGED or\n"
 			       "  EXTERNAL.\n");
@@ -188,6 +224,8 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 				cli_table_note(t, "%s  %s  %s on device", m->model,
 					       residency_name(m->state),
 					       cli_fmt_bytes(m->device_bytes, b, sizeof b));
+				if (m->engine)
+					engine_note(t, m);
 			}
 		}
 		wf_ctl_reply_free(st);
