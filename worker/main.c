@@ -49,6 +49,7 @@ struct opts {
 	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
 	struct wf_gen_opts gen;     /* Generate's engines */
 	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
+	bool postfetch_asked; /* a WF_POSTFETCH_* variable, --postfetch or --expert-cache-mb */
 	uint32_t expert_cache_mb;
 	bool verbose;
 };
@@ -257,6 +258,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 					wf_diag_str(&d, rc));
 				return 2;
 			}
+			o->postfetch_asked = true;
 			break;
 		}
 		case O_CACHE_MB: {
@@ -269,6 +271,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				return 2;
 			}
 			o->expert_cache_mb = (uint32_t)v;
+			o->postfetch_asked = o->postfetch_asked || v > 0;
 			break;
 		}
 		case 'v': o->verbose = true; break;
@@ -671,6 +674,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "wf-worker: %s\n", wf_diag_str(&pd, prc));
 			return 2;
 		}
+		for (char **e = environ; e && *e; e++)
+			o.postfetch_asked |= strncmp(*e, "WF_POSTFETCH_", 13) == 0;
 	}
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
@@ -774,8 +779,10 @@ int main(int argc, char **argv)
 
 	/* Generation engines fetch experts to the worker's device only where that device is the
 	 * host device, the one kind whose engine computes fetched experts today; elsewhere they
-	 * run on the CPU (the CUDA engine is yet to come). */
-	if (wf_device_kind(dev) == WF_DEVICE_KIND_HOST) {
+	 * run on the CPU (the CUDA engine is yet to come). On the host device post-fetch only
+	 * models a GPU's copies (the same CPU computes either way, after waiting for them), so it
+	 * runs when asked for, not by default. */
+	if (wf_device_kind(dev) == WF_DEVICE_KIND_HOST && o.postfetch_asked) {
 		o.gen.device = dev;
 		o.gen.postfetch = &o.postfetch;
 		o.gen.expert_cache_mb = o.expert_cache_mb;
@@ -783,7 +790,7 @@ int main(int argc, char **argv)
 			wf_log_info("generation: expert post-fetch to %s (block_on_miss %d, "
 				    "expert cache %u MiB)", wf_device_name(dev),
 				    (int)o.postfetch.block_on_miss, o.expert_cache_mb);
-	} else {
+	} else if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST) {
 		wf_log_info("generation: CPU-only engines (expert post-fetch and the expert cache "
 			    "run on the host device only so far; %s is not one)",
 			    wf_device_name(dev));
