@@ -3,8 +3,8 @@
  * read from the floor, in the same run:
  *   postfetch_vs_cpu_experts  decode tokens/s with post-fetch (blocking, no cache) over CPU-only;
  *   cache25_vs_cpu_experts    with an expert cache of 25% of the model's expert bytes;
- *   cache_full_vs_resident    a cold cache that holds every expert over the same cache warmed
- *                             with every expert first (everything resident);
+ *   cache_full_vs_resident    a cold cache that holds every expert over every expert resident
+ *                             (loaded at create: --n-cpu-moe 0);
  *   postfetch_overlap         the fraction of the copy time hidden under compute (post-fetch row).
  * On the host device the fetched experts are computed by the same CPU kernels, so these rows
  * measure what the copies and their waits cost, not what a GPU would gain: the GPU figures come
@@ -22,14 +22,15 @@
 #include <string.h>
 
 static double decode_with(const struct bench_postfetch_ctx *c, struct wf_device *dev,
-                          uint32_t cache_mb, bool warm_all, struct wf_engine_stats *ret_stats)
+                          uint32_t cache_mb, bool resident, struct wf_engine_stats *ret_stats)
 {
 	struct wf_postfetch_settings s;
 	wf_postfetch_settings_default(&s);
 	struct wf_engine_config cfg = {.n_ctx = c->n_gen + 8 > 264 ? c->n_gen + 8 : 264,
 	                               .n_seq_max = 1,
 	                               .n_threads = c->n_threads, .device = dev, .postfetch = &s,
-	                               .expert_cache_mb = cache_mb};
+	                               .expert_cache_mb = cache_mb,
+	                               .experts_on_device = resident};
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
 	int rc = wf_engine_create(c->model, c->tensor_data, &cfg, &e, &d);
@@ -39,38 +40,6 @@ static double decode_with(const struct bench_postfetch_ctx *c, struct wf_device 
 	}
 	struct wf_engine_info info;
 	wf_engine_get_info(e, &info);
-	if (warm_all) {
-		/* Every expert of every layer into the cache: prompts long enough that routing
-		 * touches them all, until a prompt adds no miss (at most 8). */
-		uint32_t n = 256 < info.n_ctx ? 256 : info.n_ctx;
-		int32_t *tok = calloc(n, sizeof(*tok));
-		uint32_t *pos = calloc(n, sizeof(*pos)), *seq = calloc(n, sizeof(*seq));
-		float *lg = malloc(sizeof(float) * info.n_vocab);
-		rc = tok && pos && seq && lg ? 0 : -1;
-		uint64_t misses = UINT64_MAX;
-		for (uint32_t round = 0; rc == 0 && round < 8; round++) {
-			for (uint32_t i = 0; i < n; i++)
-				tok[i] = (int32_t)((7u + 131u * i + 977u * round) % info.n_vocab),
-				pos[i] = i;
-			struct wf_engine_batch b = {n, tok, pos, seq, NULL};
-			rc = wf_engine_decode(e, &b, lg, &d);
-			wf_engine_seq_truncate(e, 0, 0);
-			struct wf_engine_stats st;
-			wf_engine_get_stats(e, &st);
-			if (st.fetch_misses == misses)
-				break;
-			misses = st.fetch_misses;
-		}
-		free(tok);
-		free(pos);
-		free(seq);
-		free(lg);
-		if (rc < 0) {
-			fprintf(stderr, "wf-bench: warming the cache: %s\n", wf_diag_str(&d, rc));
-			wf_engine_destroy(e);
-			return -1;
-		}
-	}
 	wf_engine_reset_stats(e);
 	double tps = c->measure(c->arg, e, &info);
 	wf_engine_get_stats(e, ret_stats);
@@ -98,7 +67,7 @@ int bench_engine_postfetch(const struct bench_postfetch_ctx *c)
 		const double t_pf = decode_with(c, dev, 0, false, &pf);
 		const double t_25 = decode_with(c, dev, (uint32_t)(cache25 ? cache25 : 1), false, &c25);
 		const double t_cold = decode_with(c, dev, (uint32_t)(full + 1), false, &cold);
-		const double t_warm = decode_with(c, dev, (uint32_t)(full + 1), true, &warm);
+		const double t_warm = decode_with(c, dev, 0, true, &warm);
 		wf_device_close(dev);
 		if (t_pf < 0 || t_25 < 0 || t_cold < 0 || t_warm < 0)
 			return 1;
@@ -139,10 +108,10 @@ int bench_engine_postfetch(const struct bench_postfetch_ctx *c)
 		const uint64_t lc = cold.fetch_hits + cold.fetch_misses;
 		snprintf(notes, sizeof notes,
 		         "%s; a cache of every down projection (%llu MiB), cold: hit rate %.3f; "
-		         "resident: the same cache warmed with all %u first (%llu misses while timed)",
+		         "resident: all %u down projections loaded at create (--n-cpu-moe 0, %.0f MB)",
 		         spec, (unsigned long long)(full + 1),
 		         lc ? (double)cold.fetch_hits / (double)lc : 0.0, c->n_down,
-		         (unsigned long long)warm.fetch_misses);
+		         warm.resident_bytes / 1e6);
 		bench_report(&(struct bench_result){
 		    .bench = "engine", .metric = "cache_full_vs_resident", .value = t_cold,
 		    .unit = "tok/s", .anchor = "every expert resident, same run",

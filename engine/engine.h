@@ -54,6 +54,13 @@ struct wf_engine_config {
 	 * projections stay in device slots across steps and requests, least recently used evicted,
 	 * post-fetch filling the misses. Needs post-fetch. */
 	uint32_t expert_cache_mb;
+	/* Placement of the routed experts (llama.cpp's --cpu-moe / --n-cpu-moe N): false, the
+	 * default, keeps every layer's experts host-side in the floor (computed on the CPU or
+	 * post-fetched); true makes the experts of layers n_cpu_moe and up resident on the device
+	 * (loaded at create, never evicted; the first n_cpu_moe layers stay host-side). Needs a
+	 * device. */
+	bool experts_on_device;
+	uint32_t n_cpu_moe;
 };
 
 /* The architecture-level view of a model, resolved at create. */
@@ -127,6 +134,8 @@ struct wf_engine_stats {
 	/* The slots' lookups: selected experts found in a slot (the expert cache kept them), or
 	 * not. Hit rate = hits / (hits + misses). */
 	uint64_t fetch_hits, fetch_misses;
+	/* Resident experts: lookups of experts of resident layers, and their device bytes. */
+	uint64_t resident_lookups, resident_bytes;
 };
 void wf_engine_get_stats(const struct wf_engine *engine, struct wf_engine_stats *ret_stats);
 void wf_engine_reset_stats(struct wf_engine *engine);

@@ -106,7 +106,8 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
 
 /* ---- expert slots: the post-fetch scratchpad and the device expert cache (fetch.c) ---- */
 struct wf__fetch_stats {
-	uint64_t hits, misses;     /* selected experts found in a slot, or not */
+	uint64_t hits, misses;     /* selected experts found in a cache slot, or not */
+	uint64_t resident;         /* selected experts of resident layers (never missed) */
 	uint64_t experts;          /* copies queued (the misses that got a slot) */
 	uint64_t bytes;            /* bytes they moved */
 	uint64_t used;             /* experts whose down projection was computed from a slot */
@@ -116,19 +117,25 @@ struct wf__fetch_stats {
 	uint64_t copy_ns;          /* copy time of the timed steps */
 	uint64_t wait_ns_timed;    /* the part of wait_ns spent in the timed steps */
 	uint64_t steps_timed;
-	uint64_t scratchpad_bytes; /* the slots' device memory */
+	uint64_t scratchpad_bytes; /* the post-fetch slots' device memory (scratchpad or cache) */
+	uint64_t resident_bytes;   /* the resident experts' */
 };
 struct wf__fetch_shape {
 	size_t slot_bytes;     /* the largest down projection */
 	uint32_t step_experts; /* the most experts one step can select */
 	uint32_t n_layer, n_expert;
 	uint64_t cache_mb;     /* 0: a scratchpad (WF_POSTFETCH_SCRATCHPAD_MB or step_experts slots) */
+	uint32_t n_resident;   /* slots kept for resident experts (wf__fetch_pin), never evicted */
+	bool postfetch;        /* misses are copied; false: resident experts only, misses on the CPU */
 };
 struct wf__fetch;
 int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *s,
                      const struct wf__fetch_shape *shape, struct wf__fetch **ret,
                      struct wf_diag *diag);
 void wf__fetch_destroy(struct wf__fetch *f);
+/* Loads one expert's down projection into a resident slot (at create, synchronously). */
+int wf__fetch_pin(struct wf__fetch *f, uint32_t layer, uint32_t expert, const void *src,
+                  size_t bytes, struct wf_diag *diag);
 /* One layer's step: the n selected experts (in expert order), their down projections' bytes in
  * the view (src, bytes); writes each one's slot, or -1 (the CPU computes it from the floor). */
 void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,

@@ -34,6 +34,8 @@ struct wf__fetch {
 	struct wf_device *dev;
 	struct wf_postfetch_settings s;
 	bool cache;                    /* slots persist across steps */
+	bool postfetch;                /* misses are copied */
+	uint32_t n_resident, n_pinned; /* slots [0, n_resident) hold resident experts */
 	uint8_t *mem;                  /* device memory, n_slots * slot_bytes */
 	size_t slot_bytes;
 	uint32_t n_slots, n_streams;
@@ -74,6 +76,8 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 	f->dev = dev;
 	f->s = *s;
 	f->n_expert = shape->n_expert;
+	f->postfetch = shape->postfetch;
+	f->n_resident = shape->n_resident;
 	f->slot_bytes = (shape->slot_bytes + 255u) & ~(size_t)255u;
 	uint64_t n = shape->step_experts;
 	const char *what = "WF_POSTFETCH_SCRATCHPAD_MB";
@@ -95,7 +99,13 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		if (n > (f->cache ? all : shape->step_experts))
 			n = f->cache ? all : shape->step_experts; /* more than could ever be used */
 	}
-	f->n_slots = (uint32_t)n;
+	if (!f->postfetch)
+		n = 0; /* no copies: the resident slots only */
+	f->n_slots = (uint32_t)n + f->n_resident;
+	if (f->n_slots == 0) {
+		free(f);
+		return wf_diag_set(diag, WF_EINVAL, "expert slots: none to make");
+	}
 	f->n_streams = s->dedicated_streams ? FETCH_STREAMS_DEDICATED : 1u;
 	if (f->n_streams > f->n_slots)
 		f->n_streams = f->n_slots;
@@ -114,6 +124,7 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 	for (uint32_t i = 0; i < f->n_slots; i++) {
 		f->slots[i].key = NO_KEY;
 		f->lru[i].bytes = f->slot_bytes;
+		f->lru[i].pinned = i < f->n_resident;
 	}
 	if ((rc = wf_device_mem_alloc(dev, f->slot_bytes * f->n_slots, (void **)&f->mem, diag)) < 0)
 		goto fail;
@@ -125,7 +136,8 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 			goto fail;
 	if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->start, diag)) < 0)
 		goto fail;
-	f->st.scratchpad_bytes = (uint64_t)f->slot_bytes * f->n_slots;
+	f->st.scratchpad_bytes = (uint64_t)f->slot_bytes * (f->n_slots - f->n_resident);
+	f->st.resident_bytes = (uint64_t)f->slot_bytes * f->n_resident;
 	*ret = f;
 	return 0;
 fail:
@@ -155,6 +167,28 @@ void wf__fetch_destroy(struct wf__fetch *f)
 	free(f);
 }
 
+int wf__fetch_pin(struct wf__fetch *f, uint32_t layer, uint32_t expert, const void *src,
+                  size_t bytes, struct wf_diag *diag)
+{
+	if (f->n_pinned >= f->n_resident || bytes > f->slot_bytes)
+		return wf_diag_set(diag, WF_EINVAL, "resident expert slots exhausted");
+	const uint32_t slot = f->n_pinned;
+	struct wf_device_stream *st = f->streams[slot % f->n_streams];
+	int rc = wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes, src, bytes,
+	                                WF_DEVICE_COPY_H2D, diag);
+	if (rc == 0)
+		rc = wf_device_event_record(f->ev[slot], st, diag);
+	if (rc == 0)
+		rc = wf_device_event_synchronize(f->ev[slot], diag);
+	if (rc < 0)
+		return rc;
+	const uint64_t key = (uint64_t)layer * f->n_expert + expert;
+	f->slots[slot].key = key;
+	f->slot_of_key[key] = (int32_t)slot;
+	f->n_pinned++;
+	return 0;
+}
+
 static void forget(struct wf__fetch *f, uint32_t slot)
 {
 	if (f->slots[slot].key != NO_KEY)
@@ -170,8 +204,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 	f->step_wait0 = f->st.wait_ns;
 	for (uint32_t s = 0; s < FETCH_STREAMS_DEDICATED; s++)
 		f->last_slot[s] = -1;
-	if (!f->cache) /* the scratchpad: nothing survives a step */
-		for (uint32_t i = 0; i < f->n_slots; i++)
+	if (!f->cache) /* the scratchpad: nothing survives a step (resident slots do) */
+		for (uint32_t i = f->n_resident; i < f->n_slots; i++)
 			forget(f, i);
 	for (uint32_t i = 0; i < f->n_slots; i++)
 		f->lru[i].busy = false;
@@ -179,6 +213,11 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 	for (uint32_t i = 0; i < n; i++) {
 		const uint64_t key = (uint64_t)layer * f->n_expert + experts[i];
 		int32_t slot = f->slot_of_key[key];
+		if (slot >= 0 && (uint32_t)slot < f->n_resident) {
+			f->st.resident++;
+			ret_slot[i] = slot;
+			continue;
+		}
 		if (slot >= 0 && !f->slots[slot].failed) {
 			f->st.hits++;
 			f->lru[slot].busy = true;
@@ -188,7 +227,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		}
 		f->st.misses++;
 		ret_slot[i] = -1;
-		if (f->s.max_transfers && f->step_copies >= f->s.max_transfers)
+		if (!f->postfetch ||
+		    (f->s.max_transfers && f->step_copies >= f->s.max_transfers))
 			continue;
 		/* An empty slot first (never used: stamp 0), else the least recently used one
 		 * this step does not use. */
@@ -275,7 +315,8 @@ void wf__fetch_get_stats(const struct wf__fetch *f, struct wf__fetch_stats *ret)
 
 void wf__fetch_reset_stats(struct wf__fetch *f)
 {
-	const uint64_t sp = f->st.scratchpad_bytes;
+	const uint64_t sp = f->st.scratchpad_bytes, rb = f->st.resident_bytes;
 	memset(&f->st, 0, sizeof(f->st));
 	f->st.scratchpad_bytes = sp;
+	f->st.resident_bytes = rb;
 }

@@ -619,13 +619,21 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	else
 		wf_postfetch_settings_default(&s);
 	const struct wf__weights *w = &e->w;
-	if (cfg->expert_cache_mb && (!cfg->device || !s.enable || s.force_cpu))
+	const bool pf = cfg->device && s.enable && !s.force_cpu;
+	if (cfg->expert_cache_mb && !pf)
 		return wf_diag_set(diag, WF_EINVAL,
 		                   "an expert cache needs a device and post-fetch (its miss path)");
-	if (!cfg->device || !w->moe || !s.enable || s.force_cpu)
+	if (cfg->experts_on_device && !cfg->device)
+		return wf_diag_set(diag, WF_EINVAL, "resident experts need a device");
+	const uint32_t first_resident =
+	    cfg->experts_on_device ? (cfg->n_cpu_moe < w->n_layer ? cfg->n_cpu_moe : w->n_layer)
+	                           : w->n_layer;
+	const uint32_t n_resident = (w->n_layer - first_resident) * w->n_expert;
+	if (!w->moe || (!pf && n_resident == 0))
 		return 0;
 	struct wf__fetch_shape shape = {.n_layer = w->n_layer, .n_expert = w->n_expert,
-	                                .cache_mb = cfg->expert_cache_mb};
+	                                .cache_mb = cfg->expert_cache_mb,
+	                                .n_resident = n_resident, .postfetch = pf};
 	for (uint32_t il = 0; il < w->n_layer; il++)
 		if (w->layers[il].down_exps.matrix_size > shape.slot_bytes)
 			shape.slot_bytes = w->layers[il].down_exps.matrix_size;
@@ -640,7 +648,14 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	    !e->fetch_slot)
 		return wf_diag_set(diag, -ENOMEM, "post-fetch");
 	e->fetch_debug = s.debug;
-	return wf__fetch_create(cfg->device, &s, &shape, &e->fetch, diag);
+	int rc = wf__fetch_create(cfg->device, &s, &shape, &e->fetch, diag);
+	for (uint32_t il = first_resident; rc == 0 && il < w->n_layer; il++) {
+		const struct wf__wt *d = &w->layers[il].down_exps;
+		for (uint32_t x = 0; rc == 0 && x < w->n_expert; x++)
+			rc = wf__fetch_pin(e->fetch, il, x, (const uint8_t *)d->data + x * d->matrix_size,
+			                   d->matrix_size, diag);
+	}
+	return rc;
 }
 
 int wf_engine_create(const struct wf_model *model, const void *const *tensor_data,
@@ -848,6 +863,8 @@ void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 	ret->scratchpad_bytes = f.scratchpad_bytes;
 	ret->fetch_hits = f.hits;
 	ret->fetch_misses = f.misses;
+	ret->resident_lookups = f.resident;
+	ret->resident_bytes = f.resident_bytes;
 	if (f.steps_timed && f.copy_ns) {
 		const double hidden = 1.0 - (double)f.wait_ns_timed / (double)f.copy_ns;
 		ret->fetch_overlap = hidden < 0 ? 0 : hidden;

@@ -27,7 +27,7 @@
 static const char usage[] =
     "usage: wf-worker eval --model FILE --prompt IDS [--feed IDS | --generate N]\n"
     "                      [--logits OUT.bin] [--threads N] [--kv-type f16|f32] [--ctx N]\n"
-    "                      [--device SPEC [--expert-cache-mb N]]\n"
+    "                      [--device SPEC [--expert-cache-mb N] [--n-cpu-moe N | --cpu-moe]]\n"
     "                      (post-fetch settings: the WF_POSTFETCH_* variables)\n";
 
 /* Comma-separated non-negative ids. */
@@ -112,12 +112,17 @@ int wf_worker_eval_main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL,
 		   *device_spec = NULL;
-	uint32_t generate = 0, threads = 0, ctx = 0, cache_mb = 0;
+	uint32_t generate = 0, threads = 0, ctx = 0, cache_mb = 0, n_cpu_moe = 0;
+	bool experts_on_device = false;
 	bool have_generate = false;
 	enum wf_engine_kv_type kv_type = WF_ENGINE_KV_F16;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int bad = 0;
+		if (strcmp(a, "--cpu-moe") == 0) { /* the default: every expert host-side */
+			experts_on_device = false;
+			continue;
+		}
 		if (!v) {
 			bad = 1;
 		} else if (strcmp(a, "--model") == 0) {
@@ -135,6 +140,9 @@ int wf_worker_eval_main(int argc, char **argv)
 			have_generate = true;
 		} else if (strcmp(a, "--threads") == 0) {
 			bad = parse_u32(v, &threads) < 0 || threads == 0 || threads > WF_ENGINE_MAX_THREADS;
+		} else if (strcmp(a, "--n-cpu-moe") == 0) {
+			bad = parse_u32(v, &n_cpu_moe) < 0;
+			experts_on_device = true;
 		} else if (strcmp(a, "--expert-cache-mb") == 0) {
 			bad = parse_u32(v, &cache_mb) < 0;
 		} else if (strcmp(a, "--ctx") == 0) {
@@ -195,7 +203,9 @@ int wf_worker_eval_main(int argc, char **argv)
 		goto out;
 	struct wf_engine_config cfg = {.n_ctx = ctx, .n_seq_max = 1, .n_threads = threads,
 	                               .kv_type = kv_type, .device = dev, .postfetch = &pf,
-	                               .expert_cache_mb = cache_mb};
+	                               .expert_cache_mb = cache_mb,
+	                               .experts_on_device = experts_on_device,
+	                               .n_cpu_moe = n_cpu_moe};
 	if ((rc = wf_engine_create(m, view.tensor_data, &cfg, &e, &d)) < 0)
 		goto out;
 	if (pf.debug)
@@ -252,12 +262,13 @@ int wf_worker_eval_main(int argc, char **argv)
 		fprintf(stderr,
 		        "post-fetch: hit rate %.3f, %llu down projections copied (%.1f MB), %llu "
 		        "computed from the device, %llu on the cpu, %llu errors, overlap %.2f, slots "
-		        "%.1f MB\n",
+		        "%.1f MB, resident experts %.1f MB (%llu lookups)\n",
 		        looked ? (double)st.fetch_hits / (double)looked : 0.0,
 		        (unsigned long long)st.fetch_experts, st.fetch_bytes / 1e6,
 		        (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
 		        (unsigned long long)st.fetch_errors, st.fetch_overlap,
-		        st.scratchpad_bytes / 1e6);
+		        st.scratchpad_bytes / 1e6, st.resident_bytes / 1e6,
+		        (unsigned long long)st.resident_lookups);
 	}
 	if (have_generate) {
 		for (uint32_t s = 0; s < n_steps; s++)

@@ -266,7 +266,9 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 				      .kv_type = WF_ENGINE_KV_F16,
 				      .device = g->opts.device,
 				      .postfetch = g->opts.postfetch,
-				      .expert_cache_mb = g->opts.expert_cache_mb};
+				      .expert_cache_mb = g->opts.expert_cache_mb,
+				      .experts_on_device = g->opts.experts_on_device,
+				      .n_cpu_moe = g->opts.n_cpu_moe};
 	if ((rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d)) < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;

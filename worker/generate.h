@@ -46,6 +46,10 @@ struct wf_gen_opts {
 	struct wf_device *device;
 	const struct wf_postfetch_settings *postfetch;
 	uint32_t expert_cache_mb;
+	/* Placement (--n-cpu-moe N / --cpu-moe): experts of layers n_cpu_moe and up resident on
+	 * the device when experts_on_device. */
+	bool experts_on_device;
+	uint32_t n_cpu_moe;
 };
 
 /* A model's engine, as of its last finished generation (the engine's counters are read on the

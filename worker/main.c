@@ -51,6 +51,8 @@ struct opts {
 	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
 	bool postfetch_asked; /* a WF_POSTFETCH_* variable, --postfetch or --expert-cache-mb */
 	uint32_t expert_cache_mb;
+	bool experts_on_device; /* --n-cpu-moe N */
+	uint32_t n_cpu_moe;
 	bool verbose;
 };
 
@@ -92,6 +94,9 @@ static void usage(FILE *out)
 		"                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
 		"                        dedicated_streams, debug); host devices only\n"
 		"  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
+		"  --n-cpu-moe N         generation: experts of layers N and up resident on the device,\n"
+		"                        the first N host-side; host devices only\n"
+		"  --cpu-moe             generation: every layer's experts host-side (the default)\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
@@ -123,7 +128,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
 	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS, O_POSTFETCH, O_CACHE_MB };
+	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -151,6 +156,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"threads", required_argument, NULL, O_THREADS},
 		{"postfetch", required_argument, NULL, O_POSTFETCH},
 		{"expert-cache-mb", required_argument, NULL, O_CACHE_MB},
+		{"n-cpu-moe", required_argument, NULL, O_N_CPU_MOE},
+		{"cpu-moe", no_argument, NULL, O_CPU_MOE},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -274,6 +281,23 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->postfetch_asked = o->postfetch_asked || v > 0;
 			break;
 		}
+		case O_N_CPU_MOE: {
+			char *end;
+			errno = 0;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (*end || end == optarg || errno || optarg[0] == '-' || v > UINT32_MAX) {
+				fprintf(stderr, "wf-worker: --n-cpu-moe takes a layer count, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			o->n_cpu_moe = (uint32_t)v;
+			o->experts_on_device = true;
+			o->postfetch_asked = true;
+			break;
+		}
+		case O_CPU_MOE:
+			o->experts_on_device = false;
+			break;
 		case 'v': o->verbose = true; break;
 		case 'h': usage(stdout); exit(0);
 		case O_VERSION: printf("wf-worker %s\n", WF_VERSION); exit(0);
@@ -786,6 +810,8 @@ int main(int argc, char **argv)
 		o.gen.device = dev;
 		o.gen.postfetch = &o.postfetch;
 		o.gen.expert_cache_mb = o.expert_cache_mb;
+		o.gen.experts_on_device = o.experts_on_device;
+		o.gen.n_cpu_moe = o.n_cpu_moe;
 		if (o.postfetch.enable && !o.postfetch.force_cpu)
 			wf_log_info("generation: expert post-fetch to %s (block_on_miss %d, "
 				    "expert cache %u MiB)", wf_device_name(dev),

@@ -217,6 +217,57 @@ Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
 	model_close(&md);
 }
 
+/* Placement (--n-cpu-moe N): the experts of layers N and up resident on the device, the first N
+ * host-side (post-fetched or on the CPU): every split gives the same logits. */
+Test(postfetch, every_placement_gives_the_cpu_engines_logits)
+{
+	struct model md;
+	model_open(&md);
+	struct wf_engine_stats st;
+	float *want = run(&md, NULL, NULL, &st);
+	struct wf_device *dev = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
+	const uint32_t n_layer = md.m->hp.n_layer;
+	for (int pf = 0; pf < 2; pf++)
+		for (uint32_t n_cpu = 0; n_cpu <= n_layer; n_cpu++) {
+			struct wf_postfetch_settings s = {.enable = pf == 1, .block_on_miss = true};
+			struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev,
+			                               .postfetch = &s, .experts_on_device = true,
+			                               .n_cpu_moe = n_cpu};
+			struct wf_engine *e = NULL;
+			cr_assert_eq(wf_engine_create(md.m, md.v.tensor_data, &cfg, &e, &d), 0, "%s",
+			             d.msg);
+			struct wf_engine_info info;
+			wf_engine_get_info(e, &info);
+			const size_t V = info.n_vocab;
+			float *got = malloc(16 * V * sizeof(float));
+			uint32_t pos[16], seq[16] = {0};
+			bool wantl[16];
+			for (uint32_t i = 0; i < 16; i++)
+				pos[i] = i, wantl[i] = true;
+			struct wf_engine_batch b = {16, prompt, pos, seq, wantl};
+			cr_assert_eq(wf_engine_decode(e, &b, got, &d), 0, "%s", d.msg);
+			cr_expect(memcmp(want, got, 16 * V * sizeof(float)) == 0,
+			          "n_cpu_moe %u, post-fetch %d: logits differ", n_cpu, pf);
+			wf_engine_get_stats(e, &st);
+			cr_expect_eq(st.resident_bytes > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
+			cr_expect_eq(st.resident_lookups > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
+			cr_expect_eq(st.fetch_experts > 0, pf == 1 && n_cpu > 0,
+			             "n_cpu_moe %u, post-fetch %d: %llu copies", n_cpu, pf,
+			             (unsigned long long)st.fetch_experts);
+			free(got);
+			wf_engine_destroy(e);
+		}
+	/* Resident experts need a device. */
+	struct wf_engine_config bad = {.n_ctx = 64, .experts_on_device = true};
+	struct wf_engine *e = NULL;
+	cr_expect_eq(wf_engine_create(md.m, md.v.tensor_data, &bad, &e, &d), WF_EINVAL);
+	wf_device_close(dev);
+	free(want);
+	model_close(&md);
+}
+
 Test(postfetch, settings_by_name_and_from_the_environment)
 {
 	struct wf_postfetch_settings s;
