@@ -111,6 +111,20 @@ static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
 	return 0;
 }
 
+/* A whole number for a flag (what names it in the message: "MiB", "a layer count"). */
+static int parse_u32_flag(const char *flag, const char *what, const char *arg, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(arg, &end, 10);
+	if (*end || end == arg || errno || arg[0] == '-' || v > UINT32_MAX) {
+		fprintf(stderr, "wf-worker: %s takes %s, not '%s'\n", flag, what, arg);
+		return 2;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
 static int parse_fraction(const char *flag, const char *arg, double *out)
 {
 	char *end;
@@ -268,33 +282,18 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->postfetch_asked = true;
 			break;
 		}
-		case O_CACHE_MB: {
-			char *end;
-			errno = 0;
-			unsigned long v = strtoul(optarg, &end, 10);
-			if (*end || end == optarg || errno || optarg[0] == '-' || v > UINT32_MAX) {
-				fprintf(stderr, "wf-worker: --expert-cache-mb takes MiB, not '%s'\n",
-					optarg);
-				return 2;
-			}
-			o->expert_cache_mb = (uint32_t)v;
-			o->postfetch_asked = o->postfetch_asked || v > 0;
+		case O_CACHE_MB:
+			if ((rc = parse_u32_flag("--expert-cache-mb", "MiB", optarg,
+						 &o->expert_cache_mb)))
+				return rc;
+			o->postfetch_asked = o->postfetch_asked || o->expert_cache_mb > 0;
 			break;
-		}
-		case O_N_CPU_MOE: {
-			char *end;
-			errno = 0;
-			unsigned long v = strtoul(optarg, &end, 10);
-			if (*end || end == optarg || errno || optarg[0] == '-' || v > UINT32_MAX) {
-				fprintf(stderr, "wf-worker: --n-cpu-moe takes a layer count, not '%s'\n",
-					optarg);
-				return 2;
-			}
-			o->n_cpu_moe = (uint32_t)v;
+		case O_N_CPU_MOE:
+			if ((rc = parse_u32_flag("--n-cpu-moe", "a layer count", optarg, &o->n_cpu_moe)))
+				return rc;
 			o->experts_on_device = true;
 			o->postfetch_asked = true;
 			break;
-		}
 		case O_CPU_MOE:
 			o->experts_on_device = false;
 			break;

@@ -4,6 +4,7 @@
  * sockets; the strict F32 reference model. */
 #include "common/wftest.h"
 #include "tests/agent/agt.h"
+#include "tests/worker/wref.h"
 
 #include <criterion/criterion.h>
 #include <json-c/json.h>
@@ -14,25 +15,6 @@
 #include <unistd.h>
 
 TestSuite(generate_route, .fini = agt_fini, .timeout = 180);
-
-static char *ref_gguf(char *prompt, size_t cap)
-{
-	char *dir = agt_printf("%s/mixtral-tiny-f32", wft_reference_dir());
-	char *mp = agt_printf("%s/manifest.json", dir);
-	json_object *man = json_object_from_file(mp), *v = NULL;
-	cr_assert_not_null(man, "cannot parse %s", mp);
-	cr_assert(json_object_object_get_ex(man, "load_this_file", &v));
-	char *gguf = agt_printf("%s/%s", dir, json_object_get_string(v));
-	cr_assert(json_object_object_get_ex(man, "prompt_ids", &v));
-	prompt[0] = 0;
-	for (size_t i = 0; i < json_object_array_length(v); i++)
-		snprintf(prompt + strlen(prompt), cap - strlen(prompt), "%s%d", i ? "," : "",
-		         json_object_get_int(json_object_array_get_idx(v, i)));
-	json_object_put(man);
-	free(dir);
-	free(mp);
-	return gguf;
-}
 
 /* The worker_id of the final JSON line of `agentctl generate --json`. */
 static char *final_worker(char *out)
@@ -70,7 +52,7 @@ static void wait_worker_registered(struct agt *a, const char *id)
 Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 {
 	char prompt[1024];
-	char *gguf = ref_gguf(prompt, sizeof prompt);
+	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
 	struct agt *a = agt_new("wf-route");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
@@ -126,7 +108,7 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 Test(generate_route, more_generations_than_residency_relays_at_once)
 {
 	char prompt[1024];
-	char *gguf = ref_gguf(prompt, sizeof prompt);
+	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
 	struct agt *a = agt_new("wf-route");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
@@ -169,7 +151,7 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 Test(generate_route, disk_residency_drops_the_engine)
 {
 	char prompt[1024];
-	char *gguf = ref_gguf(prompt, sizeof prompt);
+	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
 	struct agt *a = agt_new("wf-route");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
@@ -235,7 +217,7 @@ static char *copy_with_arch(const char *src, const char *dir, const char *arch)
 Test(generate_route, unsupported_model_refused_and_the_other_served)
 {
 	char prompt[1024];
-	char *gguf = ref_gguf(prompt, sizeof prompt);
+	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
 	struct agt *a = agt_new("wf-route");
 	char *bad = copy_with_arch(gguf, a->models, "lxama");
 	char *marg = agt_printf("tiny=%s", gguf), *barg = agt_printf("odd=%s", bad);

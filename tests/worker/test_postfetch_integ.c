@@ -6,6 +6,7 @@
  * worker at start with exit status 2. */
 #include "common/wftest.h"
 #include "tests/agent/agt.h"
+#include "tests/worker/wref.h"
 
 #include <criterion/criterion.h>
 #include <json-c/json.h>
@@ -19,26 +20,6 @@
 TestSuite(postfetch_integ, .fini = agt_fini, .timeout = 240);
 
 #define N_GEN 12
-
-/* The Q4_K_M MoE reference model's file and prompt ("1,17,..."). */
-static char *ref_gguf(char *prompt, size_t cap)
-{
-	char *dir = agt_printf("%s/qwen3moe-tiny-q4_k_m", wft_reference_dir());
-	char *mp = agt_printf("%s/manifest.json", dir);
-	json_object *man = json_object_from_file(mp), *v = NULL;
-	cr_assert_not_null(man, "cannot parse %s", mp);
-	cr_assert(json_object_object_get_ex(man, "load_this_file", &v));
-	char *gguf = agt_printf("%s/%s", dir, json_object_get_string(v));
-	cr_assert(json_object_object_get_ex(man, "prompt_ids", &v));
-	prompt[0] = 0;
-	for (size_t i = 0; i < json_object_array_length(v); i++)
-		snprintf(prompt + strlen(prompt), cap - strlen(prompt), "%s%d", i ? "," : "",
-		         json_object_get_int(json_object_array_get_idx(v, i)));
-	json_object_put(man);
-	free(dir);
-	free(mp);
-	return gguf;
-}
 
 /* `agentctl workers --json` once every named worker is listed and reachable. */
 static json_object *workers_json(struct agt *a)
@@ -139,7 +120,7 @@ static double num(json_object *m, const char *key)
 Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 {
 	char prompt[1024];
-	char *gguf = ref_gguf(prompt, sizeof prompt);
+	char *gguf = wref_model("qwen3moe-tiny-q4_k_m", prompt, sizeof prompt);
 	struct agt *a = agt_new("wf-pf");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
