@@ -2,6 +2,7 @@
 #ifndef WF_BASE_UNITS_H
 #define WF_BASE_UNITS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -21,6 +22,18 @@ extern "C" {
  * values above 2^63 (WF_EOVERFLOW). Returns 0 and writes *ret_bytes only on success.
  * Thread-safe, no allocation. */
 int wf_parse_size(const char *s, uint64_t *ret_bytes);
+
+/* The project's one whole-number parser, for counts in flags, variables and config values:
+ * decimal digits only (no sign, no blanks, no suffix, not empty), at most max. Returns 0 and
+ * writes *ret_value only on success; WF_EINVAL for anything else, WF_EOVERFLOW above max.
+ * Thread-safe, no allocation. */
+int wf_parse_uint(const char *s, uint64_t max, uint64_t *ret_value);
+
+/* Token ids written "1,17,300": whole numbers as wf_parse_uint takes them, each at most
+ * INT32_MAX, separated by single commas, at least one and at most max_n. Returns 0 with
+ * *ret_ids (malloc'ed, the caller frees) and *ret_n; WF_EINVAL for anything else (diag-free: the
+ * caller says which flag), WF_ELIMIT past max_n, -ENOMEM. */
+int wf_parse_ids(const char *s, size_t max_n, int32_t **ret_ids, size_t *ret_n);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,8 @@
 #include "bench.h"
 #include "report.h"
 
+#include "base/units.h"
+
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -105,9 +107,8 @@ int main(int argc, char **argv)
 		case 'm': o.model = optarg; break;
 		case 'L': o.llama_bench = optarg; break;
 		case 't': {
-			char *end;
-			unsigned long t = strtoul(optarg, &end, 10);
-			if (*optarg == '\0' || *end != '\0' || t < 1 || t > 256) {
+			uint64_t t;
+			if (wf_parse_uint(optarg, 256, &t) < 0 || t < 1) {
 				fprintf(stderr, "wf-bench: --threads '%s' is not 1..256\n", optarg);
 				return 2;
 			}

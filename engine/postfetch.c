@@ -3,9 +3,9 @@
 #include "engine/postfetch.h"
 
 #include "base/error.h"
+#include "base/units.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,10 +93,8 @@ int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name,
 			*(bool *)(void *)field = b;
 			return 0;
 		}
-		char *end;
-		errno = 0;
-		unsigned long long v = strtoull(value, &end, 10);
-		if (!*value || *end || errno || value[0] == '-' || v > st->max)
+		uint64_t v;
+		if (wf_parse_uint(value, st->max, &v) < 0)
 			return wf_diag_set(diag, WF_EINVAL,
 			                   PREFIX "%s: '%s' is not a whole number from 0 to %u", st->name,
 			                   value, st->max);

@@ -9,6 +9,7 @@
 
 #include "base/diag.h"
 #include "base/error.h"
+#include "base/units.h"
 #include "device/device.h"
 #include "engine/engine.h"
 #include "engine/postfetch.h"
@@ -30,51 +31,13 @@ static const char usage[] =
     "                      [--device SPEC [--expert-cache-mb N] [--n-cpu-moe N | --cpu-moe]]\n"
     "                      (post-fetch settings: the WF_POSTFETCH_* variables)\n";
 
-/* Comma-separated non-negative ids. */
-static int parse_ids(const char *s, int32_t **ret, uint32_t *ret_n)
-{
-	uint32_t cap = 16, n = 0;
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	if (!ids)
-		return -ENOMEM;
-	const char *p = s;
-	while (*p) {
-		char *end;
-		errno = 0;
-		long v = strtol(p, &end, 10);
-		if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-			free(ids);
-			return WF_EINVAL;
-		}
-		if (n == cap) {
-			int32_t *g = realloc(ids, (cap *= 2) * sizeof(*ids));
-			if (!g) {
-				free(ids);
-				return -ENOMEM;
-			}
-			ids = g;
-		}
-		ids[n++] = (int32_t)v;
-		p = *end ? end + 1 : end;
-	}
-	if (n == 0) {
-		free(ids);
-		return WF_EINVAL;
-	}
-	*ret = ids;
-	*ret_n = n;
-	return 0;
-}
-
 static int parse_u32(const char *s, uint32_t *ret)
 {
-	char *end;
-	errno = 0;
-	unsigned long v = strtoul(s, &end, 10);
-	if (end == s || *end || errno || v > UINT32_MAX || s[0] == '-')
-		return WF_EINVAL;
-	*ret = (uint32_t)v;
-	return 0;
+	uint64_t v;
+	int rc = wf_parse_uint(s, UINT32_MAX, &v);
+	if (rc == 0)
+		*ret = (uint32_t)v;
+	return rc;
 }
 
 static int32_t argmax(const float *row, uint32_t n)
@@ -169,13 +132,14 @@ int wf_worker_eval_main(int argc, char **argv)
 		return 2;
 	}
 	int32_t *prompt_ids = NULL, *feed_ids = NULL;
-	uint32_t n_prompt = 0, n_feed = 0;
-	if (parse_ids(prompt, &prompt_ids, &n_prompt) < 0 ||
-	    (feed && parse_ids(feed, &feed_ids, &n_feed) < 0)) {
+	size_t n_prompt_ids = 0, n_feed_ids = 0;
+	if (wf_parse_ids(prompt, UINT32_MAX, &prompt_ids, &n_prompt_ids) < 0 ||
+	    (feed && wf_parse_ids(feed, UINT32_MAX, &feed_ids, &n_feed_ids) < 0)) {
 		fprintf(stderr, "wf-worker eval: ids must be comma-separated non-negative integers\n");
 		free(prompt_ids);
 		return 2;
 	}
+	const uint32_t n_prompt = (uint32_t)n_prompt_ids, n_feed = (uint32_t)n_feed_ids;
 	const uint32_t n_steps = feed ? n_feed : generate;
 
 	struct wf_diag d = {{0}};

@@ -111,17 +111,17 @@ static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
 	return 0;
 }
 
-/* A whole number for a flag (what names it in the message: "MiB", "a layer count"). */
-static int parse_u32_flag(const char *flag, const char *what, const char *arg, uint32_t *out)
+/* A whole number in [min, max] for a flag (base/units.h's one parser). */
+static int parse_uint_flag(const char *flag, const char *arg, uint64_t min, uint64_t max,
+			   uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long v = strtoul(arg, &end, 10);
-	if (*end || end == arg || errno || arg[0] == '-' || v > UINT32_MAX) {
-		fprintf(stderr, "wf-worker: %s takes %s, not '%s'\n", flag, what, arg);
+	uint64_t v;
+	if (wf_parse_uint(arg, max, &v) < 0 || v < min) {
+		fprintf(stderr, "wf-worker: %s takes %llu..%llu, not '%s'\n", flag,
+			(unsigned long long)min, (unsigned long long)max, arg);
 		return 2;
 	}
-	*out = (uint32_t)v;
+	*out = v;
 	return 0;
 }
 
@@ -178,6 +178,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{0},
 	};
 	int c, rc;
+	uint64_t v;
 	while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
 		switch (c) {
 		case O_DEVICE: o->device = optarg; break;
@@ -225,45 +226,35 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			}
 			o->load_mode = optarg;
 			break;
-		case O_SBUF: {
-			char *end;
-			long v = strtol(optarg, &end, 10);
-			if (*end || v < 2 || v > 256) {
-				fprintf(stderr, "wf-worker: --staging-buffers takes 2..256\n");
-				return 2;
-			}
+		case O_SBUF:
+			if ((rc = parse_uint_flag("--staging-buffers", optarg, 2, 256, &v)))
+				return rc;
 			o->staging_buffers = (unsigned)v;
 			break;
-		}
-		case O_UID: {
-			char *end;
-			unsigned long v = strtoul(optarg, &end, 10);
-			if (*end || end == optarg || o->n_uids == 64) {
-				fprintf(stderr, "wf-worker: --allow-uid: '%s' is not a uid\n", optarg);
+		case O_UID:
+			if (o->n_uids == 64) {
+				fprintf(stderr, "wf-worker: --allow-uid: at most 64\n");
 				return 2;
 			}
+			if ((rc = parse_uint_flag("--allow-uid", optarg, 0, UINT32_MAX - 1, &v)))
+				return rc;
 			o->uids[o->n_uids++] = (uid_t)v;
 			break;
-		}
 		case O_CTX:
-		case O_SEQS:
-		case O_THREADS: {
-			char *end;
-			unsigned long v = strtoul(optarg, &end, 10);
-			unsigned long max = c == O_CTX ? 1ul << 20 : c == O_SEQS ? 256 : 256;
-			if (*end || end == optarg || v < 1 || v > max) {
-				fprintf(stderr, "wf-worker: --%s takes 1..%lu, not '%s'\n",
-					c == O_CTX ? "ctx" : c == O_SEQS ? "seqs" : "threads", max, optarg);
-				return 2;
-			}
-			if (c == O_CTX)
-				o->gen.n_ctx = (uint32_t)v;
-			else if (c == O_SEQS)
-				o->gen.n_seq = (uint32_t)v;
-			else
-				o->gen.n_threads = (uint32_t)v;
+			if ((rc = parse_uint_flag("--ctx", optarg, 1, 1u << 20, &v)))
+				return rc;
+			o->gen.n_ctx = (uint32_t)v;
 			break;
-		}
+		case O_SEQS:
+			if ((rc = parse_uint_flag("--seqs", optarg, 1, 256, &v)))
+				return rc;
+			o->gen.n_seq = (uint32_t)v;
+			break;
+		case O_THREADS:
+			if ((rc = parse_uint_flag("--threads", optarg, 1, 256, &v)))
+				return rc;
+			o->gen.n_threads = (uint32_t)v;
+			break;
 		case O_POSTFETCH: {
 			const char *eq = strchr(optarg, '=');
 			char name[64];
@@ -283,14 +274,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		}
 		case O_CACHE_MB:
-			if ((rc = parse_u32_flag("--expert-cache-mb", "MiB", optarg,
-						 &o->expert_cache_mb)))
+			if ((rc = parse_uint_flag("--expert-cache-mb", optarg, 0, UINT32_MAX, &v)))
 				return rc;
-			o->postfetch_asked = o->postfetch_asked || o->expert_cache_mb > 0;
+			o->expert_cache_mb = (uint32_t)v;
+			o->postfetch_asked = o->postfetch_asked || v > 0;
 			break;
 		case O_N_CPU_MOE:
-			if ((rc = parse_u32_flag("--n-cpu-moe", "a layer count", optarg, &o->n_cpu_moe)))
+			if ((rc = parse_uint_flag("--n-cpu-moe", optarg, 0, UINT32_MAX, &v)))
 				return rc;
+			o->n_cpu_moe = (uint32_t)v;
 			o->experts_on_device = true;
 			o->postfetch_asked = true;
 			break;

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include "base/error.h"
+#include "base/units.h"
 #include "control/client.h"
 
 #include <errno.h>
@@ -64,10 +65,8 @@ static int parse_float(struct cli *cli, const char *flag, const char *s, float *
 static int parse_uint(struct cli *cli, const char *flag, const char *s, uint64_t max,
 		      uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (!*s || *end || errno || s[0] == '-' || v > max)
+	uint64_t v;
+	if (wf_parse_uint(s, max, &v) < 0)
 		return cli_usage(cli, "generate", "%s: '%s' is not a number in 0..%llu", flag, s,
 				 (unsigned long long)max);
 	*out = v;
@@ -76,38 +75,13 @@ static int parse_uint(struct cli *cli, const char *flag, const char *s, uint64_t
 
 static int parse_ids(struct cli *cli, const char *s, int32_t **ret, size_t *ret_n)
 {
-	size_t n = 0, cap = 16;
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	if (!ids)
+	int rc = wf_parse_ids(s, GEN_IDS_MAX, ret, ret_n);
+	if (rc == -ENOMEM)
 		return cli_fail(cli, CLI_EXIT_FAIL, "generate: out of memory");
-	const char *p = s;
-	while (*p) {
-		char *end;
-		errno = 0;
-		long v = strtol(p, &end, 10);
-		if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',') ||
-		    n == GEN_IDS_MAX) {
-			free(ids);
-			return cli_usage(cli, "generate",
-					 "--prompt-ids: '%s' is not a list of token ids (1,2,3)", s);
-		}
-		if (n == cap) {
-			int32_t *g = realloc(ids, (cap *= 2) * sizeof(*ids));
-			if (!g) {
-				free(ids);
-				return cli_fail(cli, CLI_EXIT_FAIL, "generate: out of memory");
-			}
-			ids = g;
-		}
-		ids[n++] = (int32_t)v;
-		p = *end ? end + 1 : end;
-	}
-	if (n == 0) {
-		free(ids);
-		return cli_usage(cli, "generate", "--prompt-ids: no ids given");
-	}
-	*ret = ids;
-	*ret_n = n;
+	if (rc < 0)
+		return cli_usage(cli, "generate",
+				 "--prompt-ids: '%s' is not a list of at most %d token ids (1,2,3)", s,
+				 GEN_IDS_MAX);
 	return 0;
 }
 

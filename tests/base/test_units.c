@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
@@ -83,4 +84,42 @@ Test(units, overflow)
 	expect("18446744073709551616", WF_EOVERFLOW, 0);
 	expect("8388609T", WF_EOVERFLOW, 0);
 	expect("8193P", WF_EOVERFLOW, 0);
+}
+
+/* wf_parse_uint: digits only, at most max. */
+Test(units, whole_numbers)
+{
+	uint64_t v = 777;
+	cr_expect_eq(wf_parse_uint("0", 10, &v), 0);
+	cr_expect_eq(v, 0);
+	cr_expect_eq(wf_parse_uint("4096", 4096, &v), 0);
+	cr_expect_eq(v, 4096);
+	cr_expect_eq(wf_parse_uint("18446744073709551615", UINT64_MAX, &v), 0);
+	cr_expect_eq(v, UINT64_MAX);
+	v = 777;
+	cr_expect_eq(wf_parse_uint("4097", 4096, &v), WF_EOVERFLOW);
+	cr_expect_eq(wf_parse_uint("18446744073709551616", UINT64_MAX, &v), WF_EOVERFLOW);
+	const char *bad[] = {"", "-1", "+1", " 1", "1 ", "1k", "0x10", "1.5", "12a"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_expect_eq(wf_parse_uint(bad[i], UINT64_MAX, &v), WF_EINVAL, "'%s'", bad[i]);
+	cr_expect_eq(wf_parse_uint(NULL, 1, &v), WF_EINVAL);
+	cr_expect_eq(v, 777, "a refused value writes nothing");
+}
+
+/* wf_parse_ids: "1,17,300", nothing looser. */
+Test(units, id_lists)
+{
+	int32_t *ids = NULL;
+	size_t n = 0;
+	cr_assert_eq(wf_parse_ids("1,17,300,2147483647", 8, &ids, &n), 0);
+	cr_expect_eq(n, 4);
+	cr_expect(ids[0] == 1 && ids[1] == 17 && ids[2] == 300 && ids[3] == INT32_MAX);
+	free(ids);
+	cr_assert_eq(wf_parse_ids("0", 1, &ids, &n), 0);
+	cr_expect(n == 1 && ids[0] == 0);
+	free(ids);
+	const char *bad[] = {"", ",", "1,", ",1", "1,,2", "1, 2", "-1", "2147483648", "1;2", "x"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_expect_eq(wf_parse_ids(bad[i], 8, &ids, &n), WF_EINVAL, "'%s'", bad[i]);
+	cr_expect_eq(wf_parse_ids("1,2,3", 2, &ids, &n), WF_ELIMIT);
 }
