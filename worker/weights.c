@@ -17,10 +17,9 @@
 #endif
 
 /* Prefaulting: a new worker's first tokens touch most of a MoE model's pages (a 16-token prompt
- * routes to nearly every expert), and one fault per 64 KiB (the kernel's fault-around) costs
- * about twice what populating the page tables in bulk does; done by several threads at once it
- * takes a fraction of the first token's time. Best effort: a kernel without MADV_POPULATE_READ
- * just faults as before. */
+ * routes to nearly every expert); populating the page tables in bulk, on several threads,
+ * replaces a fault per 64 KiB (the kernel's fault-around) inside the first token's compute.
+ * Best effort: a kernel without MADV_POPULATE_READ just faults as before. */
 struct populate_slice {
 	uint8_t *p;
 	size_t len;

@@ -6,8 +6,7 @@
  *    a floor), so the page cache is the only copy.
  * A view owns its file mappings (not a floor's: the floor stays attached by its owner for as long
  * as the view is used). Both prefault the pages into this process's page tables in parallel
- * (MADV_POPULATE_READ), since a MoE model's first tokens touch nearly all of them: for weights in
- * the page cache or a floor this costs half of what faulting them one by one does. */
+ * (MADV_POPULATE_READ), since a MoE model's first tokens touch nearly all of them. */
 #ifndef WF_WORKER_WEIGHTS_H
 #define WF_WORKER_WEIGHTS_H
 
