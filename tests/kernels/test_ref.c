@@ -17,6 +17,7 @@
 #include "device/device.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
+#include "tests/kernels/kgen.h"
 #include "model/model.h"
 
 #include <criterion/criterion.h>
@@ -31,39 +32,6 @@ TestSuite(kernels, .timeout = 120);
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s)
-{
-	rng_state = s;
-}
-
-static uint64_t rng_u64(void)
-{
-	/* splitmix64 */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi)
-{
-	return lo + (hi - lo) * (float)((double)(rng_u64() >> 11) * 0x1p-53);
-}
-
-static void rng_bytes(void *p, size_t n)
-{
-	uint8_t *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		b[i] = (uint8_t)rng_u64();
-}
-
-static uint16_t h(float f)
-{
-	return wf_kernels_fp32_to_fp16(f);
-}
 
 /* The reference level whatever the CPU has (test_simd.c checks the SIMD levels against it). */
 static const struct wf_kernel_ops *ops(void)
@@ -71,14 +39,6 @@ static const struct wf_kernel_ops *ops(void)
 	return wf_kernels_cpu_ops_level(WF_KERNEL_LEVEL_REF);
 }
 
-static size_t row_bytes(enum wf_dtype t, int64_t n)
-{
-	const struct wf_dtype_info *info = wf_dtype_info(t);
-
-	cr_assert_not_null(info);
-	cr_assert_eq(n % info->block_size, 0);
-	return (size_t)(n / info->block_size) * info->type_size;
-}
 
 /* ---- F16 / BF16 ---------------------------------------------------------------------------- */
 
@@ -89,27 +49,27 @@ Test(kernels, fp16_round_trip_and_ties)
 		float f = wf_kernels_fp16_to_fp32(v);
 		if ((v & 0x7c00) == 0x7c00 && (v & 0x3ff)) {
 			cr_assert(isnan(f), "0x%04x", v);
-			cr_assert(isnan(wf_kernels_fp16_to_fp32(h(f))));
+			cr_assert(isnan(wf_kernels_fp16_to_fp32(kgen_h(f))));
 			continue;
 		}
-		cr_assert_eq(h(f), v, "0x%04x -> %a -> 0x%04x", v, f, h(f));
+		cr_assert_eq(kgen_h(f), v, "0x%04x -> %a -> 0x%04x", v, f, kgen_h(f));
 	}
 	cr_assert_eq(wf_kernels_fp16_to_fp32(0x3c00), 1.0f);
 	cr_assert_eq(wf_kernels_fp16_to_fp32(0xc000), -2.0f);
 	cr_assert_eq(wf_kernels_fp16_to_fp32(0x7bff), 65504.0f);
 	cr_assert_eq(wf_kernels_fp16_to_fp32(0x0001), 0x1p-24f);
 	/* ties to even, normal and subnormal, and the overflow edge */
-	cr_assert_eq(h(1.0f + 0x1p-11f), 0x3c00);
-	cr_assert_eq(h(1.0f + 3 * 0x1p-11f), 0x3c02);
-	cr_assert_eq(h(0x1p-25f), 0x0000);
-	cr_assert_eq(h(3 * 0x1p-25f), 0x0002);
-	cr_assert_eq(h(65519.0f), 0x7bff);
-	cr_assert_eq(h(65520.0f), 0x7c00);
-	cr_assert_eq(h(-1e9f), 0xfc00);
-	cr_assert_eq(h(-0.0f), 0x8000);
-	cr_assert_eq(h(NAN) & 0x7e00, 0x7e00);
+	cr_assert_eq(kgen_h(1.0f + 0x1p-11f), 0x3c00);
+	cr_assert_eq(kgen_h(1.0f + 3 * 0x1p-11f), 0x3c02);
+	cr_assert_eq(kgen_h(0x1p-25f), 0x0000);
+	cr_assert_eq(kgen_h(3 * 0x1p-25f), 0x0002);
+	cr_assert_eq(kgen_h(65519.0f), 0x7bff);
+	cr_assert_eq(kgen_h(65520.0f), 0x7c00);
+	cr_assert_eq(kgen_h(-1e9f), 0xfc00);
+	cr_assert_eq(kgen_h(-0.0f), 0x8000);
+	cr_assert_eq(kgen_h(NAN) & 0x7e00, 0x7e00);
 	/* 1/127: Q8_0's d for a block whose largest magnitude is 1 */
-	cr_assert_eq(h(1.0f / 127.0f), 0x2008);
+	cr_assert_eq(kgen_h(1.0f / 127.0f), 0x2008);
 }
 
 Test(kernels, bf16_conversions)
@@ -342,10 +302,10 @@ Test(kernels, quantize_round_trips)
 	static struct wf_block_q8_0 q0[N / 32];
 	static struct wf_block_q8_K qk[N / 256];
 
-	rng_seed(0x5eed0001);
+	kgen_seed(0x5eed0001);
 	for (int trial = 0; trial < 20; trial++) {
 		for (int i = 0; i < N; i++)
-			x[i] = rng_uniform(-1, 1) * powf(10.0f, (float)((i / 64) % 5) - 2);
+			x[i] = kgen_uniform(-1, 1) * powf(10.0f, (float)((i / 64) % 5) - 2);
 
 		wf_kernels_ref_quantize_row_q8_0(x, q0, N);
 		wf_kernels_ref_dequantize_row_q8_0(q0, y, N);
@@ -355,7 +315,7 @@ Test(kernels, quantize_round_trips)
 			for (int j = 0; j < 32; j++)
 				amax = fmaxf(amax, fabsf(x[b * 32 + j]));
 			float d = amax / 127, d16 = wf_kernels_fp16_to_fp32(q0[b].d);
-			cr_assert_eq(q0[b].d, h(d));
+			cr_assert_eq(q0[b].d, kgen_h(d));
 			/* half a step, plus what storing d as F16 moves a value by */
 			bound = d / 2 * 1.0001f + 127 * fabsf(d16 - d);
 			for (int j = 0; j < 32; j++) {
@@ -383,54 +343,6 @@ Test(kernels, quantize_round_trips)
 
 /* ---- (b) vec_dot against float dots -------------------------------------------------------- */
 
-/* A random weight row of type t: random bits, with F16 scales set to finite values of the
- * magnitude real models have. */
-static void random_weights(enum wf_dtype t, void *w, int64_t n)
-{
-	size_t nb = row_bytes(t, n);
-
-	rng_bytes(w, nb);
-	switch (t) {
-	case WF_DTYPE_F32:
-		for (int64_t i = 0; i < n; i++)
-			((float *)w)[i] = rng_uniform(-0.1f, 0.1f);
-		break;
-	case WF_DTYPE_F16:
-		for (int64_t i = 0; i < n; i++)
-			((uint16_t *)w)[i] = h(rng_uniform(-0.1f, 0.1f));
-		break;
-	case WF_DTYPE_BF16:
-		for (int64_t i = 0; i < n; i++)
-			((uint16_t *)w)[i] = wf_kernels_fp32_to_bf16(rng_uniform(-0.1f, 0.1f));
-		break;
-	case WF_DTYPE_Q8_0:
-		for (int64_t i = 0; i < n / 32; i++)
-			((struct wf_block_q8_0 *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-		break;
-	case WF_DTYPE_Q4_0:
-		for (int64_t i = 0; i < n / 32; i++)
-			((struct wf_block_q4_0 *)w)[i].d = h(rng_uniform(-0.02f, 0.02f));
-		break;
-	case WF_DTYPE_Q4_K:
-		for (int64_t i = 0; i < n / 256; i++) {
-			((struct wf_block_q4_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-			((struct wf_block_q4_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
-		}
-		break;
-	case WF_DTYPE_Q5_K:
-		for (int64_t i = 0; i < n / 256; i++) {
-			((struct wf_block_q5_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-			((struct wf_block_q5_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
-		}
-		break;
-	case WF_DTYPE_Q6_K:
-		for (int64_t i = 0; i < n / 256; i++)
-			((struct wf_block_q6_K *)w)[i].d = h(rng_uniform(-1e-4f, 1e-4f));
-		break;
-	default:
-		cr_assert_fail("no generator for %d", t);
-	}
-}
 
 static void check_vec_dot(enum wf_dtype t, const int64_t *sizes, int n_sizes)
 {
@@ -451,20 +363,20 @@ static void check_vec_dot(enum wf_dtype t, const int64_t *sizes, int n_sizes)
 	}
 	cr_assert_not_null(quant);
 
-	rng_seed(0x5eed0100 + (uint64_t)t);
+	kgen_seed(0x5eed0100 + (uint64_t)t);
 	for (int s = 0; s < n_sizes; s++) {
 		int64_t n = sizes[s];
-		void *w = malloc(row_bytes(t, n));
-		void *yq = malloc(row_bytes(o->vec_dot_type, n));
+		void *w = malloc(kgen_row_bytes(t, n));
+		void *yq = malloc(kgen_row_bytes(o->vec_dot_type, n));
 		float *wf = malloc((size_t)n * sizeof(float));
 		float *y = malloc((size_t)n * sizeof(float));
 		float *yd = malloc((size_t)n * sizeof(float));
 		cr_assert(w && yq && wf && y && yd);
 
 		for (int trial = 0; trial < 16; trial++) {
-			random_weights(t, w, n);
+			kgen_weights(t, w, n);
 			for (int64_t i = 0; i < n; i++)
-				y[i] = rng_uniform(-1, 1) * (i % 97 == 0 ? 8.0f : 1.0f);
+				y[i] = kgen_uniform(-1, 1) * (i % 97 == 0 ? 8.0f : 1.0f);
 			quant(y, yq, n);
 			o->dequantize_row(w, wf, n);
 			act_deq(yq, yd, n);
@@ -619,7 +531,7 @@ Test(kernels, matches_ggml_bit_for_bit)
 		memcpy(&bits, &dot, 4);
 		cr_expect_eq(fnv1a(y, (size_t)n * sizeof(float)), golden[c].deq_hash,
 		             "%s n=%ld: dequantized values differ from ggml's", name, (long)n);
-		cr_expect_eq(fnv1a(act, row_bytes(o->vec_dot_type, n)), golden[c].act_hash,
+		cr_expect_eq(fnv1a(act, kgen_row_bytes(o->vec_dot_type, n)), golden[c].act_hash,
 		             "%s n=%ld: quantized activations differ from ggml's", name, (long)n);
 		cr_expect_eq(bits, golden[c].dot_bits, "%s n=%ld: dot %a, ggml's 0x%08x", name,
 		             (long)n, dot, golden[c].dot_bits);
@@ -658,7 +570,7 @@ static float *read_dequant(const struct wf_model *m, const struct wf_tensor *t, 
 	cr_assert_geq(fd, 0);
 	cr_assert_eq(pread(fd, raw, t->nbytes, (off_t)t->offset), (ssize_t)t->nbytes);
 	close(fd);
-	size_t rb = row_bytes(t->dtype, t->ne[0]);
+	size_t rb = kgen_row_bytes(t->dtype, t->ne[0]);
 	cr_assert_eq(rb * (size_t)(n / t->ne[0]), t->nbytes, "%s", t->name);
 	for (int64_t r = 0; r < n / t->ne[0]; r++)
 		o->dequantize_row(raw + (size_t)r * rb, out + r * t->ne[0], t->ne[0]);

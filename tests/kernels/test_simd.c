@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
+#include "tests/kernels/kgen.h"
 #include "model/dtype.h"
 
 #include <criterion/criterion.h>
@@ -31,39 +32,6 @@ TestSuite(kernels_simd, .timeout = 120);
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s)
-{
-	rng_state = s;
-}
-
-static uint64_t rng_u64(void)
-{
-	/* splitmix64 */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi)
-{
-	return lo + (hi - lo) * (float)((double)(rng_u64() >> 11) * 0x1p-53);
-}
-
-static void rng_bytes(void *p, size_t n)
-{
-	uint8_t *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		b[i] = (uint8_t)rng_u64();
-}
-
-static uint16_t h(float f)
-{
-	return wf_kernels_fp32_to_fp16(f);
-}
 
 /* The level's ops, or a skip when the CPU (or this build) lacks it. */
 static const struct wf_kernel_ops *level_ops(enum wf_kernel_level level)
@@ -93,57 +61,7 @@ static int64_t block_elems(enum wf_dtype t)
 	return wf_dtype_info(t)->block_size;
 }
 
-static size_t row_bytes(enum wf_dtype t, int64_t n)
-{
-	return (size_t)(n / block_elems(t)) * block_bytes(t);
-}
 
-/* A random weight row: random bits with F16 scales of the magnitude real models have (as
- * test_ref.c makes them); Q8_0 keeps -128 in its values, which a weight may hold. */
-static void random_weights(enum wf_dtype t, void *w, int64_t n)
-{
-	rng_bytes(w, row_bytes(t, n));
-	switch (t) {
-	case WF_DTYPE_F32:
-		for (int64_t i = 0; i < n; i++)
-			((float *)w)[i] = rng_uniform(-0.1f, 0.1f);
-		break;
-	case WF_DTYPE_F16:
-		for (int64_t i = 0; i < n; i++)
-			((uint16_t *)w)[i] = h(rng_uniform(-0.1f, 0.1f));
-		break;
-	case WF_DTYPE_BF16:
-		for (int64_t i = 0; i < n; i++)
-			((uint16_t *)w)[i] = wf_kernels_fp32_to_bf16(rng_uniform(-0.1f, 0.1f));
-		break;
-	case WF_DTYPE_Q8_0:
-		for (int64_t i = 0; i < n / 32; i++)
-			((struct wf_block_q8_0 *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-		break;
-	case WF_DTYPE_Q4_0:
-		for (int64_t i = 0; i < n / 32; i++)
-			((struct wf_block_q4_0 *)w)[i].d = h(rng_uniform(-0.02f, 0.02f));
-		break;
-	case WF_DTYPE_Q4_K:
-		for (int64_t i = 0; i < n / 256; i++) {
-			((struct wf_block_q4_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-			((struct wf_block_q4_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
-		}
-		break;
-	case WF_DTYPE_Q5_K:
-		for (int64_t i = 0; i < n / 256; i++) {
-			((struct wf_block_q5_K *)w)[i].d = h(rng_uniform(1e-4f, 1e-3f));
-			((struct wf_block_q5_K *)w)[i].dmin = h(rng_uniform(1e-4f, 1e-3f));
-		}
-		break;
-	case WF_DTYPE_Q6_K:
-		for (int64_t i = 0; i < n / 256; i++)
-			((struct wf_block_q6_K *)w)[i].d = h(rng_uniform(-1e-4f, 1e-4f));
-		break;
-	default:
-		cr_assert_fail("no generator for %d", t);
-	}
-}
 
 /* ---- gemm and vec_dot against the reference ------------------------------------------------ */
 
@@ -169,8 +87,8 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 	const struct wf_kernel_type_ops *so = wf_kernel_ops_type(simd, t);
 	const struct wf_kernel_type_ops *ro = wf_kernel_ops_type(ref_ops(), t);
 	const enum wf_dtype at = ro->vec_dot_type;
-	const size_t ws = row_bytes(t, n) + w_pad * block_bytes(t);
-	const size_t as = row_bytes(at, n) + act_pad * block_bytes(at);
+	const size_t ws = kgen_row_bytes(t, n) + w_pad * block_bytes(t);
+	const size_t as = kgen_row_bytes(at, n) + act_pad * block_bytes(at);
 	const size_t os = (size_t)n_rows + 3;
 	char *w = malloc(ws * (size_t)n_rows), *act = malloc(as * (size_t)n_act);
 	float *x = malloc((size_t)n * sizeof(float));
@@ -181,13 +99,13 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 	cr_assert(so && ro && so->gemm && so->vec_dot && ro->gemm);
 	cr_assert_eq(so->vec_dot_type, at);
 	cr_assert(w && act && x && out && want && wnorm);
-	rng_bytes(w, ws * (size_t)n_rows); /* the pads hold noise the kernels must not read */
-	rng_bytes(act, as * (size_t)n_act);
+	kgen_bytes(w, ws * (size_t)n_rows); /* the pads hold noise the kernels must not read */
+	kgen_bytes(act, as * (size_t)n_act);
 	for (int64_t i = 0; i < n_rows; i++)
-		random_weights(t, w + (size_t)i * ws, n);
+		kgen_weights(t, w + (size_t)i * ws, n);
 	for (int64_t j = 0; j < n_act; j++) {
 		for (int64_t k = 0; k < n; k++)
-			x[k] = rng_uniform(-1.0f, 1.0f);
+			x[k] = kgen_uniform(-1.0f, 1.0f);
 		ref_ops()->from_float[at](x, act + (size_t)j * as, n);
 	}
 	/* a NaN sentinel in every output slot: the gaps must keep it */
@@ -271,7 +189,7 @@ static void check_type(enum wf_kernel_level level, enum wf_dtype t)
 	struct worst worst = {0, 0};
 	int n_shapes = 0;
 
-	rng_seed(0x51d0 + (uint64_t)t * 131 + (uint64_t)level);
+	kgen_seed(0x51d0 + (uint64_t)t * 131 + (uint64_t)level);
 	const int n_sizes = is_float ? 12 : 5;
 	for (int s = 0; s < n_sizes; s++) {
 		const int64_t n = is_float ? float_n[s] : block_n[s] * block_elems(t);
@@ -319,8 +237,8 @@ static void check_extremes(enum wf_kernel_level level)
 	struct wf_block_q4_0 w4[16];
 
 	for (int b = 0; b < 2; b++) {
-		q4[b].d = q5[b].d = q6[b].d = h(1e-3f);
-		q4[b].dmin = q5[b].dmin = h(2e-3f);
+		q4[b].d = q5[b].d = q6[b].d = kgen_h(1e-3f);
+		q4[b].dmin = q5[b].dmin = kgen_h(2e-3f);
 		memset(q4[b].scales, 0xff, sizeof(q4[b].scales));
 		memset(q5[b].scales, 0xff, sizeof(q5[b].scales));
 		memset(q4[b].qs, 0xff, sizeof(q4[b].qs));
@@ -340,7 +258,7 @@ static void check_extremes(enum wf_kernel_level level)
 		}
 	}
 	for (int b = 0; b < 16; b++) {
-		w0[b].d = a0[b].d = w4[b].d = h(0.5f);
+		w0[b].d = a0[b].d = w4[b].d = kgen_h(0.5f);
 		memset(w0[b].qs, b % 2 ? 0x80 : 0x7f, 32); /* -128 and 127 */
 		memset(w4[b].qs, b % 2 ? 0x00 : 0xff, 16); /* -8 and 7 */
 		for (int e = 0; e < 32; e++)
@@ -382,8 +300,8 @@ static void check_k_lanes(enum wf_kernel_level level)
 	float out[NA], one;
 
 	for (int b = 0; b < NB; b++) {
-		q4[b].d = q5[b].d = h(1e-3f);
-		q4[b].dmin = q5[b].dmin = h(2e-3f);
+		q4[b].d = q5[b].d = kgen_h(1e-3f);
+		q4[b].dmin = q5[b].dmin = kgen_h(2e-3f);
 		memset(q4[b].scales, 0xff, sizeof(q4[b].scales)); /* scales and mins 63 */
 		memset(q5[b].scales, 0xff, sizeof(q5[b].scales));
 		memset(q4[b].qs, 0xff, sizeof(q4[b].qs)); /* values 15 (Q4_K), 31 (Q5_K) */
@@ -437,17 +355,17 @@ Test(kernels_simd, avx512_k_lanes) { check_k_lanes(WF_KERNEL_LEVEL_AVX512); }
 /* A finite float of any magnitude from 2^-40 to 2^40 (or zero), either sign. */
 static float rng_wide(void)
 {
-	const uint64_t r = rng_u64();
+	const uint64_t r = kgen_u64();
 
 	if ((r & 63) == 0)
 		return (r & 64) ? -0.0f : 0.0f;
-	return ldexpf(rng_uniform(-1.0f, 1.0f), (int)((r >> 8) % 81) - 40);
+	return ldexpf(kgen_uniform(-1.0f, 1.0f), (int)((r >> 8) % 81) - 40);
 }
 
 static void check_quantizer(const struct wf_kernel_ops *simd, enum wf_dtype at, const float *x,
                             int64_t n, const char *what)
 {
-	const size_t nb = row_bytes(at, n);
+	const size_t nb = kgen_row_bytes(at, n);
 	uint8_t *a = malloc(nb + 16), *b = malloc(nb + 16);
 
 	cr_assert(a && b);
@@ -468,22 +386,22 @@ static void check_quantizers(enum wf_kernel_level level)
 	enum { N = 4 * 256 };
 	float x[N];
 
-	rng_seed(0x9a77 + (uint64_t)level);
+	kgen_seed(0x9a77 + (uint64_t)level);
 	/* random rows at several scales, then rows of one scale with ties built in */
 	for (int trial = 0; trial < 200; trial++) {
-		const float scale = ldexpf(1.0f, (int)(rng_u64() % 60) - 30);
+		const float scale = ldexpf(1.0f, (int)(kgen_u64() % 60) - 30);
 
 		for (int i = 0; i < N; i++)
-			x[i] = rng_uniform(-1.0f, 1.0f) * scale;
+			x[i] = kgen_uniform(-1.0f, 1.0f) * scale;
 		if (trial % 4 == 1)
 			for (int i = 0; i < N; i++)
 				x[i] = rng_wide();
 		if (trial % 4 == 2) {
 			/* amax 127 gives Q8_0 d = 1 and Q8_K iscale = -1: k + 0.5 are exact ties */
 			for (int i = 0; i < N; i++)
-				x[i] = (float)((int)(rng_u64() % 254) - 127) + ((rng_u64() & 1) ? 0.5f : 0.0f);
+				x[i] = (float)((int)(kgen_u64() % 254) - 127) + ((kgen_u64() & 1) ? 0.5f : 0.0f);
 			for (int i = 0; i < N; i += 32)
-				x[i + (int)(rng_u64() % 32)] = (rng_u64() & 1) ? 127.0f : -127.0f;
+				x[i + (int)(kgen_u64() % 32)] = (kgen_u64() & 1) ? 127.0f : -127.0f;
 		}
 		if (trial % 4 == 3) {
 			/* a zero block, a block of one value, and equal magnitudes of both signs */
@@ -501,7 +419,7 @@ static void check_quantizers(enum wf_kernel_level level)
 	/* the float conversions on every kind of bit pattern (NaNs too), with tails of any length */
 	for (int trial = 0; trial < 64; trial++) {
 		for (int i = 0; i < N; i++) {
-			uint32_t u = (uint32_t)rng_u64();
+			uint32_t u = (uint32_t)kgen_u64();
 			memcpy(&x[i], &u, 4);
 		}
 		const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 65519.0f, 65520.0f,
