@@ -697,3 +697,42 @@ char *agt_worker_log(const struct agt_worker *w)
 	char *s = wft_read_file(w->log, NULL);
 	return s ? s : strdup("");
 }
+
+int agt_call_url(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
+		 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag)
+{
+	struct wf_ctl_client *c = NULL;
+	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, diag);
+	if (rc == 0)
+		rc = wf_ctl_client_call_timeout(c, req, timeout_ms, ret_reply, diag);
+	wf_ctl_client_close(c);
+	return rc;
+}
+
+Weightfloor__V1__Reply *agt_worker_status(const char *url, int timeout_ms, int *ret_rc)
+{
+	Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
+	req.worker_status = &ws;
+	Weightfloor__V1__Reply *r = NULL;
+	*ret_rc = agt_call_url(url, &req, timeout_ms, &r, NULL);
+	return r;
+}
+
+void agt_wait_worker_ready(struct agt_worker *w)
+{
+	int64_t end = agt_now_ms() + 20000;
+	while (agt_now_ms() < end) {
+		int rc, st;
+		Weightfloor__V1__Reply *r = agt_worker_status(w->url, 2000, &rc);
+		bool ok = rc == 0 && r->code == AGT_ST(OK);
+		wf_ctl_reply_free(r);
+		if (ok)
+			return;
+		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
+			break;
+		agt_sleep_ms(50);
+	}
+	cr_assert_fail("wf-worker did not answer; its log:\n%s", agt_worker_log(w));
+}

@@ -80,6 +80,15 @@ void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const
 		      const char *device, const char *const *extra);
 /* The worker's log (malloc'ed, "" if none). */
 char *agt_worker_log(const struct agt_worker *w);
+/* One request to url (a worker's endpoint, or any server) with a client of its own. Returns the
+ * call's rc; on 0 *ret_reply is the caller's (wf_ctl_reply_free). */
+int agt_call_url(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
+		 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag);
+/* WorkerStatus to url (timeout_ms); *ret_rc is the call's rc, the reply (or NULL) the caller's. */
+Weightfloor__V1__Reply *agt_worker_status(const char *url, int timeout_ms, int *ret_rc);
+/* Waits until the worker answers WorkerStatus OK; asserts, with its log, within 20 s or when it
+ * exits first. */
+void agt_wait_worker_ready(struct agt_worker *w);
 
 /* One request to the running agent; asserts that a reply came. */
 Weightfloor__V1__Reply *agt_call(struct agt *a, Weightfloor__V1__Request *req, int timeout_ms);

@@ -16,38 +16,6 @@
 
 TestSuite(generate_integ, .fini = agt_fini, .timeout = 180);
 
-static int call(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
-		Weightfloor__V1__Reply **ret_reply, struct wf_diag *d)
-{
-	struct wf_ctl_client *c = NULL;
-	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, d);
-	if (rc == 0)
-		rc = wf_ctl_client_call_timeout(c, req, timeout_ms, ret_reply, d);
-	wf_ctl_client_close(c);
-	return rc;
-}
-
-static void wait_ready(struct agt_worker *w)
-{
-	int64_t end = agt_now_ms() + 20000;
-	while (agt_now_ms() < end) {
-		Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
-		Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
-		req.worker_status = &ws;
-		Weightfloor__V1__Reply *r = NULL;
-		int st, rc = call(w->url, &req, 2000, &r, NULL);
-		bool ok = rc == 0 && r->code == AGT_ST(OK);
-		wf_ctl_reply_free(r);
-		if (ok)
-			return;
-		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
-			break;
-		agt_sleep_ms(50);
-	}
-	cr_assert_fail("wf-worker did not answer; its log:\n%s", agt_worker_log(w));
-}
-
 struct ref {
 	char *gguf;
 	char prompt[1024]; /* "1,17,..." */
@@ -86,7 +54,7 @@ static struct agt *start(struct ref *ref, struct agt_worker *w, const char *cons
 	char *marg = agt_printf("tiny=%s", ref->gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	agt_spawn_worker(a, w, "w1", NULL, NULL, worker_args);
-	wait_ready(w);
+	agt_wait_worker_ready(w);
 	free(marg);
 	return a;
 }
@@ -209,7 +177,7 @@ static Weightfloor__V1__Reply *read_gen(const char *url, uint64_t id, uint32_t a
 	req.generate_read = &rd;
 	Weightfloor__V1__Reply *r = NULL;
 	struct wf_diag d = {{0}};
-	int rc = call(url, &req, 5000, &r, &d);
+	int rc = agt_call_url(url, &req, 5000, &r, &d);
 	cr_assert_eq(rc, 0, "read: %s", wf_diag_str(&d, rc));
 	return r;
 }
@@ -225,7 +193,7 @@ Test(generate_integ, client_gone_cancels)
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	struct agt_worker w;
 	agt_spawn_worker(a, &w, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
-	wait_ready(&w);
+	agt_wait_worker_ready(&w);
 
 	Weightfloor__V1__Generate g = WEIGHTFLOOR__V1__GENERATE__INIT;
 	g.model = "m";
@@ -238,7 +206,7 @@ Test(generate_integ, client_gone_cancels)
 	req.generate = &g;
 	Weightfloor__V1__Reply *r = NULL;
 	struct wf_diag d = {{0}};
-	int rc = call(w.url, &req, 60000, &r, &d);
+	int rc = agt_call_url(w.url, &req, 60000, &r, &d);
 	cr_assert_eq(rc, 0, "generate: %s", wf_diag_str(&d, rc));
 	cr_assert_eq(r->code, AGT_ST(OK), "%s\n%s", r->message, agt_worker_log(&w));
 	uint64_t id = r->generate->generation_id;

@@ -35,11 +35,6 @@ static void wkr_spawn(struct agt_worker *w, struct agt *a, const char *id, const
 	agt_spawn_worker(a, w, id, agent_url, NULL, extra);
 }
 
-static char *wkr_log(const struct agt_worker *w)
-{
-	return agt_worker_log(w);
-}
-
 /* Waits for the worker to exit; its status (0..255, 128+signal), or -1 at the time-out. */
 static int wkr_wait_exit(struct agt_worker *w, int timeout_ms)
 {
@@ -58,45 +53,10 @@ static int wkr_wait_exit(struct agt_worker *w, int timeout_ms)
 static int call(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
                 Weightfloor__V1__Reply **ret_reply, int64_t *ret_ms, struct wf_diag *d)
 {
-	struct wf_ctl_client *c = NULL;
 	int64_t t0 = now_ms();
-	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, d);
-	if (rc == 0)
-		rc = wf_ctl_client_call_timeout(c, req, timeout_ms, ret_reply, d);
-	wf_ctl_client_close(c);
+	int rc = agt_call_url(url, req, timeout_ms, ret_reply, d);
 	*ret_ms = now_ms() - t0;
 	return rc;
-}
-
-static Weightfloor__V1__Reply *worker_status(const char *url, int timeout_ms, int *ret_rc)
-{
-	Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
-	req.worker_status = &ws;
-	Weightfloor__V1__Reply *r = NULL;
-	int64_t ms;
-	*ret_rc = call(url, &req, timeout_ms, &r, &ms, NULL);
-	return r;
-}
-
-/* Waits until the worker answers WorkerStatus (asserting, with its log, within 20 s). */
-static void wkr_wait_ready(struct agt_worker *w)
-{
-	int64_t end = now_ms() + 20000;
-	while (now_ms() < end) {
-		int rc;
-		Weightfloor__V1__Reply *r = worker_status(w->url, 2000, &rc);
-		bool ok = rc == 0 && r->code == WEIGHTFLOOR__V1__STATUS__STATUS_OK;
-		wf_ctl_reply_free(r);
-		if (ok)
-			return;
-		int st;
-		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
-			break;
-		agt_sleep_ms(50);
-	}
-	cr_assert_fail("wf-worker did not answer; its log:\n%s", wkr_log(w));
 }
 
 /* The model's residency on the worker (UNSPECIFIED when it does not list it). */
@@ -104,7 +64,7 @@ static Weightfloor__V1__Residency residency(const char *url, const char *model)
 {
 	int rc;
 	Weightfloor__V1__Residency res = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
-	Weightfloor__V1__Reply *r = worker_status(url, 5000, &rc);
+	Weightfloor__V1__Reply *r = agt_worker_status(url, 5000, &rc);
 	cr_assert_eq(rc, 0);
 	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO);
 	for (size_t i = 0; i < r->worker_info->n_models; i++)
@@ -179,7 +139,7 @@ Test(worker_daemon, no_agent_no_wait)
 	snprintf(decl, sizeof decl, "A=%s", pa);
 	struct agt_worker w;
 	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, NULL});
-	wkr_wait_ready(&w);
+	agt_wait_worker_ready(&w);
 
 	struct cmd_call k = run_cmd(w.url, CMD_PREFETCH, "A", 8000);
 	cr_assert_eq(k.rc, 0, "Prefetch A: no reply (%s) after %lld ms", k.msg, (long long)k.ms);
@@ -216,10 +176,10 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	struct agt_worker w;
 	wkr_spawn(&w, a, "w0", NULL,
 	          (const char *const[]){"--model", decl, "--prefetch", "A", NULL});
-	wkr_wait_ready(&w);
+	agt_wait_worker_ready(&w);
 	int64_t end = now_ms() + 30000;
 	while (residency(w.url, "A") != WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE) {
-		cr_assert_lt(now_ms(), end, "A not loaded at start; log:\n%s", wkr_log(&w));
+		cr_assert_lt(now_ms(), end, "A not loaded at start; log:\n%s", agt_worker_log(&w));
 		agt_sleep_ms(50);
 	}
 
@@ -231,7 +191,7 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	struct cmd_call kb = run_cmd(w.url, CMD_PREFETCH, "B", 6000);
 	int rc;
 	int64_t t0 = now_ms();
-	Weightfloor__V1__Reply *r = worker_status(w.url, 1000, &rc);
+	Weightfloor__V1__Reply *r = agt_worker_status(w.url, 1000, &rc);
 	cr_expect_eq(rc, 0, "WorkerStatus while the agent hangs");
 	cr_expect_lt(now_ms() - t0, 1000);
 	wf_ctl_reply_free(r);
@@ -290,7 +250,7 @@ static void wait_listed(struct agt *a, const char *id, const struct agt_worker *
 	int64_t end = now_ms() + 20000;
 	while (!listed(a, id, w->pid)) {
 		cr_assert_lt(now_ms(), end, "worker %s (pid %d) not registered; its log:\n%s", id,
-		             (int)w->pid, wkr_log(w));
+		             (int)w->pid, agt_worker_log(w));
 		agt_sleep_ms(50);
 	}
 }
@@ -310,7 +270,7 @@ Test(worker_daemon, duplicate_id_exits)
 	snprintf(ep, sizeof ep, "ipc://%s/dup-2.sock", a->run);
 	wkr_spawn(&w2, a, "dup", NULL, (const char *const[]){"--endpoint", ep, NULL});
 	int st = wkr_wait_exit(&w2, 20000);
-	char *log = wkr_log(&w2);
+	char *log = agt_worker_log(&w2);
 	cr_expect(st > 0 && st < 128, "the duplicate exits non-zero (status %d); its log:\n%s", st,
 	          log);
 	cr_expect(strstr(log, "already registered") != NULL, "says why:\n%s", log);
@@ -375,7 +335,7 @@ Test(worker_daemon, a_reload_after_release_uses_the_floor_again)
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	struct agt_worker w;
 	wkr_spawn(&w, a, "w1", NULL, NULL);
-	wkr_wait_ready(&w);
+	agt_wait_worker_ready(&w);
 
 	struct cmd_call k = run_cmd(w.url, CMD_PIN, "m", 20000);
 	cr_assert(k.rc == 0 && k.code == WEIGHTFLOOR__V1__STATUS__STATUS_OK, "pin: %s", k.msg);

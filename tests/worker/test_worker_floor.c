@@ -15,50 +15,11 @@
 
 TestSuite(worker_floor, .fini = agt_fini, .timeout = 120);
 
-static int call(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
-		Weightfloor__V1__Reply **ret_reply, struct wf_diag *d)
-{
-	struct wf_ctl_client *c = NULL;
-	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, d);
-	if (rc == 0)
-		rc = wf_ctl_client_call_timeout(c, req, timeout_ms, ret_reply, d);
-	wf_ctl_client_close(c);
-	return rc;
-}
-
-static Weightfloor__V1__Reply *worker_status(const char *url, int *ret_rc)
-{
-	Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
-	req.worker_status = &ws;
-	Weightfloor__V1__Reply *r = NULL;
-	*ret_rc = call(url, &req, 2000, &r, NULL);
-	return r;
-}
-
-static void wait_ready(struct agt_worker *w)
-{
-	int64_t end = agt_now_ms() + 20000;
-	while (agt_now_ms() < end) {
-		int rc, st;
-		Weightfloor__V1__Reply *r = worker_status(w->url, &rc);
-		bool ok = rc == 0 && r->code == AGT_ST(OK);
-		wf_ctl_reply_free(r);
-		if (ok)
-			return;
-		if (waitpid(w->pid, &st, WNOHANG) == w->pid)
-			break;
-		agt_sleep_ms(50);
-	}
-	cr_assert_fail("wf-worker did not answer; its log:\n%s", agt_worker_log(w));
-}
-
 static Weightfloor__V1__Residency residency(const char *url, const char *model)
 {
 	int rc;
 	Weightfloor__V1__Residency res = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
-	Weightfloor__V1__Reply *r = worker_status(url, &rc);
+	Weightfloor__V1__Reply *r = agt_worker_status(url, 2000, &rc);
 	cr_assert_eq(rc, 0);
 	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO);
 	for (size_t i = 0; i < r->worker_info->n_models; i++)
@@ -83,7 +44,7 @@ Test(worker_floor, loads_from_the_floor_without_the_files)
 
 	struct agt_worker w;
 	agt_spawn_worker(a, &w, "w1", NULL, NULL, NULL);
-	wait_ready(&w);
+	agt_wait_worker_ready(&w);
 
 	Weightfloor__V1__Pin pin = WEIGHTFLOOR__V1__PIN__INIT;
 	pin.model = "m";
@@ -92,7 +53,7 @@ Test(worker_floor, loads_from_the_floor_without_the_files)
 	req.pin = &pin;
 	Weightfloor__V1__Reply *r = NULL;
 	struct wf_diag d = {{0}};
-	int rc = call(w.url, &req, 20000, &r, &d);
+	int rc = agt_call_url(w.url, &req, 20000, &r, &d);
 	cr_assert_eq(rc, 0, "pin: %s", wf_diag_str(&d, rc));
 	cr_assert_eq(r->code, AGT_ST(OK), "pin: %s\nworker log:\n%s", r->message,
 		     agt_worker_log(&w));
