@@ -42,13 +42,13 @@ static void model_close(struct model *md)
 	wf_model_close(md->m);
 }
 
-/* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows. */
-static float *run_cached(struct model *md, struct wf_device *dev,
-                         const struct wf_postfetch_settings *s, uint32_t cache_mb,
-                         struct wf_engine_stats *ret_stats)
+/* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows, with the
+ * engine cfg describes (n_ctx 64 and 2 threads filled in). */
+static float *run_with(struct model *md, struct wf_engine_config cfg,
+                       struct wf_engine_stats *ret_stats)
 {
-	struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev, .postfetch = s,
-	                               .expert_cache_mb = cache_mb};
+	cfg.n_ctx = 64;
+	cfg.n_threads = 2;
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
 	int rc = wf_engine_create(md->m, md->v.tensor_data, &cfg, &e, &d);
@@ -82,10 +82,42 @@ static float *run_cached(struct model *md, struct wf_device *dev,
 	return out;
 }
 
+static float *run_cached(struct model *md, struct wf_device *dev,
+                         const struct wf_postfetch_settings *s, uint32_t cache_mb,
+                         struct wf_engine_stats *ret_stats)
+{
+	struct wf_engine_config cfg = {.device = dev, .postfetch = s, .expert_cache_mb = cache_mb};
+	return run_with(md, cfg, ret_stats);
+}
+
 static float *run(struct model *md, struct wf_device *dev, const struct wf_postfetch_settings *s,
                   struct wf_engine_stats *ret_stats)
 {
 	return run_cached(md, dev, s, 0, ret_stats);
+}
+
+/* The model, the CPU engine's logits to compare with, and a host device at bw. */
+struct fixture {
+	struct model md;
+	float *want;
+	struct wf_device *dev;
+};
+
+static void fixture_open(struct fixture *f, const char *device_spec)
+{
+	model_open(&f->md);
+	struct wf_engine_stats st;
+	f->want = run(&f->md, NULL, NULL, &st);
+	cr_expect_eq(st.fetch_experts, 0);
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_device_open(device_spec, &f->dev, &d), 0, "%s", d.msg);
+}
+
+static void fixture_close(struct fixture *f)
+{
+	wf_device_close(f->dev);
+	free(f->want);
+	model_close(&f->md);
 }
 
 static size_t rows_bytes(struct model *md)
@@ -95,14 +127,9 @@ static size_t rows_bytes(struct model *md)
 
 Test(postfetch, every_setting_gives_the_cpu_engines_logits)
 {
-	struct model md;
-	model_open(&md);
+	struct fixture fx;
+	fixture_open(&fx, "host:bw=1G");
 	struct wf_engine_stats st;
-	float *want = run(&md, NULL, NULL, &st);
-	cr_expect_eq(st.fetch_experts, 0);
-	struct wf_device *dev = NULL;
-	struct wf_diag d = {{0}};
-	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
 
 	struct {
 		const char *what;
@@ -117,8 +144,8 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits)
 	    {"off", {.enable = false}},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		float *got = run(&md, dev, &cases[i].s, &st);
-		cr_expect(memcmp(want, got, rows_bytes(&md)) == 0, "%s: logits differ",
+		float *got = run(&fx.md, fx.dev, &cases[i].s, &st);
+		cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0, "%s: logits differ",
 		          cases[i].what);
 		cr_log_info("%s: %llu copied, %llu used, %llu on the cpu, overlap %.2f",
 		            cases[i].what, (unsigned long long)st.fetch_experts,
@@ -140,34 +167,26 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits)
 			cr_expect_eq(st.fetch_used, st.fetch_experts, "%s", cases[i].what);
 		}
 		if (cases[i].s.max_transfers == 1)
-			cr_expect_leq(st.fetch_experts, 24u * md.m->hp.n_layer,
+			cr_expect_leq(st.fetch_experts, 24u * fx.md.m->hp.n_layer,
 			              "at most one copy per layer and step");
 		free(got);
 	}
-	wf_device_close(dev);
-	free(want);
-	model_close(&md);
+	fixture_close(&fx);
 }
 
 /* Copies far slower than the compute: the non-blocking policy computes on the CPU instead, and
  * the result is still the same. */
 Test(postfetch, slow_copies_fall_back_to_the_cpu)
 {
-	struct model md;
-	model_open(&md);
+	struct fixture fx;
+	fixture_open(&fx, "host:bw=4M");
 	struct wf_engine_stats st;
-	float *want = run(&md, NULL, NULL, &st);
-	struct wf_device *dev = NULL;
-	struct wf_diag d = {{0}};
-	cr_assert_eq(wf_device_open("host:bw=4M", &dev, &d), 0, "%s", d.msg);
 	struct wf_postfetch_settings s = {.enable = true};
-	float *got = run(&md, dev, &s, &st);
-	cr_expect(memcmp(want, got, rows_bytes(&md)) == 0);
+	float *got = run(&fx.md, fx.dev, &s, &st);
+	cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0);
 	cr_expect_gt(st.fetch_fallbacks, 0, "no expert fell back with copies at 4 MB/s");
-	wf_device_close(dev);
-	free(want);
 	free(got);
-	model_close(&md);
+	fixture_close(&fx);
 }
 
 /* The expert cache: every size, from one slot to every expert of the model, gives the same
@@ -175,20 +194,16 @@ Test(postfetch, slow_copies_fall_back_to_the_cpu)
  * what it never saw. (The tiny model: 3 layers x 16 experts, down projections of 42 KiB.) */
 Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
 {
-	struct model md;
-	model_open(&md);
+	struct fixture fx;
+	fixture_open(&fx, "host:bw=1G");
 	struct wf_engine_stats st;
-	float *want = run(&md, NULL, NULL, &st);
-	struct wf_device *dev = NULL;
-	struct wf_diag d = {{0}};
-	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
 	const uint32_t sizes[] = {1, 2, 64};
 	const struct wf_postfetch_settings policies[] = {{.enable = true, .block_on_miss = true},
 	                                                 {.enable = true}};
 	for (size_t p = 0; p < 2; p++)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-			float *got = run_cached(&md, dev, &policies[p], sizes[i], &st);
-			cr_expect(memcmp(want, got, rows_bytes(&md)) == 0,
+			float *got = run_cached(&fx.md, fx.dev, &policies[p], sizes[i], &st);
+			cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0,
 			          "cache %u MiB, %s: logits differ", sizes[i],
 			          policies[p].block_on_miss ? "blocking" : "non-blocking");
 			cr_expect_leq(st.fetch_experts, st.fetch_misses, "a copy for every miss at most");
@@ -207,65 +222,44 @@ Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
 		}
 	/* A cache without post-fetch is refused: its misses would have no way in. */
 	struct wf_postfetch_settings off = {.enable = false};
-	struct wf_engine_config cfg = {.n_ctx = 64, .device = dev, .postfetch = &off,
+	struct wf_engine_config cfg = {.n_ctx = 64, .device = fx.dev, .postfetch = &off,
 	                               .expert_cache_mb = 8};
 	struct wf_engine *e = NULL;
-	cr_expect_eq(wf_engine_create(md.m, md.v.tensor_data, &cfg, &e, &d), WF_EINVAL);
+	struct wf_diag d = {{0}};
+	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &cfg, &e, &d), WF_EINVAL);
 	cr_expect_null(e);
-	wf_device_close(dev);
-	free(want);
-	model_close(&md);
+	fixture_close(&fx);
 }
 
 /* Placement (--n-cpu-moe N): the experts of layers N and up resident on the device, the first N
  * host-side (post-fetched or on the CPU): every split gives the same logits. */
 Test(postfetch, every_placement_gives_the_cpu_engines_logits)
 {
-	struct model md;
-	model_open(&md);
+	struct fixture fx;
+	fixture_open(&fx, "host:bw=1G");
 	struct wf_engine_stats st;
-	float *want = run(&md, NULL, NULL, &st);
-	struct wf_device *dev = NULL;
-	struct wf_diag d = {{0}};
-	cr_assert_eq(wf_device_open("host:bw=1G", &dev, &d), 0, "%s", d.msg);
-	const uint32_t n_layer = md.m->hp.n_layer;
+	const uint32_t n_layer = fx.md.m->hp.n_layer;
 	for (int pf = 0; pf < 2; pf++)
 		for (uint32_t n_cpu = 0; n_cpu <= n_layer; n_cpu++) {
 			struct wf_postfetch_settings s = {.enable = pf == 1, .block_on_miss = true};
-			struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2, .device = dev,
-			                               .postfetch = &s, .experts_on_device = true,
-			                               .n_cpu_moe = n_cpu};
-			struct wf_engine *e = NULL;
-			cr_assert_eq(wf_engine_create(md.m, md.v.tensor_data, &cfg, &e, &d), 0, "%s",
-			             d.msg);
-			struct wf_engine_info info;
-			wf_engine_get_info(e, &info);
-			const size_t V = info.n_vocab;
-			float *got = malloc(16 * V * sizeof(float));
-			uint32_t pos[16], seq[16] = {0};
-			bool wantl[16];
-			for (uint32_t i = 0; i < 16; i++)
-				pos[i] = i, wantl[i] = true;
-			struct wf_engine_batch b = {16, prompt, pos, seq, wantl};
-			cr_assert_eq(wf_engine_decode(e, &b, got, &d), 0, "%s", d.msg);
-			cr_expect(memcmp(want, got, 16 * V * sizeof(float)) == 0,
+			struct wf_engine_config cfg = {.device = fx.dev, .postfetch = &s,
+			                               .experts_on_device = true, .n_cpu_moe = n_cpu};
+			float *got = run_with(&fx.md, cfg, &st);
+			cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0,
 			          "n_cpu_moe %u, post-fetch %d: logits differ", n_cpu, pf);
-			wf_engine_get_stats(e, &st);
 			cr_expect_eq(st.resident_bytes > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
 			cr_expect_eq(st.resident_lookups > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
 			cr_expect_eq(st.fetch_experts > 0, pf == 1 && n_cpu > 0,
 			             "n_cpu_moe %u, post-fetch %d: %llu copies", n_cpu, pf,
 			             (unsigned long long)st.fetch_experts);
 			free(got);
-			wf_engine_destroy(e);
 		}
 	/* Resident experts need a device. */
 	struct wf_engine_config bad = {.n_ctx = 64, .experts_on_device = true};
 	struct wf_engine *e = NULL;
-	cr_expect_eq(wf_engine_create(md.m, md.v.tensor_data, &bad, &e, &d), WF_EINVAL);
-	wf_device_close(dev);
-	free(want);
-	model_close(&md);
+	struct wf_diag d = {{0}};
+	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &bad, &e, &d), WF_EINVAL);
+	fixture_close(&fx);
 }
 
 Test(postfetch, settings_by_name_and_from_the_environment)
