@@ -85,9 +85,11 @@ static inline uint8_t *wf__kv_v(const struct wf__kv *kv, uint32_t layer, uint32_
 
 /* ggml_rms_norm then ggml_mul by w (w may be NULL: norm only). y may alias x. */
 void wf__rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps);
-/* ggml_rope_ext for one head at pos: n_dims rotated, the rest of head_dim untouched. */
-void wf__rope(float *x, uint32_t head_dim, uint32_t n_dims, uint32_t pos, float base,
-              enum wf__rope_kind kind);
+/* ggml's rope cache for one position (ggml_rope_cache_init): cos and sin of each pair's angle,
+ * interleaved, n_dims floats; the angle advances by repeated float multiplication as ggml's. */
+void wf__rope_angles(uint32_t pos, uint32_t n_dims, float base, float *cs);
+/* ggml_rope_ext for one head with those angles: n_dims rotated, the rest of the head untouched. */
+void wf__rope(float *x, uint32_t n_dims, const float *cs, enum wf__rope_kind kind);
 /* ggml_soft_max over n values, in place. */
 void wf__softmax(float *x, uint32_t n);
 /* The MoE router: softmax over n_expert logits, top k (descending, ties to the lower id),

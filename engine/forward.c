@@ -24,7 +24,6 @@
 struct mm_phase;
 
 struct wf_engine {
-	const struct wf_model *model;
 	const struct wf_kernel_ops *ops;
 	struct wf__weights w;
 	struct wf__kv kv;
@@ -34,6 +33,7 @@ struct wf_engine {
 
 	/* Scratch for UBATCH_MAX tokens (slots: tokens x experts used). */
 	float *x, *xn, *q, *k, *v, *attn, *tmp;
+	float *rope_cs;                          /* [token][rope_dim]: cos, sin per pair */
 	float *router, *probs, *sel_w;
 	int32_t *sel;
 	float *gate, *up, *hbuf, *down;          /* [slots][n_ff] / [slots][n_embd] */
@@ -92,7 +92,6 @@ struct mm_phase {
 	struct mm_job jobs[MM_MAX_JOBS];
 	uint32_t n_jobs;
 	uint32_t chunk_rows;
-	uint32_t chunks_per_job[MM_MAX_JOBS];
 	uint32_t first_chunk[MM_MAX_JOBS + 1];
 };
 
@@ -287,15 +286,16 @@ static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t i
 
 	for (uint32_t t = 0; t < n; t++) {
 		float *q = e->q + (size_t)t * e->q_dim, *k = e->k + (size_t)t * e->kv_dim;
+		const float *cs = e->rope_cs + (size_t)t * w->rope_dim;
 		for (uint32_t h = 0; h < w->n_head; h++) {
 			if (w->qk_norm)
 				wf__rms_norm(q + h * D, L->q_norm.data, q + h * D, D, w->rms_eps);
-			wf__rope(q + h * D, D, w->rope_dim, pos[t], w->rope_base, w->rope);
+			wf__rope(q + h * D, w->rope_dim, cs, w->rope);
 		}
 		for (uint32_t h = 0; h < w->n_head_kv; h++) {
 			if (w->qk_norm)
 				wf__rms_norm(k + h * D, L->k_norm.data, k + h * D, D, w->rms_eps);
-			wf__rope(k + h * D, D, w->rope_dim, pos[t], w->rope_base, w->rope);
+			wf__rope(k + h * D, w->rope_dim, cs, w->rope);
 		}
 		store_kv(e, il, seq[t], pos[t], k, e->v + (size_t)t * e->kv_dim);
 	}
@@ -471,6 +471,9 @@ static void forward_slice(struct wf_engine *e, struct mm_phase *ph, const int32_
 	const struct wf__weights *w = &e->w;
 	const uint32_t E = w->n_embd;
 	e->stats.weight_bytes += e->dense_step_bytes + (uint64_t)n * w->tok_embd.row_size;
+	/* RoPE angles depend on the position only: once per token, for every head and layer. */
+	for (uint32_t t = 0; t < n; t++)
+		wf__rope_angles(pos[t], w->rope_dim, w->rope_base, e->rope_cs + (size_t)t * w->rope_dim);
 	for (uint32_t t = 0; t < n; t++)
 		w->tok_embd.ops->dequantize_row((const uint8_t *)w->tok_embd.data +
 		                                    (size_t)tokens[t] * w->tok_embd.row_size,
@@ -502,10 +505,6 @@ static void forward_slice(struct wf_engine *e, struct mm_phase *ph, const int32_
 	}
 	if (n_out == 0)
 		return;
-	if (rows != n_out) { /* a zero-layer model cannot exist; kept for clarity of the invariant */
-		for (uint32_t i = 0; i < n_out; i++)
-			memmove(e->x + (size_t)i * E, e->x + (size_t)e->out_rows[i] * E, E * sizeof(float));
-	}
 	for (uint32_t t = 0; t < n_out; t++)
 		wf__rms_norm(e->x + (size_t)t * E, w->output_norm.data, e->xn + (size_t)t * E, E,
 		             w->rms_eps);
@@ -577,6 +576,7 @@ static int alloc_scratch(struct wf_engine *e)
 	    {(void **)&e->k, U * e->kv_dim * sizeof(float)},
 	    {(void **)&e->v, U * e->kv_dim * sizeof(float)},
 	    {(void **)&e->router, U * X * sizeof(float)},
+	    {(void **)&e->rope_cs, U * w->rope_dim * sizeof(float)},
 	    {(void **)&e->probs, X * sizeof(float)},
 	    {(void **)&e->sel, S * sizeof(int32_t)},
 	    {(void **)&e->sel_w, S * sizeof(float)},
@@ -672,7 +672,6 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 	struct wf_engine *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
-	e->model = model;
 	e->ops = wf_kernels_cpu_ops();
 	int rc;
 	if (!e->ops) {

@@ -26,15 +26,21 @@ void wf__rms_norm(const float *x, const float *w, float *y, uint32_t n, float ep
 	}
 }
 
-void wf__rope(float *x, uint32_t head_dim, uint32_t n_dims, uint32_t pos, float base,
-              enum wf__rope_kind kind)
+void wf__rope_angles(uint32_t pos, uint32_t n_dims, float base, float *cs)
 {
-	(void)head_dim; /* dimensions past n_dims pass through unchanged */
 	const float theta_scale = powf(base, -2.0f / (float)n_dims);
 	float theta = (float)pos;
 	for (uint32_t i0 = 0; i0 < n_dims; i0 += 2) {
-		const float c = cosf(theta), s = sinf(theta);
+		cs[i0] = cosf(theta);
+		cs[i0 + 1] = sinf(theta);
 		theta *= theta_scale;
+	}
+}
+
+void wf__rope(float *x, uint32_t n_dims, const float *cs, enum wf__rope_kind kind)
+{
+	for (uint32_t i0 = 0; i0 < n_dims; i0 += 2) {
+		const float c = cs[i0], s = cs[i0 + 1];
 		uint32_t a, b;
 		if (kind == WF__ROPE_NEOX) {
 			a = i0 / 2;
