@@ -30,6 +30,7 @@
 
 #include "base/error.h"
 #include "cuda/checksum.cuh"
+#include "cuda/engine_ctx.h"
 #include "device/checksum.h"
 
 #include <cuda_runtime_api.h>
@@ -67,7 +68,7 @@ static int translate(cudaError_t e)
 
 /* Translates a failed call, clears the runtime's last-error slot (so a later unrelated launch
  * check does not report it again; sticky errors stay sticky regardless) and explains. */
-static int fail(cudaError_t e, struct wf_diag *diag, const char *what)
+int wf__cuda_fail(cudaError_t e, struct wf_diag *diag, const char *what)
 {
 	(void)cudaGetLastError();
 	return wf_diag_set(diag, translate(e), "%s: %s (%s)", what, cudaGetErrorName(e),
@@ -77,6 +78,11 @@ static int fail(cudaError_t e, struct wf_diag *diag, const char *what)
 /* The first call on a machine without a usable GPU: say so in plain words. The static runtime
  * loads libcuda.so.1 itself and reports a missing library as cudaErrorInsufficientDriver, the
  * same code as a driver too old for it; cudaDriverGetVersion tells the two apart (0: none). */
+static int fail(cudaError_t e, struct wf_diag *diag, const char *what)
+{
+	return wf__cuda_fail(e, diag, what);
+}
+
 static int no_device(cudaError_t e, struct wf_diag *diag)
 {
 	int drv = 0;
