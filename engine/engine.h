@@ -73,6 +73,10 @@ struct wf_engine_info {
 	                                    used experts' share); the bandwidth bound's numerator */
 	uint64_t kv_bytes;               /* the KV cache, all sequences */
 	uint64_t scratch_bytes;          /* activations and quantized copies at the largest batch */
+	uint64_t device_bytes;           /* device memory the engine holds for its life (dense
+	                                    weights, KV cache, activations, expert slots and
+	                                    workspaces on the device); 0 without a device. A
+	                                    worker charges it to its device budget. */
 };
 
 struct wf_engine;

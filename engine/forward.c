@@ -771,6 +771,11 @@ void wf_engine_get_info(const struct wf_engine *e, struct wf_engine_info *ret)
 	ret->weight_bytes_per_token = w->bytes_per_token;
 	ret->kv_bytes = 2ull * e->kv.n_layer * e->kv.n_seq * e->kv.n_ctx * e->kv.row * e->kv.elem;
 	ret->scratch_bytes = e->scratch_size;
+	if (e->fetch) {
+		struct wf__fetch_stats f;
+		wf__fetch_get_stats(e->fetch, &f);
+		ret->device_bytes = f.scratchpad_bytes + f.resident_bytes;
+	}
 }
 
 static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *b,
