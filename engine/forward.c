@@ -7,6 +7,7 @@
  * weight row is read from memory once per step however many tokens the batch holds. The experts
  * of a layer run grouped by expert: the rows of all tokens routed to one expert are gathered, so a
  * batched decode step reads each selected expert once. */
+#include "engine/cpumm.h"
 #include "engine/engine_internal.h"
 
 #include "base/error.h"
@@ -21,13 +22,10 @@
 #define UBATCH_MAX 512u /* tokens computed together; larger batches run in slices */
 #define CTX_DEFAULT_CAP 4096u
 
-struct mm_phase;
-
 struct wf_engine {
-	const struct wf_kernel_ops *ops;
+	struct wf__cpu cpu; /* kernels, pool and thread count */
 	struct wf__weights w;
 	struct wf__kv kv;
-	struct wf_pool *pool;
 	uint32_t n_ctx, n_seq_max, n_threads;
 	uint32_t q_dim, kv_dim, max_dim; /* n_head*head_dim, n_head_kv*head_dim, widest row */
 
@@ -46,7 +44,7 @@ struct wf_engine {
 	size_t att_scratch_floats;
 	uint32_t *out_rows;                      /* tokens whose logits are wanted, per slice */
 
-	struct mm_phase *ph;
+	struct wf__mm_phase *ph;
 	void *scratch; /* the mapping all the buffers above live in */
 	size_t scratch_size;
 
@@ -66,156 +64,11 @@ struct wf_engine {
 	                              experts and the embedding row) */
 };
 
-/* ---- matrix products over the pool ---------------------------------------------------------- */
-
-static size_t act_row_bytes(enum wf_dtype act, int64_t n)
-{
-	const struct wf_dtype_info *info = wf_dtype_info(act);
-	return (size_t)(n / info->block_size) * info->type_size;
-}
-
-/* One product: out[j][i] = W[i] . act[j] for rows [0, w->ne[1]) of one matrix (an expert's when
- * the weight is a stack). */
-struct mm_job {
-	const struct wf__wt *w;
-	const uint8_t *wbase;
-	const uint8_t *act;
-	size_t act_stride;
-	uint32_t n_act;
-	float *out;
-	size_t out_stride;
-};
-
-#define MM_MAX_JOBS (2u * WF__MAX_EXPERTS + 8u) /* gate and up of every expert */
-
-struct mm_phase {
-	struct mm_job jobs[MM_MAX_JOBS];
-	uint32_t n_jobs;
-	uint32_t chunk_rows;
-	uint32_t first_chunk[MM_MAX_JOBS + 1];
-};
-
-static void mm_rows(const struct mm_job *j, int64_t r0, int64_t r1)
-{
-	const struct wf__wt *w = j->w;
-	const uint8_t *wr = j->wbase + (size_t)r0 * w->row_size;
-	if (w->ops->gemm) {
-		w->ops->gemm(w->ne[0], wr, w->row_size, r1 - r0, j->act, j->act_stride, j->n_act,
-		             j->out + r0, j->out_stride);
-		return;
-	}
-	for (int64_t r = r0; r < r1; r++, wr += w->row_size)
-		for (uint32_t a = 0; a < j->n_act; a++)
-			j->out[a * j->out_stride + (size_t)r] =
-			    w->ops->vec_dot(w->ne[0], wr, j->act + a * j->act_stride);
-}
-
-static void mm_task(void *arg, uint32_t task, uint32_t thread)
-{
-	(void)thread;
-	const struct mm_phase *ph = arg;
-	/* Find the job holding this chunk (few jobs: a linear scan over the prefix sums). */
-	uint32_t lo = 0, hi = ph->n_jobs;
-	while (hi - lo > 1) {
-		uint32_t mid = (lo + hi) / 2;
-		if (ph->first_chunk[mid] <= task)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	const struct mm_job *j = &ph->jobs[lo];
-	const int64_t r0 = (int64_t)(task - ph->first_chunk[lo]) * ph->chunk_rows;
-	int64_t r1 = r0 + ph->chunk_rows;
-	if (r1 > j->w->ne[1])
-		r1 = j->w->ne[1];
-	mm_rows(j, r0, r1);
-}
-
-/* base: the matrix's bytes when not in the view (a post-fetched copy); NULL: the view's. */
-static void mm_add_from(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert,
-                        const void *base, const void *act, size_t act_stride, uint32_t n_act,
-                        float *out, size_t out_stride)
-{
-	if (n_act == 0)
-		return;
-	struct mm_job *j = &ph->jobs[ph->n_jobs++];
-	j->w = w;
-	j->wbase = base ? (const uint8_t *)base
-	                : (const uint8_t *)w->data + (size_t)expert * w->matrix_size;
-	j->act = act;
-	j->act_stride = act_stride;
-	j->n_act = n_act;
-	j->out = out;
-	j->out_stride = out_stride;
-}
-
-static void mm_add(struct mm_phase *ph, const struct wf__wt *w, uint32_t expert, const void *act,
-                   size_t act_stride, uint32_t n_act, float *out, size_t out_stride)
-{
-	mm_add_from(ph, w, expert, NULL, act, act_stride, n_act, out, out_stride);
-}
-
-/* Splits every job into chunks of rows so that the threads get several chunks each (dynamic
- * claiming evens out the rest), then runs them all in one pool run. */
-static void mm_run(struct wf_engine *e, struct mm_phase *ph)
-{
-	uint64_t total_rows = 0;
-	for (uint32_t i = 0; i < ph->n_jobs; i++)
-		total_rows += (uint64_t)ph->jobs[i].w->ne[1];
-	uint64_t chunk = total_rows / ((uint64_t)e->n_threads * 8u);
-	if (chunk < 16)
-		chunk = 16;
-	chunk = (chunk + 7) & ~(uint64_t)7;
-	ph->chunk_rows = (uint32_t)chunk;
-	ph->first_chunk[0] = 0;
-	for (uint32_t i = 0; i < ph->n_jobs; i++) {
-		const uint64_t rows = (uint64_t)ph->jobs[i].w->ne[1];
-		ph->first_chunk[i + 1] = ph->first_chunk[i] + (uint32_t)((rows + chunk - 1) / chunk);
-	}
-	wf_pool_run(e->pool, mm_task, ph, ph->first_chunk[ph->n_jobs]);
-	ph->n_jobs = 0;
-}
-
-/* Quantizes n rows of floats (stride in floats) to the activation type act, rows of n_cols. */
-struct quant_job {
-	const struct wf_engine *e;
-	const float *src;
-	size_t src_stride;
-	uint8_t *dst;
-	size_t dst_stride;
-	int64_t n_cols;
-	enum wf_dtype act;
-};
-
-static void quant_task(void *arg, uint32_t task, uint32_t thread)
-{
-	(void)thread;
-	const struct quant_job *q = arg;
-	q->e->ops->from_float[q->act](q->src + task * q->src_stride, q->dst + task * q->dst_stride,
-	                              q->n_cols);
-}
-
-static size_t quantize_rows(struct wf_engine *e, enum wf_dtype act, const float *src,
-                            size_t src_stride, uint32_t n, int64_t n_cols, uint8_t *dst)
-{
-	struct quant_job q = {e, src, src_stride, dst, act_row_bytes(act, n_cols), n_cols, act};
-	if (n <= 2) {
-		for (uint32_t i = 0; i < n; i++)
-			quant_task(&q, i, 0);
-	} else {
-		wf_pool_run(e->pool, quant_task, &q, n);
-	}
-	return q.dst_stride;
-}
-
 /* y[n][rows] = W . x[n][cols] for one plain matrix. */
-static void matmul(struct wf_engine *e, struct mm_phase *ph, const struct wf__wt *w,
+static void matmul(struct wf_engine *e, struct wf__mm_phase *ph, const struct wf__wt *w,
                    const float *x, uint32_t n, float *y)
 {
-	const size_t stride = quantize_rows(e, w->ops->vec_dot_type, x, (size_t)w->ne[0], n, w->ne[0],
-	                                    e->qa);
-	mm_add(ph, w, 0, e->qa, stride, n, y, (size_t)w->ne[1]);
-	mm_run(e, ph);
+	wf__matmul(&e->cpu, ph, w, x, (size_t)w->ne[0], n, e->qa, y, (size_t)w->ne[1]);
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
@@ -247,15 +100,15 @@ static void store_kv(struct wf_engine *e, uint32_t layer, uint32_t seq, uint32_t
 {
 	uint8_t *kd = wf__kv_k(&e->kv, layer, seq, pos), *vd = wf__kv_v(&e->kv, layer, seq, pos);
 	if (e->kv.type == WF_ENGINE_KV_F16) {
-		e->ops->from_float[WF_DTYPE_F16](k, kd, e->kv_dim);
-		e->ops->from_float[WF_DTYPE_F16](v, vd, e->kv_dim);
+		e->cpu.ops->from_float[WF_DTYPE_F16](k, kd, e->kv_dim);
+		e->cpu.ops->from_float[WF_DTYPE_F16](v, vd, e->kv_dim);
 	} else {
 		memcpy(kd, k, e->kv_dim * sizeof(float));
 		memcpy(vd, v, e->kv_dim * sizeof(float));
 	}
 }
 
-static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t il, uint32_t n,
+static void attention_block(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, uint32_t n,
                             const uint32_t *pos, const uint32_t *seq)
 {
 	const struct wf__weights *w = &e->w;
@@ -266,23 +119,23 @@ static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t i
 		             w->rms_eps);
 	/* Q, K and V share the quantized input when their types pair with one activation type. */
 	const enum wf_dtype aq = L->wq.ops->vec_dot_type;
-	size_t stride = quantize_rows(e, aq, e->xn, E, n, E, e->qa);
-	mm_add(ph, &L->wq, 0, e->qa, stride, n, e->q, e->q_dim);
+	size_t stride = wf__quantize_rows(&e->cpu, aq, e->xn, E, n, E, e->qa);
+	wf__mm_add(ph, &L->wq, 0, NULL, e->qa, stride, n, e->q, e->q_dim);
 	const uint8_t *ka = e->qa, *va = e->qa;
 	size_t ks = stride, vs = stride;
 	uint8_t *next = e->qa + stride * n;
 	if (L->wk.ops->vec_dot_type != aq) {
-		ks = quantize_rows(e, L->wk.ops->vec_dot_type, e->xn, E, n, E, next);
+		ks = wf__quantize_rows(&e->cpu, L->wk.ops->vec_dot_type, e->xn, E, n, E, next);
 		ka = next;
 		next += ks * n;
 	}
 	if (L->wv.ops->vec_dot_type != aq) {
-		vs = quantize_rows(e, L->wv.ops->vec_dot_type, e->xn, E, n, E, next);
+		vs = wf__quantize_rows(&e->cpu, L->wv.ops->vec_dot_type, e->xn, E, n, E, next);
 		va = next;
 	}
-	mm_add(ph, &L->wk, 0, ka, ks, n, e->k, e->kv_dim);
-	mm_add(ph, &L->wv, 0, va, vs, n, e->v, e->kv_dim);
-	mm_run(e, ph);
+	wf__mm_add(ph, &L->wk, 0, NULL, ka, ks, n, e->k, e->kv_dim);
+	wf__mm_add(ph, &L->wv, 0, NULL, va, vs, n, e->v, e->kv_dim);
+	wf__mm_run(&e->cpu, ph);
 
 	for (uint32_t t = 0; t < n; t++) {
 		float *q = e->q + (size_t)t * e->q_dim, *k = e->k + (size_t)t * e->kv_dim;
@@ -300,7 +153,7 @@ static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t i
 		store_kv(e, il, seq[t], pos[t], k, e->v + (size_t)t * e->kv_dim);
 	}
 	struct attn_job aj = {e, il, n, pos, seq};
-	wf_pool_run(e->pool, attn_task, &aj, n * w->n_head);
+	wf_pool_run(e->cpu.pool, attn_task, &aj, n * w->n_head);
 
 	matmul(e, ph, &L->wo, e->attn, n, e->tmp);
 	for (size_t i = 0; i < (size_t)n * E; i++)
@@ -309,28 +162,28 @@ static void attention_block(struct wf_engine *e, struct mm_phase *ph, uint32_t i
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
 
-static void dense_ffn(struct wf_engine *e, struct mm_phase *ph, const struct wf__layer *L,
+static void dense_ffn(struct wf_engine *e, struct wf__mm_phase *ph, const struct wf__layer *L,
                       uint32_t n)
 {
 	const uint32_t E = e->w.n_embd, F = e->w.n_ff;
-	size_t stride = quantize_rows(e, L->ffn_gate.ops->vec_dot_type, e->xn, E, n, E, e->qa);
-	mm_add(ph, &L->ffn_gate, 0, e->qa, stride, n, e->gate, F);
+	size_t stride = wf__quantize_rows(&e->cpu, L->ffn_gate.ops->vec_dot_type, e->xn, E, n, E, e->qa);
+	wf__mm_add(ph, &L->ffn_gate, 0, NULL, e->qa, stride, n, e->gate, F);
 	const uint8_t *ua = e->qa;
 	size_t us = stride;
 	if (L->ffn_up.ops->vec_dot_type != L->ffn_gate.ops->vec_dot_type) {
-		us = quantize_rows(e, L->ffn_up.ops->vec_dot_type, e->xn, E, n, E, e->qb);
+		us = wf__quantize_rows(&e->cpu, L->ffn_up.ops->vec_dot_type, e->xn, E, n, E, e->qb);
 		ua = e->qb;
 	}
-	mm_add(ph, &L->ffn_up, 0, ua, us, n, e->up, F);
-	mm_run(e, ph);
+	wf__mm_add(ph, &L->ffn_up, 0, NULL, ua, us, n, e->up, F);
+	wf__mm_run(&e->cpu, ph);
 	for (uint32_t t = 0; t < n; t++)
 		wf__swiglu(e->gate + (size_t)t * F, e->up + (size_t)t * F, e->hbuf + (size_t)t * F, F);
-	stride = quantize_rows(e, L->ffn_down.ops->vec_dot_type, e->hbuf, F, n, F, e->qa);
-	mm_add(ph, &L->ffn_down, 0, e->qa, stride, n, e->tmp, E);
-	mm_run(e, ph);
+	stride = wf__quantize_rows(&e->cpu, L->ffn_down.ops->vec_dot_type, e->hbuf, F, n, F, e->qa);
+	wf__mm_add(ph, &L->ffn_down, 0, NULL, e->qa, stride, n, e->tmp, E);
+	wf__mm_run(&e->cpu, ph);
 }
 
-static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const struct wf__layer *L,
+static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, const struct wf__layer *L,
                     uint32_t n)
 {
 	const struct wf__weights *w = &e->w;
@@ -387,11 +240,11 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 
 	/* Gate and up: each token's input quantized once, then gathered per expert. */
 	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
-	const size_t gs = act_row_bytes(ag, E), us = act_row_bytes(au, E);
+	const size_t gs = wf__act_row_bytes(ag, E), us = wf__act_row_bytes(au, E);
 	uint8_t *tok_g = e->qb, *tok_u = e->qb + gs * n;
-	quantize_rows(e, ag, e->xn, E, n, E, tok_g);
+	wf__quantize_rows(&e->cpu, ag, e->xn, E, n, E, tok_g);
 	if (au != ag)
-		quantize_rows(e, au, e->xn, E, n, E, tok_u);
+		wf__quantize_rows(&e->cpu, au, e->xn, E, n, E, tok_u);
 	else
 		tok_u = tok_g;
 	uint8_t *rows_g = e->qa, *rows_u = e->qa + gs * n * K;
@@ -404,15 +257,15 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		rows_u = rows_g;
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
-		mm_add(ph, &L->gate_exps, x, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
-		mm_add(ph, &L->up_exps, x, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
+		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
+		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
 	}
-	mm_run(e, ph);
+	wf__mm_run(&e->cpu, ph);
 
 	for (uint32_t r = 0; r < n * K; r++)
 		wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, e->hbuf + (size_t)r * F, F);
 	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
-	const size_t ds = quantize_rows(e, ad, e->hbuf, F, n * K, F, e->qa);
+	const size_t ds = wf__quantize_rows(&e->cpu, ad, e->hbuf, F, n * K, F, e->qa);
 	struct wf__fetch_stats before;
 	if (e->fetch && e->fetch_debug)
 		wf__fetch_get_stats(e->fetch, &before);
@@ -421,10 +274,10 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 		const void *copy = NULL;
 		if (c && e->fetch)
 			copy = wf__fetch_ready(e->fetch, e->fetch_slot[x]);
-		mm_add_from(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c, e->down + (size_t)f * E,
+		wf__mm_add(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c, e->down + (size_t)f * E,
 		            E);
 	}
-	mm_run(e, ph);
+	wf__mm_run(&e->cpu, ph);
 	if (e->fetch) {
 		wf__fetch_end_step(e->fetch);
 		if (e->fetch_debug && e->log_fn) {
@@ -464,7 +317,7 @@ static void moe_ffn(struct wf_engine *e, struct mm_phase *ph, uint32_t il, const
 
 /* ---- one slice of a batch ------------------------------------------------------------------- */
 
-static void forward_slice(struct wf_engine *e, struct mm_phase *ph, const int32_t *tokens,
+static void forward_slice(struct wf_engine *e, struct wf__mm_phase *ph, const int32_t *tokens,
                           const uint32_t *pos, const uint32_t *seq, const bool *want, uint32_t n,
                           float *logits)
 {
@@ -561,7 +414,7 @@ static int alloc_scratch(struct wf_engine *e)
 	const size_t E = w->n_embd, F = w->n_ff, X = w->moe ? w->n_expert : 1;
 	/* Quantized activations, for every row a phase quantizes (three inputs of Q/K/V, or the
 	 * slots' rows twice), at the widest activation type any weight pairs with. */
-	e->qa_size = S * act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u +
+	e->qa_size = S * wf__act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u +
 	             4096u;
 	e->att_scratch_floats = 2u * w->head_dim + e->n_ctx + 16u;
 	struct {
@@ -672,16 +525,16 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 	struct wf_engine *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
-	e->ops = wf_kernels_cpu_ops();
+	e->cpu.ops = wf_kernels_cpu_ops();
 	int rc;
-	if (!e->ops) {
+	if (!e->cpu.ops) {
 		enum wf_kernel_level level;
 		rc = wf_kernels_cpu_level(&level);
 		rc = wf_diag_set(diag, rc < 0 ? rc : WF_EUNSUPPORTED,
 		                 "WF_KERNELS names a kernel level this CPU or build lacks");
 		goto fail;
 	}
-	rc = wf__weights_resolve(model, tensor_data, e->ops, &e->w, diag);
+	rc = wf__weights_resolve(model, tensor_data, e->cpu.ops, &e->w, diag);
 	if (rc < 0)
 		goto fail;
 	const struct wf__weights *w = &e->w;
@@ -703,6 +556,7 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 			                        w->layers[il].up_exps.matrix_size +
 			                        w->layers[il].down_exps.matrix_size);
 	e->n_threads = cfg->n_threads ? cfg->n_threads : online_cpus();
+	e->cpu.n_threads = e->n_threads;
 	e->q_dim = w->n_head * w->head_dim;
 	e->kv_dim = w->n_head_kv * w->head_dim;
 	e->max_dim = w->n_embd;
@@ -719,7 +573,7 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		wf_diag_set(diag, rc, "engine scratch buffers");
 		goto fail;
 	}
-	if ((rc = wf_pool_create(e->n_threads, &e->pool)) < 0) {
+	if ((rc = wf_pool_create(e->n_threads, &e->cpu.pool)) < 0) {
 		wf_diag_set(diag, rc, "thread pool of %u", e->n_threads);
 		goto fail;
 	}
@@ -742,7 +596,7 @@ void wf_engine_destroy(struct wf_engine *e)
 	free(e->fetch_ids);
 	free(e->fetch_step_slot);
 	free(e->fetch_slot);
-	wf_pool_destroy(e->pool);
+	wf_pool_destroy(e->cpu.pool);
 	wf__kv_fini(&e->kv);
 	wf__weights_fini(&e->w);
 	wf__unmap(e->scratch, e->scratch_size);
@@ -817,7 +671,7 @@ int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float
 	if (b->n == 0)
 		return 0;
 	bool last_only[UBATCH_MAX];
-	struct mm_phase *ph = e->ph;
+	struct wf__mm_phase *ph = e->ph;
 	float *out = logits;
 	for (uint32_t s0 = 0; s0 < b->n; s0 += UBATCH_MAX) {
 		const uint32_t n = b->n - s0 < UBATCH_MAX ? b->n - s0 : UBATCH_MAX;
