@@ -56,7 +56,11 @@ struct wf_engine_dev_matrix {
 
 /* What a context must be ready for, so it can size its workspaces once at create. */
 struct wf_engine_dev_limits {
-	uint32_t n_threads;      /* host implementation: its pool (the caller's thread counted) */
+	uint32_t n_threads;      /* host implementation: threads of its own pool (the caller's
+	                            counted), when host_pool is NULL */
+	void *host_pool;         /* host implementation: the engine's struct wf_pool to compute
+	                            on; other implementations ignore it */
+	uint32_t max_expert;     /* the most experts route takes */
 	uint32_t max_rows;       /* the most activation rows one op takes (tokens x experts used) */
 	int64_t max_ne0, max_ne1;/* the widest and tallest weight matrix */
 	uint32_t max_kv;         /* positions one attention may cover (the engine's n_ctx) */

@@ -43,11 +43,13 @@ struct wf_engine_config {
 	uint32_t n_seq_max;  /* sequences with their own KV cache; 0: 1 */
 	uint32_t n_threads;  /* 0: the CPUs this process may run on */
 	enum wf_engine_kv_type kv_type;
-	/* Expert post-fetch (engine/postfetch.h): with a device, the selected experts' down
-	 * projections are copied to it right after routing and computed from there. NULL device:
-	 * CPU only. postfetch NULL: the defaults. The device must outlive the engine. Only the host
-	 * device computes fetched experts today (CI's model of a GPU, bandwidth-throttled); on
-	 * another kind post-fetch must be off or forced to the CPU (WF_EUNSUPPORTED otherwise). */
+	/* The device the engine computes on, and post-fetch (engine/postfetch.h): with a device,
+	 * the selected host-side experts' down projections are copied to it right after routing
+	 * and computed from there. NULL device: CPU only. postfetch NULL: the defaults. The device
+	 * must outlive the engine. A CUDA device runs the whole forward pass there (dense weights,
+	 * KV cache and activations in device memory, engine/devops.h, with the CUDA kernels
+	 * registered for it); the host device does so only when dense_on_device says so, and
+	 * otherwise computes the fetched experts with the CPU forward pass. */
 	struct wf_device *device;
 	const struct wf_postfetch_settings *postfetch;
 	/* A device expert cache of this many MiB (0: none, the post-fetch scratchpad only): down
@@ -61,6 +63,10 @@ struct wf_engine_config {
 	 * device. */
 	bool experts_on_device;
 	uint32_t n_cpu_moe;
+	/* Dense weights, the KV cache and activations in device memory, the forward pass computed
+	 * by the device's engine ops: always on CUDA; on the host device, CI's model of a GPU, only
+	 * when set (its results are the CPU engine's bit for bit). Needs a device. */
+	bool dense_on_device;
 };
 
 /* The architecture-level view of a model, resolved at create. */

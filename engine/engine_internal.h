@@ -98,6 +98,10 @@ void wf__route(const float *logits, uint32_t n_expert, uint32_t k, float *probs_
                int32_t *ret_ids, float *ret_weights);
 /* silu(g) * u, elementwise (ggml_swiglu_split). */
 void wf__swiglu(const float *g, const float *u, float *y, uint32_t n);
+/* The experts' weighted sum of n tokens in selected order, ((d0*w0 + d1*w1) + d2*w2) + ..., as
+ * ggml adds them: row slot_of[t*k+j] of down (rows of len) weighted by weights[t*k+j]. */
+void wf__moe_sum(const float *down, const uint32_t *slot_of, const float *weights, uint32_t n,
+                 uint32_t k, uint32_t len, float *y);
 
 /* Attention of one query head over n_kv cached positions of one sequence (positions 0..n_kv-1),
  * writing head_dim floats to out. F16 cache: llama.cpp's flash-attention CPU path (query in F16,

@@ -65,11 +65,6 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
                      const struct wf__fetch_shape *shape, struct wf__fetch **ret,
                      struct wf_diag *diag)
 {
-	if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST)
-		return wf_diag_set(diag, WF_EUNSUPPORTED,
-		                   "post-fetch computes fetched experts with the host device's "
-		                   "kernels only: the CUDA engine is not built yet (set "
-		                   "WF_POSTFETCH_ENABLE=0 or WF_POSTFETCH_FORCE_CPU=1)");
 	struct wf__fetch *f = calloc(1, sizeof(*f));
 	if (!f)
 		return wf_diag_set(diag, -ENOMEM, "post-fetch");

@@ -7,8 +7,7 @@
  * weight row is read from memory once per step however many tokens the batch holds. The experts
  * of a layer run grouped by expert: the rows of all tokens routed to one expert are gathered, so a
  * batched decode step reads each selected expert once. */
-#include "engine/cpumm.h"
-#include "engine/engine_internal.h"
+#include "engine/engine_state.h"
 
 #include "base/error.h"
 
@@ -19,50 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define UBATCH_MAX 512u /* tokens computed together; larger batches run in slices */
 #define CTX_DEFAULT_CAP 4096u
 
-struct wf_engine {
-	struct wf__cpu cpu; /* kernels, pool and thread count */
-	struct wf__weights w;
-	struct wf__kv kv;
-	uint32_t n_ctx, n_seq_max, n_threads;
-	uint32_t q_dim, kv_dim, max_dim; /* n_head*head_dim, n_head_kv*head_dim, widest row */
-
-	/* Scratch for UBATCH_MAX tokens (slots: tokens x experts used). */
-	float *x, *xn, *q, *k, *v, *attn, *tmp;
-	float *rope_cs;                          /* [token][rope_dim]: cos, sin per pair */
-	float *router, *probs, *sel_w;
-	int32_t *sel;
-	float *gate, *up, *hbuf, *down;          /* [slots][n_ff] / [slots][n_embd] */
-	uint32_t *slot_of;                       /* [token * k + j]: row in the expert-sorted order */
-	uint32_t *expert_first, *expert_count;   /* per expert: its rows in that order */
-	uint32_t *row_token;                     /* per sorted row: the token */
-	uint8_t *qa, *qb;                        /* quantized activations */
-	size_t qa_size;
-	float *att_scratch;                      /* per thread */
-	size_t att_scratch_floats;
-	uint32_t *out_rows;                      /* tokens whose logits are wanted, per slice */
-
-	struct wf__mm_phase *ph;
-	void *scratch; /* the mapping all the buffers above live in */
-	size_t scratch_size;
-
-	wf_engine_router_fn router_fn;
-	void *router_arg;
-	wf_engine_log_fn log_fn;
-	void *log_arg;
-	struct wf_engine_stats stats;
-	struct wf__fetch *fetch;    /* post-fetch; NULL: every expert from the floor */
-	bool fetch_debug;
-	const void **fetch_src;     /* per step: the down projections to copy, in expert order */
-	size_t *fetch_bytes;
-	uint32_t *fetch_ids;        /* per step: the selected experts, in order */
-	int32_t *fetch_step_slot;   /* per step: their slots */
-	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */
-	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
-	                              experts and the embedding row) */
-};
 
 /* y[n][rows] = W . x[n][cols] for one plain matrix. */
 static void matmul(struct wf_engine *e, struct wf__mm_phase *ph, const struct wf__wt *w,
@@ -296,23 +253,7 @@ static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, c
 		}
 	}
 
-	/* Weighted sum in selected order: ((e0*w0 + e1*w1) + e2*w2) + ... as ggml adds them. */
-	for (uint32_t t = 0; t < n; t++) {
-		float *y = e->tmp + (size_t)t * E;
-		for (uint32_t j = 0; j < K; j++) {
-			const float *d = e->down + (size_t)e->slot_of[t * K + j] * E;
-			const float wj = e->sel_w[t * K + j];
-			if (j == 0) {
-				for (uint32_t i = 0; i < E; i++)
-					y[i] = d[i] * wj;
-			} else {
-				for (uint32_t i = 0; i < E; i++) {
-					const float p = d[i] * wj;
-					y[i] = y[i] + p;
-				}
-			}
-		}
-	}
+	wf__moe_sum(e->down, e->slot_of, e->sel_w, n, K, E, e->tmp);
 }
 
 /* ---- one slice of a batch ------------------------------------------------------------------- */
@@ -462,6 +403,12 @@ static int alloc_scratch(struct wf_engine *e)
 	return 0;
 }
 
+static bool dev_forward(const struct wf_engine_config *cfg)
+{
+	return cfg->device &&
+	       (cfg->dense_on_device || wf_device_kind(cfg->device) != WF_DEVICE_KIND_HOST);
+}
+
 /* Post-fetch when the engine has a device, a MoE model, and the settings ask for it. */
 static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
                       struct wf_diag *diag)
@@ -478,9 +425,9 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 		                   "an expert cache needs a device and post-fetch (its miss path)");
 	if (cfg->experts_on_device && !cfg->device)
 		return wf_diag_set(diag, WF_EINVAL, "resident experts need a device");
-	const uint32_t first_resident =
-	    cfg->experts_on_device ? (cfg->n_cpu_moe < w->n_layer ? cfg->n_cpu_moe : w->n_layer)
-	                           : w->n_layer;
+	/* Resident experts: whole in the device forward pass's weights, or their down projections
+	 * in pinned slots here for the CPU forward pass. */
+	const uint32_t first_resident = dev_forward(cfg) ? w->n_layer : wf__first_resident(e, cfg);
 	const uint32_t n_resident = (w->n_layer - first_resident) * w->n_expert;
 	if (!w->moe || (!pf && n_resident == 0))
 		return 0;
@@ -577,7 +524,13 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		wf_diag_set(diag, rc, "thread pool of %u", e->n_threads);
 		goto fail;
 	}
+	if (cfg->dense_on_device && !cfg->device) {
+		rc = wf_diag_set(diag, WF_EINVAL, "dense weights on the device need a device");
+		goto fail;
+	}
 	if ((rc = fetch_init(e, cfg, diag)) < 0)
+		goto fail;
+	if (dev_forward(cfg) && (rc = wf__devfwd_create(e, cfg, diag)) < 0)
 		goto fail;
 	*ret_engine = e;
 	return 0;
@@ -590,6 +543,7 @@ void wf_engine_destroy(struct wf_engine *e)
 {
 	if (!e)
 		return;
+	wf__devfwd_destroy(e->devfwd);
 	wf__fetch_destroy(e->fetch); /* waits for copies still reading the view */
 	free(e->fetch_src);
 	free(e->fetch_bytes);
@@ -630,6 +584,7 @@ void wf_engine_get_info(const struct wf_engine *e, struct wf_engine_info *ret)
 		wf__fetch_get_stats(e->fetch, &f);
 		ret->device_bytes = f.scratchpad_bytes + f.resident_bytes;
 	}
+	ret->device_bytes += wf__devfwd_device_bytes(e->devfwd);
 }
 
 static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *b,
@@ -679,7 +634,14 @@ int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float
 		if (!b->want_logits)
 			for (uint32_t i = 0; i < n; i++)
 				last_only[i] = s0 + i == b->n - 1;
-		forward_slice(e, ph, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out);
+		if (e->devfwd) {
+			rc = wf__devfwd_slice(e, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out,
+			                      diag);
+			if (rc < 0)
+				return rc; /* KV lengths unchanged: the sequences are as they were */
+		} else {
+			forward_slice(e, ph, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out);
+		}
 		for (uint32_t i = 0; i < n; i++)
 			if (want[i])
 				out += e->w.n_vocab;
@@ -709,6 +671,8 @@ void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 {
 	*ret = e->stats;
 	ret->fetch_overlap = -1;
+	if (e->devfwd)
+		ret->resident_bytes = wf__devfwd_resident_bytes(e->devfwd, &e->w);
 	if (!e->fetch)
 		return;
 	struct wf__fetch_stats f;
@@ -721,8 +685,8 @@ void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 	ret->scratchpad_bytes = f.scratchpad_bytes;
 	ret->fetch_hits = f.hits;
 	ret->fetch_misses = f.misses;
-	ret->resident_lookups = f.resident;
-	ret->resident_bytes = f.resident_bytes;
+	ret->resident_lookups = f.resident + e->stats.resident_lookups;
+	ret->resident_bytes += f.resident_bytes;
 	if (f.steps_timed && f.copy_ns) {
 		const double hidden = 1.0 - (double)f.wait_ns_timed / (double)f.copy_ns;
 		ret->fetch_overlap = hidden < 0 ? 0 : hidden;

@@ -290,3 +290,24 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
 			out[i] += vp[i] * w;
 	}
 }
+
+void wf__moe_sum(const float *down, const uint32_t *slot_of, const float *weights, uint32_t n,
+                 uint32_t k, uint32_t len, float *y)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		float *yt = y + (size_t)t * len;
+		for (uint32_t j = 0; j < k; j++) {
+			const float *d = down + (size_t)slot_of[t * k + j] * len;
+			const float wj = weights[t * k + j];
+			if (j == 0) {
+				for (uint32_t i = 0; i < len; i++)
+					yt[i] = d[i] * wj;
+			} else {
+				for (uint32_t i = 0; i < len; i++) {
+					const float p = d[i] * wj;
+					yt[i] = yt[i] + p;
+				}
+			}
+		}
+	}
+}

@@ -1,6 +1,9 @@
 /* Expert post-fetch (engine/postfetch.h) on the host device: every setting gives bitwise the
  * logits of the CPU-only engine (same bytes, same kernels), the copies are used when the policy
- * waits and skipped when it does not and they are slow, and bad settings are refused. */
+ * waits and skipped when it does not and they are slow, and bad settings are refused. Each
+ * placement test runs twice: with the CPU forward pass computing the fetched experts, and with
+ * the device forward pass (dense_on_device: engine/forward_dev.c over the host device's engine
+ * ops), the path the CUDA engine takes. */
 #include "base/error.h"
 #include "common/wftest.h"
 #include "device/device.h"
@@ -44,10 +47,14 @@ static void model_close(struct model *md)
 
 /* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows, with the
  * engine cfg describes (n_ctx 64 and 2 threads filled in). */
+/* The placement tests' second run: the device forward pass. */
+static bool dense_on_device;
+
 static float *run_with(struct model *md, struct wf_engine_config cfg,
                        struct wf_engine_stats *ret_stats)
 {
 	cfg.n_ctx = 64;
+	cfg.dense_on_device = cfg.device && dense_on_device;
 	cfg.n_threads = 2;
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
@@ -55,6 +62,9 @@ static float *run_with(struct model *md, struct wf_engine_config cfg,
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
 	struct wf_engine_info info;
 	wf_engine_get_info(e, &info);
+	if (cfg.dense_on_device) /* the device holds at least the weights it computes with */
+		cr_assert_gt(info.device_bytes, md->v.map_len[0] / 4, "%llu device bytes",
+		             (unsigned long long)info.device_bytes);
 	const size_t V = info.n_vocab;
 	float *out = malloc(24 * V * sizeof(float));
 	uint32_t pos[16], seq[16] = {0};
@@ -125,7 +135,7 @@ static size_t rows_bytes(struct model *md)
 	return 24u * md->m->hp.n_vocab * sizeof(float);
 }
 
-Test(postfetch, every_setting_gives_the_cpu_engines_logits)
+static void every_setting_gives_the_cpu_engines_logits(void)
 {
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=1G");
@@ -174,9 +184,20 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits)
 	fixture_close(&fx);
 }
 
+Test(postfetch, every_setting_gives_the_cpu_engines_logits)
+{
+	every_setting_gives_the_cpu_engines_logits();
+}
+
+Test(postfetch, every_setting_gives_the_cpu_engines_logits_on_the_device_path)
+{
+	dense_on_device = true;
+	every_setting_gives_the_cpu_engines_logits();
+}
+
 /* Copies far slower than the compute: the non-blocking policy computes on the CPU instead, and
  * the result is still the same. */
-Test(postfetch, slow_copies_fall_back_to_the_cpu)
+static void slow_copies_fall_back_to_the_cpu(void)
 {
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=4M");
@@ -189,10 +210,21 @@ Test(postfetch, slow_copies_fall_back_to_the_cpu)
 	fixture_close(&fx);
 }
 
+Test(postfetch, slow_copies_fall_back_to_the_cpu)
+{
+	slow_copies_fall_back_to_the_cpu();
+}
+
+Test(postfetch, slow_copies_fall_back_to_the_cpu_on_the_device_path)
+{
+	dense_on_device = true;
+	slow_copies_fall_back_to_the_cpu();
+}
+
 /* The expert cache: every size, from one slot to every expert of the model, gives the same
  * logits; a cache that holds the whole model hits ever more as decoding goes on, and misses only
  * what it never saw. (The tiny model: 3 layers x 16 experts, down projections of 42 KiB.) */
-Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
+static void every_cache_size_gives_the_cpu_engines_logits(void)
 {
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=1G");
@@ -231,9 +263,20 @@ Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
 	fixture_close(&fx);
 }
 
+Test(postfetch, every_cache_size_gives_the_cpu_engines_logits)
+{
+	every_cache_size_gives_the_cpu_engines_logits();
+}
+
+Test(postfetch, every_cache_size_gives_the_cpu_engines_logits_on_the_device_path)
+{
+	dense_on_device = true;
+	every_cache_size_gives_the_cpu_engines_logits();
+}
+
 /* Placement (--n-cpu-moe N): the experts of layers N and up resident on the device, the first N
  * host-side (post-fetched or on the CPU): every split gives the same logits. */
-Test(postfetch, every_placement_gives_the_cpu_engines_logits)
+static void every_placement_gives_the_cpu_engines_logits(void)
 {
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=1G");
@@ -260,6 +303,17 @@ Test(postfetch, every_placement_gives_the_cpu_engines_logits)
 	struct wf_diag d = {{0}};
 	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &bad, &e, &d), WF_EINVAL);
 	fixture_close(&fx);
+}
+
+Test(postfetch, every_placement_gives_the_cpu_engines_logits)
+{
+	every_placement_gives_the_cpu_engines_logits();
+}
+
+Test(postfetch, every_placement_gives_the_cpu_engines_logits_on_the_device_path)
+{
+	dense_on_device = true;
+	every_placement_gives_the_cpu_engines_logits();
 }
 
 Test(postfetch, settings_by_name_and_from_the_environment)
