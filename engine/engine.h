@@ -144,6 +144,9 @@ struct wf_engine_stats {
 	/* The slots' lookups: selected experts found in a slot (the expert cache kept them), or
 	 * not. Hit rate = hits / (hits + misses). */
 	uint64_t fetch_hits, fetch_misses;
+	/* Hits that ran wholly on the device (the device forward pass caches gate and up too; the
+	 * CPU's experts and these compute at the same time). */
+	uint64_t fetch_whole;
 	/* Resident experts: lookups of experts of resident layers, and their device bytes. */
 	uint64_t resident_lookups, resident_bytes;
 };

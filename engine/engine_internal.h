@@ -123,16 +123,25 @@ struct wf__fetch_stats {
 	uint64_t copy_ns;          /* copy time of the timed steps */
 	uint64_t wait_ns_timed;    /* the part of wait_ns spent in the timed steps */
 	uint64_t steps_timed;
+	uint64_t whole;            /* hits whose gate and up were in the slot too (whole slots) */
 	uint64_t scratchpad_bytes; /* the post-fetch slots' device memory (scratchpad or cache) */
 	uint64_t resident_bytes;   /* the resident experts' */
 };
 struct wf__fetch_shape {
 	size_t slot_bytes;     /* the largest down projection */
+	size_t max_g, max_u;   /* whole slots: the largest gate and up (placed after it) */
 	uint32_t step_experts; /* the most experts one step can select */
 	uint32_t n_layer, n_expert;
 	uint64_t cache_mb;     /* 0: a scratchpad (WF_POSTFETCH_SCRATCHPAD_MB or step_experts slots) */
 	uint32_t n_resident;   /* slots kept for resident experts (wf__fetch_pin), never evicted */
 	bool postfetch;        /* misses are copied; false: resident experts only, misses on the CPU */
+	bool whole;            /* cache slots hold gate and up too (copied after the step's down
+	                          projections), so a later hit computes wholly on the device */
+};
+/* One selected expert's matrices in the view: down always, gate and up for whole slots. */
+struct wf__fetch_src {
+	const void *d, *g, *u;
+	size_t d_bytes, g_bytes, u_bytes;
 };
 struct wf__fetch;
 int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *s,
@@ -142,10 +151,15 @@ void wf__fetch_destroy(struct wf__fetch *f);
 /* Loads one expert's down projection into a resident slot (at create, synchronously). */
 int wf__fetch_pin(struct wf__fetch *f, uint32_t layer, uint32_t expert, const void *src,
                   size_t bytes, struct wf_diag *diag);
-/* One layer's step: the n selected experts (in expert order), their down projections' bytes in
- * the view (src, bytes); writes each one's slot, or -1 (the CPU computes it from the floor). */
+/* One layer's step: the n selected experts (in expert order) and their matrices in the view;
+ * writes each one's slot, or -1 (the CPU computes it from the floor). ret_whole (NULL without
+ * whole slots): whether the slot holds the expert whole, copies completed, so gate and up can
+ * run from it on the device too (wf__fetch_whole). */
 void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
-                    const void *const *src, const size_t *bytes, int32_t *ret_slot);
+                    const struct wf__fetch_src *src, int32_t *ret_slot, bool *ret_whole);
+/* A whole slot's matrices (the same matrices' offsets for every slot). */
+void wf__fetch_whole(struct wf__fetch *f, int32_t slot, const void **ret_d, const void **ret_g,
+                     const void **ret_u);
 /* The slot's bytes to read, or NULL: compute that expert from the floor. */
 const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot);
 void wf__fetch_end_step(struct wf__fetch *f);

@@ -44,8 +44,8 @@ struct wf_engine {
 	struct wf_engine_stats stats;
 	struct wf__fetch *fetch;    /* post-fetch; NULL: every expert from the floor */
 	bool fetch_debug;
-	const void **fetch_src;     /* per step: the down projections to copy, in expert order */
-	size_t *fetch_bytes;
+	struct wf__fetch_src *fetch_src; /* per step: the matrices to copy, in expert order */
+	bool *fetch_whole;          /* per step: the slot holds the expert whole */
 	uint32_t *fetch_ids;        /* per step: the selected experts, in order */
 	int32_t *fetch_step_slot;   /* per step: their slots */
 	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */

@@ -28,6 +28,7 @@
 struct slot {
 	uint64_t key;      /* layer * n_expert + expert, NO_KEY: empty */
 	bool failed;       /* its last copy could not be queued */
+	bool whole;        /* gate and up were queued after the down projection */
 };
 
 struct wf__fetch {
@@ -46,7 +47,10 @@ struct wf__fetch {
 	uint64_t n_keys;
 	uint64_t stamp;
 	struct wf_device_stream *streams[FETCH_STREAMS_DEDICATED];
-	struct wf_device_event **ev;   /* per slot */
+	struct wf_device_event **ev;   /* per slot: its down projection landed */
+	struct wf_device_event **ev_whole; /* per slot: gate and up landed too (whole slots) */
+	bool whole;
+	size_t off_g, off_u;           /* whole slots: gate's and up's offsets in a slot */
 	struct wf_device_event *start; /* timing: recorded before a step's first copy */
 	int32_t last_slot[FETCH_STREAMS_DEDICATED]; /* this step's last copy per stream, -1 */
 	uint32_t step_copies;
@@ -74,6 +78,12 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 	f->postfetch = shape->postfetch;
 	f->n_resident = shape->n_resident;
 	f->slot_bytes = (shape->slot_bytes + 255u) & ~(size_t)255u;
+	f->whole = shape->whole && shape->cache_mb && shape->postfetch;
+	if (f->whole) { /* [down | gate | up], each 256-byte aligned */
+		f->off_g = f->slot_bytes;
+		f->off_u = f->off_g + ((shape->max_g + 255u) & ~(size_t)255u);
+		f->slot_bytes = f->off_u + ((shape->max_u + 255u) & ~(size_t)255u);
+	}
 	uint64_t n = shape->step_experts;
 	const char *what = "WF_POSTFETCH_SCRATCHPAD_MB";
 	uint64_t mb = s->scratchpad_mb;
@@ -109,8 +119,9 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 	f->slots = calloc(f->n_slots, sizeof(*f->slots));
 	f->lru = calloc(f->n_slots, sizeof(*f->lru));
 	f->ev = calloc(f->n_slots, sizeof(*f->ev));
+	f->ev_whole = calloc(f->n_slots, sizeof(*f->ev_whole));
 	f->slot_of_key = malloc(f->n_keys * sizeof(*f->slot_of_key));
-	if (!f->slots || !f->lru || !f->ev || !f->slot_of_key) {
+	if (!f->slots || !f->lru || !f->ev || !f->ev_whole || !f->slot_of_key) {
 		rc = wf_diag_set(diag, -ENOMEM, "post-fetch");
 		goto fail;
 	}
@@ -127,7 +138,8 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		if ((rc = wf_device_stream_create(dev, &f->streams[i], diag)) < 0)
 			goto fail;
 	for (uint32_t i = 0; i < f->n_slots; i++)
-		if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->ev[i], diag)) < 0)
+		if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->ev[i], diag)) < 0 ||
+		    (f->whole && (rc = wf_device_event_create(dev, 0, &f->ev_whole[i], diag)) < 0))
 			goto fail;
 	if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->start, diag)) < 0)
 		goto fail;
@@ -150,6 +162,9 @@ void wf__fetch_destroy(struct wf__fetch *f)
 	if (f->ev)
 		for (uint32_t i = 0; i < f->n_slots; i++)
 			wf_device_event_destroy(f->ev[i]);
+	if (f->ev_whole)
+		for (uint32_t i = 0; i < f->n_slots; i++)
+			wf_device_event_destroy(f->ev_whole[i]);
 	wf_device_event_destroy(f->start);
 	for (uint32_t i = 0; i < FETCH_STREAMS_DEDICATED; i++)
 		wf_device_stream_destroy(f->streams[i]);
@@ -158,6 +173,7 @@ void wf__fetch_destroy(struct wf__fetch *f)
 	free(f->slots);
 	free(f->lru);
 	free(f->ev);
+	free(f->ev_whole);
 	free(f->slot_of_key);
 	free(f);
 }
@@ -191,8 +207,20 @@ static void forget(struct wf__fetch *f, uint32_t slot)
 	f->slots[slot].key = NO_KEY;
 }
 
+/* Queues the copy of src (bytes) into a slot at off, then records ev on the slot's stream. */
+static bool queue_copy(struct wf__fetch *f, uint32_t slot, size_t off, const void *src,
+                       size_t bytes, struct wf_device_event *ev)
+{
+	/* A slot always takes its copies on the same stream: a copy into it that a non-blocking
+	 * step did not wait for is then finished before the next one lands. */
+	struct wf_device_stream *st = f->streams[slot % f->n_streams];
+	return wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes + off, src, bytes,
+	                              WF_DEVICE_COPY_H2D, NULL) == 0 &&
+	       wf_device_event_record(ev, st, NULL) == 0;
+}
+
 void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
-                    const void *const *src, const size_t *bytes, int32_t *ret_slot)
+                    const struct wf__fetch_src *src, int32_t *ret_slot, bool *ret_whole)
 {
 	f->stamp++;
 	f->step_copies = 0;
@@ -208,6 +236,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 	for (uint32_t i = 0; i < n; i++) {
 		const uint64_t key = (uint64_t)layer * f->n_expert + experts[i];
 		int32_t slot = f->slot_of_key[key];
+		if (ret_whole)
+			ret_whole[i] = false;
 		if (slot >= 0 && (uint32_t)slot < f->n_resident) {
 			f->st.resident++;
 			ret_slot[i] = slot;
@@ -218,6 +248,12 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			f->lru[slot].busy = true;
 			f->lru[slot].last_used = f->stamp;
 			ret_slot[i] = slot;
+			/* Whole once gate and up have landed; until then the down projection only. */
+			if (ret_whole && f->slots[slot].whole &&
+			    wf_device_event_query(f->ev_whole[slot], NULL) == 0) {
+				ret_whole[i] = true;
+				f->st.whole++;
+			}
 			continue;
 		}
 		f->st.misses++;
@@ -236,14 +272,9 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			(void)wf_device_event_record(f->start, f->streams[0], NULL);
 			started = true;
 		}
-		/* A slot always takes its copies on the same stream: a copy into it that a
-		 * non-blocking step did not wait for is then finished before the next one lands. */
-		const uint32_t sn = (uint32_t)slot % f->n_streams;
-		struct wf_device_stream *st = f->streams[sn];
 		struct slot *sl = &f->slots[slot];
-		sl->failed = wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes, src[i],
-		                                    bytes[i], WF_DEVICE_COPY_H2D, NULL) < 0 ||
-		             wf_device_event_record(f->ev[slot], st, NULL) < 0;
+		sl->whole = false;
+		sl->failed = !queue_copy(f, (uint32_t)slot, 0, src[i].d, src[i].d_bytes, f->ev[slot]);
 		f->lru[slot].busy = true;
 		f->lru[slot].last_used = f->stamp;
 		f->step_copies++;
@@ -254,11 +285,43 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		}
 		sl->key = key;
 		f->slot_of_key[key] = slot;
-		f->last_slot[sn] = slot;
+		f->last_slot[slot % f->n_streams] = slot;
 		f->st.experts++;
-		f->st.bytes += bytes[i];
+		f->st.bytes += src[i].d_bytes;
 		ret_slot[i] = slot;
 	}
+	if (!f->whole)
+		return;
+	/* Gate and up of this step's copies, behind every down projection of the step: the
+	 * copies this step waits for land first, the rest serves the steps after. */
+	for (uint32_t i = 0; i < n; i++) {
+		const int32_t slot = ret_slot[i];
+		if (slot < 0 || (uint32_t)slot < f->n_resident || f->slots[slot].whole ||
+		    f->lru[slot].last_used != f->stamp || (ret_whole && ret_whole[i]) ||
+		    !src[i].g || !src[i].u)
+			continue;
+		if (f->slots[slot].key != (uint64_t)layer * f->n_expert + experts[i])
+			continue;
+		const bool ok = queue_copy(f, (uint32_t)slot, f->off_g, src[i].g, src[i].g_bytes,
+		                           f->ev_whole[slot]) &&
+		                queue_copy(f, (uint32_t)slot, f->off_u, src[i].u, src[i].u_bytes,
+		                           f->ev_whole[slot]);
+		if (!ok) {
+			f->st.errors++;
+			continue; /* the down projection stays usable; gate and up stay on the CPU */
+		}
+		f->slots[slot].whole = true;
+		f->st.bytes += src[i].g_bytes + src[i].u_bytes;
+	}
+}
+
+void wf__fetch_whole(struct wf__fetch *f, int32_t slot, const void **ret_d, const void **ret_g,
+                     const void **ret_u)
+{
+	uint8_t *base = f->mem + (size_t)slot * f->slot_bytes;
+	*ret_d = base;
+	*ret_g = base + f->off_g;
+	*ret_u = base + f->off_u;
 }
 
 const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot)

@@ -184,13 +184,13 @@ static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, c
 			if (!e->expert_count[x])
 				continue;
 			e->fetch_ids[n_fetch] = x;
-			e->fetch_src[n_fetch] =
-			    (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size;
-			e->fetch_bytes[n_fetch] = L->down_exps.matrix_size;
+			e->fetch_src[n_fetch] = (struct wf__fetch_src){
+			    .d = (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size,
+			    .d_bytes = L->down_exps.matrix_size};
 			n_fetch++;
 		}
-		wf__fetch_step(e->fetch, il, n_fetch, e->fetch_ids, e->fetch_src, e->fetch_bytes,
-		               e->fetch_step_slot);
+		wf__fetch_step(e->fetch, il, n_fetch, e->fetch_ids, e->fetch_src, e->fetch_step_slot,
+		               NULL);
 		for (uint32_t i = 0; i < n_fetch; i++)
 			e->fetch_slot[e->fetch_ids[i]] = e->fetch_step_slot[i];
 	}
@@ -434,17 +434,26 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	struct wf__fetch_shape shape = {.n_layer = w->n_layer, .n_expert = w->n_expert,
 	                                .cache_mb = cfg->expert_cache_mb,
 	                                .n_resident = n_resident, .postfetch = pf};
-	for (uint32_t il = 0; il < w->n_layer; il++)
-		if (w->layers[il].down_exps.matrix_size > shape.slot_bytes)
-			shape.slot_bytes = w->layers[il].down_exps.matrix_size;
+	/* The device forward pass keeps experts whole in its cache, so a hit runs on the device
+	 * entirely; the CPU forward pass computes gate and up itself and caches down only. */
+	shape.whole = dev_forward(cfg) && cfg->expert_cache_mb;
+	for (uint32_t il = 0; il < w->n_layer; il++) {
+		const struct wf__layer *L = &w->layers[il];
+		if (L->down_exps.matrix_size > shape.slot_bytes)
+			shape.slot_bytes = L->down_exps.matrix_size;
+		if (L->gate_exps.matrix_size > shape.max_g)
+			shape.max_g = L->gate_exps.matrix_size;
+		if (L->up_exps.matrix_size > shape.max_u)
+			shape.max_u = L->up_exps.matrix_size;
+	}
 	uint64_t step = (uint64_t)UBATCH_MAX * w->n_expert_used;
 	shape.step_experts = (uint32_t)(step < w->n_expert ? step : w->n_expert);
 	e->fetch_src = calloc(w->n_expert, sizeof(*e->fetch_src));
-	e->fetch_bytes = calloc(w->n_expert, sizeof(*e->fetch_bytes));
+	e->fetch_whole = calloc(w->n_expert, sizeof(*e->fetch_whole));
 	e->fetch_ids = calloc(w->n_expert, sizeof(*e->fetch_ids));
 	e->fetch_step_slot = calloc(w->n_expert, sizeof(*e->fetch_step_slot));
 	e->fetch_slot = calloc(w->n_expert, sizeof(*e->fetch_slot));
-	if (!e->fetch_src || !e->fetch_bytes || !e->fetch_ids || !e->fetch_step_slot ||
+	if (!e->fetch_src || !e->fetch_whole || !e->fetch_ids || !e->fetch_step_slot ||
 	    !e->fetch_slot)
 		return wf_diag_set(diag, -ENOMEM, "post-fetch");
 	e->fetch_debug = s.debug;
@@ -546,7 +555,7 @@ void wf_engine_destroy(struct wf_engine *e)
 	wf__devfwd_destroy(e->devfwd);
 	wf__fetch_destroy(e->fetch); /* waits for copies still reading the view */
 	free(e->fetch_src);
-	free(e->fetch_bytes);
+	free(e->fetch_whole);
 	free(e->fetch_ids);
 	free(e->fetch_step_slot);
 	free(e->fetch_slot);
@@ -685,6 +694,7 @@ void wf_engine_get_stats(const struct wf_engine *e, struct wf_engine_stats *ret)
 	ret->scratchpad_bytes = f.scratchpad_bytes;
 	ret->fetch_hits = f.hits;
 	ret->fetch_misses = f.misses;
+	ret->fetch_whole = f.whole;
 	ret->resident_lookups = f.resident + e->stats.resident_lookups;
 	ret->resident_bytes += f.resident_bytes;
 	if (f.steps_timed && f.copy_ns) {

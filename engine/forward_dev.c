@@ -77,6 +77,7 @@ struct wf__devfwd {
 
 	const void *reg_base; /* the floor range registered for the copies, or NULL */
 	uint8_t *on_dev;      /* per expert, this step: its down projection ran on the device */
+	uint8_t *whole;       /* per expert, this step: the cache holds it whole (all on the device) */
 };
 
 enum { I_TOK, I_POS, I_KV_FIRST, I_N_KV, I_DST, I_OUT, I_STEP_ARRAYS };
@@ -232,7 +233,8 @@ int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
 		return WF_EUNSUPPORTED;
 	d->L = calloc(w->n_layer, sizeof(*d->L));
 	d->on_dev = calloc(w->moe ? w->n_expert : 1, 1);
-	if (!d->L || !d->on_dev)
+	d->whole = calloc(w->moe ? w->n_expert : 1, 1);
+	if (!d->L || !d->on_dev || !d->whole)
 		return wf_diag_set(diag, -ENOMEM, "device forward pass");
 	if ((rc = wf_device_stream_create(d->dev, &d->stream, diag)) < 0)
 		return rc;
@@ -357,6 +359,7 @@ void wf__devfwd_destroy(struct wf__devfwd *d)
 			(void)wf_device_mem_free(d->dev, (void *)mem[i], NULL);
 	free(d->L);
 	free(d->on_dev);
+	free(d->whole);
 	free(d);
 }
 
@@ -455,7 +458,7 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 			memcpy(rows_u + r * us, tok_u + e->row_token[r] * us, us);
 	}
 	for (uint32_t x = 0; x < X; x++) {
-		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
+		const uint32_t c = d->whole[x] ? 0 : e->expert_count[x], f = e->expert_first[x];
 		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F,
 		           F);
 		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
@@ -469,7 +472,8 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 	const size_t ds = wf__quantize_rows(&e->cpu, ad, d->h_h, F, n * K, F, e->qa);
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
-		if (!c)
+		d->on_dev[x] = d->whole[x];
+		if (!c || d->whole[x])
 			continue;
 		const void *slot = e->fetch ? wf__fetch_ready(e->fetch, e->fetch_slot[x]) : NULL;
 		d->on_dev[x] = slot != NULL;
@@ -492,6 +496,22 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 			        diag));
 	}
 	return 0;
+}
+
+/* One expert wholly on the device: its c gathered rows from row f of d->rows through gate, up,
+ * swiglu and down into the same rows of d->down. */
+static int device_expert(struct wf__devfwd *d, const struct wf_engine_dev_matrix *g,
+                         const struct wf_engine_dev_matrix *u,
+                         const struct wf_engine_dev_matrix *dn, uint32_t f, uint32_t c,
+                         uint32_t E, uint32_t F, struct wf_diag *diag)
+{
+	const struct wf_engine_dev_ops *o = d->ops;
+	float *gr = d->gate + (size_t)f * F, *ur = d->up + (size_t)f * F;
+	int rc;
+	TRY(o->matmul(d->ctx, g, d->rows + (size_t)f * E, E, c, gr, F, diag));
+	TRY(o->matmul(d->ctx, u, d->rows + (size_t)f * E, E, c, ur, F, diag));
+	TRY(o->swiglu(d->ctx, gr, ur, gr, (size_t)c * F, diag));
+	return o->matmul(d->ctx, dn, gr, F, c, d->down + (size_t)f * E, E, diag);
 }
 
 static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uint32_t n,
@@ -552,18 +572,14 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 		/* The whole layer on the device, expert by expert over the gathered rows. */
 		TRY(o->gather(d->ctx, d->xn, dgidx, n * K, E, d->rows, diag));
 		for (uint32_t x = 0; x < X; x++) {
-			const uint32_t c = e->expert_count[x], f = e->expert_first[x];
-			if (!c)
+			if (!e->expert_count[x])
 				continue;
 			struct wf_engine_dev_matrix g = D->gate_exps, u = D->up_exps, dn = D->down_exps;
 			g.data = (const uint8_t *)g.data + (size_t)x * L->gate_exps.matrix_size;
 			u.data = (const uint8_t *)u.data + (size_t)x * L->up_exps.matrix_size;
 			dn.data = (const uint8_t *)dn.data + (size_t)x * L->down_exps.matrix_size;
-			float *gr = d->gate + (size_t)f * F, *ur = d->up + (size_t)f * F;
-			TRY(o->matmul(d->ctx, &g, d->rows + (size_t)f * E, E, c, gr, F, diag));
-			TRY(o->matmul(d->ctx, &u, d->rows + (size_t)f * E, E, c, ur, F, diag));
-			TRY(o->swiglu(d->ctx, gr, ur, gr, (size_t)c * F, diag));
-			TRY(o->matmul(d->ctx, &dn, gr, F, c, d->down + (size_t)f * E, E, diag));
+			TRY(device_expert(d, &g, &u, &dn, e->expert_first[x], e->expert_count[x], E, F,
+			                  diag));
 		}
 		for (uint32_t x = 0; x < X; x++) /* lookups of resident experts, as fetch.c counts */
 			e->stats.resident_lookups += e->expert_count[x] ? 1 : 0;
@@ -574,18 +590,49 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 			uint32_t nf = 0;
 			for (uint32_t x = 0; x < X; x++) {
 				e->fetch_slot[x] = -1;
+				d->whole[x] = 0;
 				if (!e->expert_count[x])
 					continue;
 				e->fetch_ids[nf] = x;
-				e->fetch_src[nf] = (const uint8_t *)L->down_exps.data +
-				                   (size_t)x * L->down_exps.matrix_size;
-				e->fetch_bytes[nf] = L->down_exps.matrix_size;
+				e->fetch_src[nf] = (struct wf__fetch_src){
+				    .d = (const uint8_t *)L->down_exps.data +
+				         (size_t)x * L->down_exps.matrix_size,
+				    .g = (const uint8_t *)L->gate_exps.data +
+				         (size_t)x * L->gate_exps.matrix_size,
+				    .u = (const uint8_t *)L->up_exps.data +
+				         (size_t)x * L->up_exps.matrix_size,
+				    .d_bytes = L->down_exps.matrix_size,
+				    .g_bytes = L->gate_exps.matrix_size,
+				    .u_bytes = L->up_exps.matrix_size};
 				nf++;
 			}
-			wf__fetch_step(e->fetch, il, nf, e->fetch_ids, e->fetch_src, e->fetch_bytes,
-			               e->fetch_step_slot);
-			for (uint32_t i = 0; i < nf; i++)
-				e->fetch_slot[e->fetch_ids[i]] = e->fetch_step_slot[i];
+			wf__fetch_step(e->fetch, il, nf, e->fetch_ids, e->fetch_src, e->fetch_step_slot,
+			               e->fetch_whole);
+			for (uint32_t i = 0; i < nf; i++) {
+				const uint32_t x = e->fetch_ids[i];
+				e->fetch_slot[x] = e->fetch_step_slot[i];
+				d->whole[x] = e->fetch_whole[i];
+			}
+		}
+		/* Split execution: the experts the cache holds whole run on the device (queued,
+		 * asynchronous on CUDA) while the CPU computes the others. */
+		bool any_whole = false;
+		for (uint32_t x = 0; x < X && !any_whole; x++)
+			any_whole = d->whole[x];
+		if (any_whole)
+			TRY(o->gather(d->ctx, d->xn, dgidx, n * K, E, d->rows, diag));
+		for (uint32_t x = 0; x < X; x++) {
+			if (!d->whole[x])
+				continue;
+			struct wf_engine_dev_matrix g = {NULL, L->gate_exps.type, L->gate_exps.ne[0],
+			                                 L->gate_exps.ne[1], L->gate_exps.row_size};
+			struct wf_engine_dev_matrix u = {NULL, L->up_exps.type, L->up_exps.ne[0],
+			                                 L->up_exps.ne[1], L->up_exps.row_size};
+			struct wf_engine_dev_matrix dn = {NULL, L->down_exps.type, L->down_exps.ne[0],
+			                                  L->down_exps.ne[1], L->down_exps.row_size};
+			wf__fetch_whole(e->fetch, e->fetch_slot[x], &dn.data, &g.data, &u.data);
+			TRY(device_expert(d, &g, &u, &dn, e->expert_first[x], e->expert_count[x], E, F,
+			                  diag));
 		}
 		TRY(host_experts(e, d, il, n, diag));
 		if (e->fetch)

@@ -249,6 +249,11 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 				cr_expect_leq(st.fetch_misses, 48u);
 				cr_expect_gt(st.fetch_hits, st.fetch_misses);
 				cr_expect_eq(st.fetch_experts, st.fetch_misses);
+				/* The device path keeps experts whole: hits then run on the device. */
+				if (dense_on_device)
+					cr_expect_gt(st.fetch_whole, 0);
+				else
+					cr_expect_eq(st.fetch_whole, 0);
 			}
 			free(got);
 		}
