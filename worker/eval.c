@@ -28,7 +28,8 @@
 static const char usage[] =
     "usage: wf-worker eval --model FILE --prompt IDS [--feed IDS | --generate N]\n"
     "                      [--logits OUT.bin] [--threads N] [--kv-type f16|f32] [--ctx N]\n"
-    "                      [--device SPEC [--expert-cache-mb N] [--n-cpu-moe N | --cpu-moe]]\n"
+    "                      [--device SPEC [--expert-cache-mb N] [--n-cpu-moe N | --cpu-moe]\n"
+    "                                     [--dense-on-device]]\n"
     "                      (post-fetch settings: the WF_POSTFETCH_* variables)\n";
 
 static int parse_u32(const char *s, uint32_t *ret)
@@ -76,7 +77,7 @@ int wf_worker_eval_main(int argc, char **argv)
 	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL,
 		   *device_spec = NULL;
 	uint32_t generate = 0, threads = 0, ctx = 0, cache_mb = 0, n_cpu_moe = 0;
-	bool experts_on_device = false;
+	bool experts_on_device = false, dense_on_device = false;
 	bool have_generate = false;
 	enum wf_engine_kv_type kv_type = WF_ENGINE_KV_F16;
 	for (int i = 1; i < argc; i++) {
@@ -84,6 +85,10 @@ int wf_worker_eval_main(int argc, char **argv)
 		int bad = 0;
 		if (strcmp(a, "--cpu-moe") == 0) { /* the default: every expert host-side */
 			experts_on_device = false;
+			continue;
+		}
+		if (strcmp(a, "--dense-on-device") == 0) { /* implied on CUDA */
+			dense_on_device = true;
 			continue;
 		}
 		if (!v) {
@@ -169,7 +174,8 @@ int wf_worker_eval_main(int argc, char **argv)
 	                               .kv_type = kv_type, .device = dev, .postfetch = &pf,
 	                               .expert_cache_mb = cache_mb,
 	                               .experts_on_device = experts_on_device,
-	                               .n_cpu_moe = n_cpu_moe};
+	                               .n_cpu_moe = n_cpu_moe,
+	                               .dense_on_device = dense_on_device};
 	if ((rc = wf_engine_create(m, view.tensor_data, &cfg, &e, &d)) < 0)
 		goto out;
 	if (pf.debug)
