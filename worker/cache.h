@@ -257,6 +257,49 @@ int wf_cache_wset_load(struct wf_cache *cache, uint32_t id, uint32_t set, bool p
  * model is acquired. */
 int wf_cache_wset_evict(struct wf_cache *cache, uint32_t id, uint32_t set, struct wf_diag *diag);
 
+/* ---- reservations ------------------------------------------------------------------------------
+ *
+ * Device memory that its owner, not the cache, allocated and frees: a generation engine's post-
+ * fetch scratchpad, expert cache slots and resident experts (and, on CUDA, its dense weights
+ * and KV cache). A reservation counts against the on-demand budget exactly as a model's unpinned
+ * sets do, and it is an item of the same LRU planner: a load, a budget change or another
+ * reservation that needs room evicts it, least recently used first. While acquired it is never
+ * a victim (nor are acquired models). Evicting one calls the owner's evict function on the
+ * manager thread, without the cache's lock: the owner must free the memory before it returns
+ * (the load that made room allocates right after) and must not wait for a residency command.
+ * The reservation is gone from the table before the call (acquire fails with WF_ENOT_FOUND),
+ * so the owner's own wf_cache_resv_drop() of it is a no-op. Compaction and release_all leave
+ * reservations alone: the cache does not hold their memory. Events: none (the owner reports). */
+
+/* why: "lru", "lru: device memory". */
+typedef void wf_cache_resv_evict_fn(void *ctx, uint32_t resv, const char *why);
+
+/* Charges bytes that the caller holds (or is about to allocate) on the device, under name
+ * (copied; for messages), through the manager thread. Self-managed mode evicts LRU models and
+ * reservations to make room; external mode evicts nothing (WF_ENO_SPACE when something would
+ * have to go). Unlike a model, a reservation never goes over the budget: bytes larger than the
+ * whole on-demand budget, or than what is left once everything evictable is counted out, fail
+ * with WF_ENO_SPACE before anything is evicted. On success the reservation is acquired once
+ * (release it when the owner's first use ends) and *ret_resv is its id (never 0). evict is
+ * required. */
+int wf_cache_resv_create(struct wf_cache *cache, const char *name, uint64_t bytes,
+                         wf_cache_resv_evict_fn *evict, void *ctx, uint32_t *ret_resv,
+                         struct wf_diag *diag);
+/* Holds it for a use (a generation): it is not evicted until the matching release, which also
+ * makes it the most recently used. Thread-safe, do not wait for the manager. acquire: 0, or
+ * WF_ENOT_FOUND when it was evicted or dropped; release: 0, WF_ENOT_FOUND, WF_ESTATE when not
+ * acquired. */
+int wf_cache_resv_acquire(struct wf_cache *cache, uint32_t resv);
+int wf_cache_resv_release(struct wf_cache *cache, uint32_t resv);
+/* The owner freed the memory: the reservation is forgotten (acquired or not), without a call to
+ * evict. Accepts a NULL cache, 0 and ids no longer there. Thread-safe, does not wait. */
+void wf_cache_resv_drop(struct wf_cache *cache, uint32_t resv);
+
+/* Evicts the least recently used evictable unpinned model or reservation, through the manager
+ * thread: for an owner whose own device allocation failed (-ENOMEM) although the budget let it
+ * be tried. Returns 0, or WF_ENO_SPACE when nothing may be evicted. */
+int wf_cache_evict_oldest(struct wf_cache *cache, struct wf_diag *diag);
+
 /* ---- requests
  * ------------------------------------------------------------------------------------- */
 
@@ -312,9 +355,11 @@ struct wf_cache_model_status {
 struct wf_cache_status {
 	enum wf_cache_mode mode;
 	struct wf_devbudget budget; /* every input and output */
-	uint64_t resident_bytes;    /* unpinned device bytes (against budget.on_demand) */
+	uint64_t resident_bytes;    /* unpinned weight bytes (against budget.on_demand) */
 	uint64_t pinned_bytes;
-	bool over_budget;           /* resident_bytes > budget.on_demand */
+	uint64_t reserved_bytes;    /* reservations (against budget.on_demand too) */
+	size_t n_reservations;
+	bool over_budget;           /* resident_bytes + reserved_bytes > budget.on_demand */
 	size_t mem_free, mem_total; /* wf_device_mem_info now */
 	struct wf_stage_info stage;
 	uint64_t loads, evictions, lru_evictions;

@@ -41,6 +41,8 @@ enum cmd_type {
 	CMD_SET_BUDGET,
 	CMD_WSET_LOAD,
 	CMD_WSET_EVICT,
+	CMD_RESV_CREATE,
+	CMD_EVICT_OLDEST,
 };
 
 struct cmd {
@@ -54,6 +56,9 @@ struct cmd {
 	struct wf_cache_budget budget;
 	const char *name;
 	const struct wf_model *model;
+	uint64_t bytes;                /* CMD_RESV_CREATE */
+	wf_cache_resv_evict_fn *evict; /* CMD_RESV_CREATE */
+	void *evict_ctx;
 	uint32_t out_id;
 	bool async, done;
 	int result;
@@ -111,6 +116,20 @@ struct model {
 	char last_error_msg[WF_DIAG_MAX];
 };
 
+/* A reservation (cache.h): bytes its owner holds on the device, an LRU item like a model's
+ * unpinned sets. In the table while it counts; the manager takes it out (under the lock, while
+ * not acquired) before it calls the owner's evict function, and wf_cache_resv_drop takes it out
+ * from any thread: whoever takes it out frees it. */
+struct resv {
+	uint32_t id;
+	char name[WF_CACHE_NAME_MAX];
+	uint64_t bytes;
+	unsigned acquired;
+	uint64_t lru;
+	wf_cache_resv_evict_fn *evict;
+	void *ctx;
+};
+
 struct wf_cache {
 	struct wf_device *dev;
 	struct wf_io_reader *io;
@@ -137,6 +156,11 @@ struct wf_cache {
 	struct model **models;
 	size_t n_models, cap_models;
 	uint32_t next_id;
+	/* cap_resv grows on the manager thread only, so the manager may size its plans by
+	 * cap_models + cap_resv outside the lock. */
+	struct resv **resvs;
+	size_t n_resv, cap_resv;
+	uint32_t next_resv;
 	uint64_t tick;
 
 	enum wf_cache_mode mode;
@@ -186,6 +210,10 @@ static inline enum wf_residency host_level(const struct model *m)
 uint64_t wf__cache_set_bytes(const struct model *m, bool pinned);
 /* Whether the model has a resident set that is (not) pinned. */
 bool wf__cache_any_set(const struct model *m, bool pinned);
+/* Bytes of every reservation. Lock held. */
+uint64_t wf__cache_resv_bytes_locked(const struct wf_cache *c);
+/* Takes reservation id out of the table. Lock held. NULL when it is not there. */
+struct resv *wf__cache_resv_take_locked(struct wf_cache *c, uint32_t id);
 /* Recomputes the model's state and totals from its sets. Lock held. */
 void wf__cache_model_refresh_locked(struct model *m);
 /* Builds the model's sets and per-tensor arrays (cmd_add); frees them and m. */

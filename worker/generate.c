@@ -4,11 +4,14 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
+#include "base/log.h"
 #include "shm/region.h"
+#include "worker/cache.h"
 #include "worker/service.h"
 #include "worker/weights.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,8 +21,17 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A model's engine. The engine and what it reads (scheduler, tokenizer, view, attachment) are
+ * its heavy part; the name and metrics stay for the generations that still refer to it after the
+ * heavy part is gone (an evicted engine's finished generations are readable for a while). */
+#define WF_GEN_EVICT_TRIES 8 /* victims evicted for an engine the device refused */
+
 struct gmodel {
 	char *name;
+	struct wf_cache *cache;       /* where resv lives */
+	uint32_t resv;                /* the engine's device bytes in the device budget; 0: none
+	                                 (CPU-only engine, or the reservation was evicted) */
+	uint64_t device_bytes;
 	const struct wf_model *model; /* the service's, open until the worker stops */
 	struct wf_shm_region *region; /* our own attachment; NULL: file mappings */
 	struct wf_weight_view view;
@@ -54,6 +66,7 @@ struct gen {
 	uint32_t idle_ms;
 	uint64_t seed;
 	uint32_t n_prompt;
+	uint32_t resv; /* the engine's reservation this generation holds until its end; 0: none */
 };
 
 struct wf_gen {
@@ -67,11 +80,15 @@ struct wf_gen {
 	uint32_t n_loading;
 	struct gmodel *models[WF_GEN_MODELS_MAX];
 	uint32_t n_models;
-	/* Engines of models sent back to disk: no new generation finds them; the reaper frees one
-	 * (and with it the floor attachment that keeps the floor alive) once no generation refers
-	 * to it. */
-	struct gmodel *retired[WF_GEN_MODELS_MAX];
+	/* Engines of models sent back to disk, and the shells of evicted engines: no new
+	 * generation finds them; the reaper frees one (and with it the floor attachment that keeps
+	 * the floor alive) once no generation refers to it. Every entry that outlives a reaper
+	 * pass is referred to by a generation, so WF_GEN_MAX more than the models is enough. */
+	struct gmodel *retired[WF_GEN_MAX + WF_GEN_MODELS_MAX];
 	uint32_t n_retired;
+	/* The reservation of the engine the reaper is freeing now (0: none): an eviction of it
+	 * waits for the memory to be gone before it returns to the cache. */
+	uint32_t reaping_resv;
 	struct gen *gens[WF_GEN_MAX];
 	uint32_t n_gens;
 	uint64_t next_id;
@@ -100,15 +117,28 @@ static void deadline_after(struct timespec *ts, uint32_t ms)
 
 /* ---- engines ------------------------------------------------------------------------------ */
 
+/* The scheduler first: it joins its thread, so no step is cut short (none runs: nothing holds
+ * the engine when this is called, or the worker is stopping). */
+static void gmodel_free_heavy(struct gmodel *gm)
+{
+	wf_sched_destroy(gm->sched);
+	gm->sched = NULL;
+	wf_engine_destroy(gm->engine);
+	gm->engine = NULL;
+	wf_tokenizer_destroy(gm->tok);
+	gm->tok = NULL;
+	wf_weight_view_release(&gm->view);
+	wf_shm_region_detach(gm->region);
+	gm->region = NULL;
+}
+
 static void gmodel_free(struct gmodel *gm)
 {
 	if (!gm)
 		return;
-	wf_sched_destroy(gm->sched);
-	wf_engine_destroy(gm->engine);
-	wf_tokenizer_destroy(gm->tok);
-	wf_weight_view_release(&gm->view);
-	wf_shm_region_detach(gm->region);
+	gmodel_free_heavy(gm);
+	/* After the memory is gone: the budget never shows room the device does not have. */
+	wf_cache_resv_drop(gm->cache, gm->resv);
 	free(gm->name);
 	free(gm);
 }
@@ -149,18 +179,30 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
                        struct wf_diag *diag);
 static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res);
 
+/* Finds or builds the model's engine and holds its reservation (*ret_resv, 0 for an engine
+ * without device memory) for the caller, who passes it to a generation or releases it: held, the
+ * engine is not evicted. */
 static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
-		     struct wf_diag *diag)
+		     uint32_t *ret_resv, struct wf_diag *diag)
 {
 	pthread_mutex_lock(&g->mu);
 	struct gmodel *gm;
-	while (!(gm = find_model_locked(g, name)) && loading_locked(g, name) && !g->closing)
+	for (;;) {
+		while (!(gm = find_model_locked(g, name)) && loading_locked(g, name) && !g->closing)
+			pthread_cond_wait(&g->cv, &g->mu);
+		if (!gm || !gm->resv || wf_cache_resv_acquire(gm->cache, gm->resv) == 0)
+			break;
+		/* Evicted a moment ago: on_resv_evict, on the cache's manager thread, is about to
+		 * take it out of the table (and wakes us); then it is built anew. */
 		pthread_cond_wait(&g->cv, &g->mu);
+	}
 	if (gm || g->closing) {
+		uint32_t resv = gm ? gm->resv : 0;
 		pthread_mutex_unlock(&g->mu);
 		if (!gm)
 			return wf_diag_set(diag, WF_ECANCELED, "the worker is stopping");
 		*ret = gm;
+		*ret_resv = resv;
 		return 0;
 	}
 	if (g->n_models + g->n_loading >= WF_GEN_MODELS_MAX) {
@@ -184,14 +226,73 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 			g->loading[i] = g->loading[--g->n_loading];
 			break;
 		}
-	if (rc == 0)
+	uint32_t resv = 0;
+	if (rc == 0) {
+		/* The reservation was made acquired: that hold is the caller's. */
 		g->models[g->n_models++] = gm;
+		resv = gm->resv;
+	}
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
 	free(mine);
-	if (rc == 0)
+	if (rc == 0) {
 		*ret = gm;
+		*ret_resv = resv;
+	}
 	return rc;
+}
+
+static bool gm_used_locked(const struct wf_gen *g, const struct gmodel *gm)
+{
+	for (uint32_t i = 0; i < g->n_gens; i++)
+		if (g->gens[i]->gm == gm)
+			return true;
+	return false;
+}
+
+/* The cache evicted an engine's reservation (a load, another engine or a budget change needed the
+ * room): the engine goes now, on the cache's manager thread, so that the memory is free when we
+ * return. Nothing holds the reservation, so no generation runs on the engine (those that ran are
+ * done: their on_done released it) and none can start (model_get's acquire fails and waits for
+ * us). The shell stays for the finished generations that still refer to it. */
+static void on_resv_evict(void *ctx, uint32_t resv, const char *why)
+{
+	struct wf_gen *g = ctx;
+	struct gmodel *gm = NULL;
+
+	pthread_mutex_lock(&g->mu);
+	for (;;) {
+		for (uint32_t i = 0; i < g->n_models && !gm; i++)
+			if (g->models[i]->resv == resv) {
+				gm = g->models[i];
+				g->models[i] = g->models[--g->n_models];
+			}
+		for (uint32_t i = 0; i < g->n_retired && !gm; i++)
+			if (g->retired[i]->resv == resv) {
+				gm = g->retired[i];
+				g->retired[i] = g->retired[--g->n_retired];
+			}
+		/* The reaper is freeing it: done when it is gone. */
+		if (gm || g->reaping_resv != resv)
+			break;
+		pthread_cond_wait(&g->cv, &g->mu);
+	}
+	if (gm)
+		gm->resv = 0;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	if (!gm)
+		return;
+	wf_log_info("model %s: engine evicted (%s): %" PRIu64 " device bytes freed; the next "
+		    "generation builds it again", gm->name, why, gm->device_bytes);
+	gmodel_free_heavy(gm);
+	pthread_mutex_lock(&g->mu);
+	bool keep = gm_used_locked(g, gm) && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX;
+	if (keep)
+		g->retired[g->n_retired++] = gm;
+	pthread_mutex_unlock(&g->mu);
+	if (!keep)
+		gmodel_free(gm);
 }
 
 /* Builds a model's engine: asks the agent for its floor (or opens its files), views the weights,
@@ -269,13 +370,39 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 				      .expert_cache_mb = g->opts.expert_cache_mb,
 				      .experts_on_device = g->opts.experts_on_device,
 				      .n_cpu_moe = g->opts.n_cpu_moe};
-	if ((rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d)) < 0) {
+	/* The device refusing the engine's memory although the budget has room for it: weights
+	 * the LRU may evict hold it (the budget's slack, or fragmentation). Make room one victim
+	 * at a time, as the cache does for its own allocations. */
+	for (int tries = 0;; tries++) {
+		rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d);
+		if (rc != -ENOMEM || !ec.device || tries >= WF_GEN_EVICT_TRIES ||
+		    wf_cache_evict_oldest(s->cache, NULL) < 0)
+			break;
+		wf_diag_clear(&d);
+	}
+	if (rc < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;
 	}
 	struct wf_engine_info info;
 	wf_engine_get_info(gm->engine, &info);
 	gm->n_ctx = info.n_ctx;
+	gm->cache = s->cache;
+	gm->device_bytes = info.device_bytes;
+	if (info.device_bytes) {
+		char what[WF_CACHE_NAME_MAX + 16];
+		snprintf(what, sizeof what, "engine of '%s'", name);
+		rc = wf_cache_resv_create(s->cache, what, info.device_bytes, on_resv_evict, g,
+					  &gm->resv, &d);
+		if (rc < 0) {
+			wf_diag_set(diag, rc,
+				    "model '%s': its engine holds %" PRIu64 " bytes on device %s, "
+				    "more than the device budget leaves it: %s",
+				    name, info.device_bytes, wf_device_name(ec.device),
+				    wf_diag_str(&d, rc));
+			goto out;
+		}
+	}
 	metrics_update(gm, NULL);
 	struct wf_sched_config sc = {.n_batch = g->opts.n_batch};
 	if ((rc = wf_sched_create(gm->engine, gm->tok, &sc, &gm->sched, &d)) < 0) {
@@ -374,6 +501,27 @@ lost:
 	pthread_mutex_unlock(&g->mu);
 }
 
+/* The engine event: one line per finished generation, with the engine's figures so far (the
+ * post-fetch ones only where post-fetch ran). */
+static void log_engine_event(const char *model, uint64_t id, const struct wf_sched_result *res,
+			     const struct wf_gen_metrics *m)
+{
+	char rate[32], fetch[256] = "";
+	if (m->decode_tokens_per_s >= 0 && res->n_gen > 1)
+		snprintf(rate, sizeof rate, "%.1f", m->decode_tokens_per_s);
+	else
+		snprintf(rate, sizeof rate, "-");
+	if (m->fetch_experts || m->scratchpad_bytes)
+		snprintf(fetch, sizeof fetch,
+			 "; post-fetch %.0f bytes/token, overlap %.0f%%, fallback rate %.1f%%, "
+			 "scratchpad %" PRIu64 " bytes, cache hit rate %.1f%%",
+			 m->fetch_bytes_per_token, m->fetch_overlap * 100.0,
+			 m->fallback_rate * 100.0, m->scratchpad_bytes,
+			 m->cache_hit_rate * 100.0);
+	wf_log_info("model %s: generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", model,
+		    id, res->n_prompt, res->n_gen, rate, fetch);
+}
+
 static void on_done(void *arg, const struct wf_sched_result *res)
 {
 	struct gen *x = arg;
@@ -381,15 +529,25 @@ static void on_done(void *arg, const struct wf_sched_result *res)
 	pthread_mutex_lock(&g->mu);
 	x->res = *res;
 	metrics_update(x->gm, res);
+	struct wf_gen_metrics m = x->gm->metrics;
+	uint64_t id = x->id;
+	char model[WF_CACHE_NAME_MAX];
+	snprintf(model, sizeof model, "%s", x->gm->name);
 	if (x->lost) {
 		x->res.reason = WF_SCHED_FINISH_ERROR;
 		x->res.error = -ENOMEM;
 		snprintf(x->res.message, sizeof x->res.message, "out of memory for the output");
 	}
+	/* The last use of the engine by this generation (its last step is ending): from here the
+	 * cache may evict it; the eviction joins the step thread, so the step still finishes. */
+	if (x->resv)
+		(void)wf_cache_resv_release(x->gm->cache, x->resv);
+	x->resv = 0;
 	x->done = true;
 	x->done_at = now_s();
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
+	log_engine_event(model, id, res, &m);
 }
 
 static void gen_free(struct gen *x)
@@ -433,17 +591,17 @@ static void *reaper_main(void *arg)
 		 * take it. */
 		for (uint32_t r = 0; r < g->n_retired;) {
 			struct gmodel *gm = g->retired[r];
-			bool used = false;
-			for (uint32_t i = 0; i < g->n_gens && !used; i++)
-				used = g->gens[i]->gm == gm;
-			if (used) {
+			if (gm_used_locked(g, gm)) {
 				r++;
 				continue;
 			}
 			g->retired[r] = g->retired[--g->n_retired];
+			g->reaping_resv = gm->resv;
 			pthread_mutex_unlock(&g->mu);
 			gmodel_free(gm);
 			pthread_mutex_lock(&g->mu);
+			g->reaping_resv = 0;
+			pthread_cond_broadcast(&g->cv);
 			r = 0;
 		}
 	}
@@ -455,7 +613,7 @@ void wf_gen_retire(struct wf_gen *g, const char *name)
 {
 	pthread_mutex_lock(&g->mu);
 	struct gmodel *gm = find_model_locked(g, name);
-	if (gm && g->n_retired < WF_GEN_MODELS_MAX) {
+	if (gm && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX) {
 		for (uint32_t i = 0; i < g->n_models; i++)
 			if (g->models[i] == gm) {
 				g->models[i] = g->models[--g->n_models];
@@ -644,36 +802,16 @@ static void sampling_from_pb(const Weightfloor__V1__Sampling *p, struct wf_sampl
 	sp->seed = p->seed;
 }
 
-int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, int agent_ms,
-			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+/* wf_gen_handle_start once the model's engine is there; *ret_passed: the generation took over
+ * the hold on resv. */
+static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct gmodel *gm,
+		 uint32_t resv, struct wf_sched_request *srp, Weightfloor__V1__Reply *reply,
+		 struct wf_ctl_call *call, bool *ret_passed)
 {
 	struct wf_diag d = {{0}};
-	int rc;
+	struct wf_sched_request sr = *srp;
 	bool has_text = req->prompt && *req->prompt;
-	if (!req->model || !*req->model)
-		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "no model named"), &d);
-	if (has_text && req->n_prompt_ids)
-		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
-	if (!has_text && !req->n_prompt_ids)
-		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
-	if (req->idle_timeout_ms > WF_GEN_IDLE_MAX_MS)
-		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d",
-					WF_GEN_IDLE_MAX_MS), &d);
-	struct wf_sched_request sr = {0};
-	sampling_from_pb(req->sampling, &sr.sampling);
-	/* Checked before any model is loaded: a bad request costs nothing. */
-	if ((rc = wf_sampler_params_check(&sr.sampling, &d)) < 0)
-		return fail(reply, call, rc, &d);
-	if (req->n_stop > WF_SCHED_STOP_MAX)
-		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
-					WF_SCHED_STOP_MAX), &d);
-	struct gmodel *gm = NULL;
-	if ((rc = model_get(g, req->model, agent_ms, &gm, &d)) < 0)
-		return fail(reply, call, rc, &d);
-
+	int rc;
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
 	if (has_text) {
@@ -721,6 +859,7 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 	x->gm = gm;
 	x->seed = sr.sampling.seed;
 	x->n_prompt = (uint32_t)sr.n_tokens;
+	x->resv = resv;
 	x->idle_ms = req->idle_timeout_ms ? req->idle_timeout_ms : WF_GEN_IDLE_MS;
 	x->last_seen = now_s();
 	sr.arg = x;
@@ -739,6 +878,7 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 			g->gens[g->n_gens++] = x;
 	}
 	bool in_table = rc == 0;
+	*ret_passed = in_table;
 	if (rc == 0) {
 		x->readers++;
 		wait_locked(g, x, 0, req->wait_ms);
@@ -754,6 +894,46 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 	if (rc < 0)
 		return fail(reply, call, rc, &d);
 	return 0;
+}
+
+
+int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, int agent_ms,
+			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_diag d = {{0}};
+	int rc;
+	bool has_text = req->prompt && *req->prompt;
+	if (!req->model || !*req->model)
+		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "no model named"), &d);
+	if (has_text && req->n_prompt_ids)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
+	if (!has_text && !req->n_prompt_ids)
+		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
+	if (req->idle_timeout_ms > WF_GEN_IDLE_MAX_MS)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d",
+					WF_GEN_IDLE_MAX_MS), &d);
+	struct wf_sched_request sr = {0};
+	sampling_from_pb(req->sampling, &sr.sampling);
+	/* Checked before any model is loaded: a bad request costs nothing. */
+	if ((rc = wf_sampler_params_check(&sr.sampling, &d)) < 0)
+		return fail(reply, call, rc, &d);
+	if (req->n_stop > WF_SCHED_STOP_MAX)
+		return fail(reply, call,
+			    wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
+					WF_SCHED_STOP_MAX), &d);
+	struct gmodel *gm = NULL;
+	uint32_t resv = 0;
+	if ((rc = model_get(g, req->model, agent_ms, &gm, &resv, &d)) < 0)
+		return fail(reply, call, rc, &d);
+	/* The engine's reservation is held from here: it passes to the generation, or is released
+	 * on the way out. */
+	bool passed = false;
+	rc = start(g, req, gm, resv, &sr, reply, call, &passed);
+	if (resv && !passed)
+		(void)wf_cache_resv_release(gm->cache, resv);
+	return rc;
 }
 
 int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *req,

@@ -6,6 +6,17 @@
  * read-only mmap of the model files (the page cache's pages). A tokenizer and a continuous-
  * batching scheduler (engine/scheduler.h) go with it; they live until the worker stops.
  *
+ * An engine with a device holds device memory for its life (post-fetch scratchpad, expert cache
+ * slots, resident experts: wf_engine_info.device_bytes). Those bytes are a reservation in the
+ * worker's device budget (worker/cache.h): built only when they fit, after the LRU evicted what
+ * it may (else the Generate fails with WF_ENO_SPACE and no engine is left); each generation
+ * holds the reservation from its start to its end, so an engine with generations running is
+ * never evicted (the choice made: no generation is cut, and none waits); its last step ends the
+ * hold and makes it the most recently used. When the cache evicts an idle engine, it is freed at
+ * once (its finished generations stay readable) and the next Generate builds it again. When a
+ * generation ends, one line goes to the worker's log with the engine's figures (tokens/s, and
+ * with post-fetch: bytes fetched per token, overlap, fallback rate, scratchpad, hit rate).
+ *
  * A model with no engine yet follows the worker's residency mode: self-managed loads it (the
  * floor through the agent, as Pin does); external needs the model attached first (HOST or above,
  * by a residency command), else WF_ENOT_RESIDENT.

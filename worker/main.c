@@ -891,10 +891,12 @@ out:
 		wf_ctl_server_stop(srv);
 	}
 	wf_ctl_server_destroy(srv);
-	wf_gen_destroy(svc.gen);
-	svc.gen = NULL;
+	/* The cache's manager first: it calls into the engines when it evicts one, so it must be
+	 * gone before they are. */
 	wf_cache_close(cache);
 	wf_cache_stop(cache);
+	wf_gen_destroy(svc.gen);
+	svc.gen = NULL;
 	wf_cache_destroy(cache);
 	wf_ctl_client_close(svc.agent);
 	wf_worker_svc_fini(&svc);

@@ -86,10 +86,62 @@ static int evict_model(struct wf_cache *c, struct model *m, bool by_lru, const c
 	return evict_sets(c, m, ALL_SETS, false, by_lru, why);
 }
 
-/* The models other than skip with unpinned resident sets, as LRU items (acquired ones busy): a
- * model's unpinned sets go together, as the model did before it had sets. Lock held. */
+/* An LRU item: a model's unpinned sets, or a reservation (by id: its owner may drop it between
+ * the plan and the eviction). */
+struct item {
+	struct model *m;
+	uint32_t resv;
+};
+
+/* Takes reservation id off the budget and tells its owner, unless it is acquired (-EBUSY,
+ * checked under the lock, atomically with taking it out). 0 when it was gone already (dropped:
+ * its owner freed the memory). */
+static int evict_resv(struct wf_cache *c, uint32_t id, bool by_lru, const char *why)
+{
+	struct resv *r = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < c->n_resv; i++)
+		if (c->resvs[i]->id == id)
+			r = c->resvs[i];
+	if (r && r->acquired) {
+		pthread_mutex_unlock(&c->lock);
+		return -EBUSY;
+	}
+	if (r) {
+		(void)wf__cache_resv_take_locked(c, id);
+		c->evictions++;
+		if (by_lru)
+			c->lru_evictions++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!r)
+		return 0;
+	/* Out of the table first: an acquire from now on fails, so no new use can start on the
+	 * memory the owner is about to free. */
+	r->evict(r->ctx, r->id, why);
+	free(r);
+	return 0;
+}
+
+static int evict_item(struct wf_cache *c, const struct item *it, bool by_lru, const char *why)
+{
+	return it->m ? evict_sets(c, it->m, ALL_SETS, true, by_lru, why)
+	             : evict_resv(c, it->resv, by_lru, why);
+}
+
+/* Room for the plans: every model and reservation, plus one. Manager thread (the capacities grow
+ * only there). */
+static size_t plan_cap(const struct wf_cache *c)
+{
+	return c->cap_models + c->cap_resv + 1;
+}
+
+/* The models other than skip with unpinned resident sets, and the reservations, as LRU items
+ * (acquired ones busy): a model's unpinned sets go together, as the model did before it had
+ * sets. Lock held. */
 static size_t entries_locked(struct wf_cache *c, const struct model *skip, struct wf_lru_item *e,
-                             struct model **who)
+                             struct item *who)
 {
 	size_t n = 0;
 
@@ -99,7 +151,13 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip, struc
 		if (m == skip || !wf__cache_any_set(m, false))
 			continue;
 		e[n] = (struct wf_lru_item){.bytes = b, .last_used = m->lru, .busy = m->acquired != 0};
-		who[n++] = m;
+		who[n++] = (struct item){.m = m};
+	}
+	for (size_t i = 0; i < c->n_resv; i++) {
+		const struct resv *r = c->resvs[i];
+		e[n] = (struct wf_lru_item){
+		    .bytes = r->bytes, .last_used = r->lru, .busy = r->acquired != 0};
+		who[n++] = (struct item){.resv = r->id};
 	}
 	return n;
 }
@@ -107,17 +165,20 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip, struc
 /* Makes room for need bytes of unpinned weights under the on-demand budget (with extra_pinned
  * bytes about to be pinned). allow_evict: self-managed (LRU victims go); otherwise any needed
  * victim is WF_ENO_SPACE. *ret_over: the model is larger than the whole budget. */
-static int make_room(struct wf_cache *c, const struct model *target, uint64_t need,
-                     uint64_t extra_pinned, bool allow_evict, bool *ret_over, struct wf_diag *diag)
+static int make_room(struct wf_cache *c, const struct model *target, const char *what,
+                     uint64_t need, uint64_t extra_pinned, bool allow_evict, bool *ret_over,
+                     struct wf_diag *diag)
 {
 	struct wf_lru_item *e = NULL;
-	struct model **who = NULL;
+	struct item *who = NULL;
 	size_t *victims = NULL;
 	int ret = 0;
 
-	e = calloc(c->cap_models + 1, sizeof(*e));
-	who = calloc(c->cap_models + 1, sizeof(*who));
-	victims = calloc(c->cap_models + 1, sizeof(*victims));
+	if (!what)
+		what = target ? target->name : "?";
+	e = calloc(plan_cap(c), sizeof(*e));
+	who = calloc(plan_cap(c), sizeof(*who));
+	victims = calloc(plan_cap(c), sizeof(*victims));
 	if (!e || !who || !victims) {
 		ret = -ENOMEM;
 		goto out;
@@ -149,15 +210,15 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 		if (fit == WF_LRU_NO_ROOM || (nv && !allow_evict)) {
 			ret = wf_diag_set(
 			    diag, WF_ENO_SPACE,
-			    "model '%s': %" PRIu64 " bytes do not fit: on-demand budget %" PRIu64
-			    ", %" PRIu64 " resident in %zu unpinned models (%zu acquired)%s",
-			    target ? target->name : "?", need, b.on_demand, used, n, busy,
+			    "%s: %" PRIu64 " bytes do not fit: on-demand budget %" PRIu64 ", %" PRIu64
+			    " resident in %zu unpinned models and engines (%zu in use)%s",
+			    what, need, b.on_demand, used, n, busy,
 			    allow_evict ? "" : "; external mode does not evict");
 			goto out;
 		}
 		bool raced = false;
 		for (size_t k = 0; k < nv; k++) {
-			ret = evict_sets(c, who[victims[k]], ALL_SETS, true, true, "lru");
+			ret = evict_item(c, &who[victims[k]], true, "lru");
 			if (ret == -EBUSY) {
 				/* Acquired since the plan: plan again. */
 				raced = true;
@@ -168,9 +229,8 @@ static int make_room(struct wf_cache *c, const struct model *target, uint64_t ne
 		if (!raced)
 			break;
 		if (attempt >= PLAN_RETRIES) {
-			ret = wf_diag_set(diag, WF_ENO_SPACE,
-			                  "model '%s': LRU victims keep being acquired",
-			                  target ? target->name : "?");
+			ret = wf_diag_set(diag, WF_ENO_SPACE, "%s: LRU victims keep being acquired",
+			                  what);
 			goto out;
 		}
 	}
@@ -185,8 +245,8 @@ out:
  * when there is none. For allocations the device refuses although the budget allows them. */
 static int evict_one_lru(struct wf_cache *c, const struct model *skip)
 {
-	struct wf_lru_item *e = calloc(c->cap_models + 1, sizeof(*e));
-	struct model **who = calloc(c->cap_models + 1, sizeof(*who));
+	struct wf_lru_item *e = calloc(plan_cap(c), sizeof(*e));
+	struct item *who = calloc(plan_cap(c), sizeof(*who));
 	int ret = WF_ENO_SPACE;
 
 	if (!e || !who) {
@@ -202,7 +262,7 @@ static int evict_one_lru(struct wf_cache *c, const struct model *skip)
 		pthread_mutex_unlock(&c->lock);
 		if (k == n)
 			break;
-		if (evict_sets(c, who[k], ALL_SETS, true, true, "lru: device memory") == 0) {
+		if (evict_item(c, &who[k], true, "lru: device memory") == 0) {
 			ret = 0;
 			break;
 		}
@@ -222,7 +282,7 @@ static void enforce_budget(struct wf_cache *c)
 
 	if (wf__cache_mode_get(c) != WF_CACHE_SELF_MANAGED)
 		return;
-	(void)make_room(c, NULL, 0, 0, true, &over, &ignore);
+	(void)make_room(c, NULL, NULL, 0, 0, true, &over, &ignore);
 }
 
 /* Marks the model the manager is loading, so wf_cache_cancel() can find it. A new model resets
@@ -264,6 +324,9 @@ static int check_fits(struct wf_cache *c, const struct model *target, uint64_t b
 		if (!m->acquired)
 			evictable += wf__cache_set_bytes(m, false);
 	}
+	for (size_t i = 0; i < c->n_resv; i++)
+		if (!c->resvs[i]->acquired)
+			evictable += c->resvs[i]->bytes;
 	pthread_mutex_unlock(&c->lock);
 	uint64_t room = arena > pinned ? arena - pinned : 0;
 	if (bytes > room)
@@ -274,7 +337,8 @@ static int check_fits(struct wf_cache *c, const struct model *target, uint64_t b
 	if (bytes > (uint64_t)mem_free + evictable)
 		return wf_diag_set(diag, WF_ENO_SPACE,
 		                   "model '%s': %" PRIu64 " bytes do not fit: the device has %zu bytes "
-		                   "free and evictable models hold %" PRIu64 " (nothing was evicted)",
+		                   "free and evictable models and engines hold %" PRIu64
+		                   " (nothing was evicted)",
 		                   target->name, bytes, mem_free, evictable);
 	return 0;
 }
@@ -364,9 +428,9 @@ static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin
 	if (ret < 0)
 		goto fail;
 	if (pin)
-		ret = make_room(c, m, 0, bytes, allow_evict, &over, diag);
+		ret = make_room(c, m, NULL, 0, bytes, allow_evict, &over, diag);
 	else
-		ret = make_room(c, m, bytes, 0, allow_evict, &over, diag);
+		ret = make_room(c, m, NULL, bytes, 0, allow_evict, &over, diag);
 	/* A pinned model may exceed the budget (an over-commit, flagged); it only needs the
 	 * device to have the memory. */
 	if (pin && ret == WF_ENO_SPACE) {
@@ -709,6 +773,64 @@ static int cmd_release_all(struct wf_cache *c, struct wf_diag *diag)
 	return 0;
 }
 
+/* A reservation never goes over the budget (unlike a model, which the control plane may want
+ * on the device at any cost): its owner can retry smaller, or not at all. */
+static int cmd_resv_create(struct wf_cache *c, struct cmd *k)
+{
+	bool self = wf__cache_mode_get(c) == WF_CACHE_SELF_MANAGED, over = false;
+	struct resv *r = calloc(1, sizeof(*r));
+	uint64_t on_demand;
+	int ret = 0;
+
+	if (!r)
+		return -ENOMEM;
+	snprintf(r->name, sizeof(r->name), "%s", k->name);
+	r->bytes = k->bytes;
+	r->evict = k->evict;
+	r->ctx = k->evict_ctx;
+	/* Room in the table first: nothing is evicted for a reservation that cannot be kept. */
+	pthread_mutex_lock(&c->lock);
+	on_demand = c->budget.on_demand;
+	if (c->n_resv == c->cap_resv) {
+		size_t ncap = c->cap_resv ? c->cap_resv * 2 : 8;
+		struct resv **p = realloc(c->resvs, ncap * sizeof(*p));
+		if (!p)
+			ret = -ENOMEM;
+		else {
+			c->resvs = p;
+			c->cap_resv = ncap;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (ret < 0)
+		goto fail;
+	if (k->bytes > on_demand) {
+		ret = wf_diag_set(&k->diag, WF_ENO_SPACE,
+		                  "%s: %" PRIu64 " device bytes exceed the whole on-demand budget of %" PRIu64
+		                  " (nothing was evicted)",
+		                  r->name, k->bytes, on_demand);
+		goto fail;
+	}
+	/* NO_ROOM (what is in use leaves too little) fails before any victim goes; OVERSIZED
+	 * cannot happen below the budget. */
+	ret = make_room(c, NULL, r->name, k->bytes, 0, self, &over, &k->diag);
+	if (ret < 0)
+		goto fail;
+	pthread_mutex_lock(&c->lock);
+	r->id = c->next_resv++;
+	if (!r->id)
+		r->id = c->next_resv++;
+	r->acquired = 1;
+	r->lru = ++c->tick;
+	c->resvs[c->n_resv++] = r;
+	pthread_mutex_unlock(&c->lock);
+	k->out_id = r->id;
+	return 0;
+fail:
+	free(r);
+	return ret;
+}
+
 static int check_budget(const struct wf_cache_budget *b, struct wf_diag *diag)
 {
 	struct wf_devbudget_in in = {b->arena, b->weight_fraction, b->wiggle_fraction,
@@ -735,6 +857,15 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		return cmd_compact(c, k);
 	case CMD_RELEASE_ALL:
 		return cmd_release_all(c, &k->diag);
+	case CMD_RESV_CREATE:
+		return cmd_resv_create(c, k);
+	case CMD_EVICT_OLDEST:
+		ret = evict_one_lru(c, NULL);
+		if (ret == WF_ENO_SPACE)
+			ret = wf_diag_set(&k->diag, ret,
+			                  "nothing evictable on the device (every model and engine "
+			                  "there is pinned or in use)");
+		return ret;
 	case CMD_SET_BUDGET:
 		ret = check_budget(&k->budget, &k->diag);
 		if (ret < 0)
@@ -939,6 +1070,7 @@ int wf_cache_create(struct wf_device *dev, const struct wf_cache_opts *opts,
 		return -ENOMEM;
 	c->dev = dev;
 	c->next_id = 1;
+	c->next_resv = 1;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->wake, NULL);
 	pthread_cond_init(&c->done, NULL);
@@ -1066,6 +1198,10 @@ void wf_cache_destroy(struct wf_cache *c)
 		wf__cache_model_free(c->models[i]);
 	}
 	free(c->models);
+	/* Their owners free their memory themselves. */
+	for (size_t i = 0; i < c->n_resv; i++)
+		free(c->resvs[i]);
+	free(c->resvs);
 	free(c->shm_dir);
 	pthread_cond_destroy(&c->done);
 	pthread_cond_destroy(&c->wake);
@@ -1227,5 +1363,30 @@ int wf_cache_wset_load(struct wf_cache *c, uint32_t id, uint32_t set, bool pin,
 int wf_cache_wset_evict(struct wf_cache *c, uint32_t id, uint32_t set, struct wf_diag *diag)
 {
 	struct cmd k = {.type = CMD_WSET_EVICT, .id = id, .set = set};
+	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
+}
+
+int wf_cache_resv_create(struct wf_cache *c, const char *name, uint64_t bytes,
+                         wf_cache_resv_evict_fn *evict, void *ctx, uint32_t *ret_resv,
+                         struct wf_diag *diag)
+{
+	struct cmd k = {.type = CMD_RESV_CREATE,
+	                .name = name ? name : "?",
+	                .bytes = bytes,
+	                .evict = evict,
+	                .evict_ctx = ctx};
+	int ret;
+
+	if (!c || !evict || !ret_resv)
+		return wf_diag_set(diag, WF_EINVAL, "reservation: NULL argument");
+	ret = wf__cache_post(c, &k, diag);
+	if (ret == 0)
+		*ret_resv = k.out_id;
+	return ret;
+}
+
+int wf_cache_evict_oldest(struct wf_cache *c, struct wf_diag *diag)
+{
+	struct cmd k = {.type = CMD_EVICT_OLDEST};
 	return c ? wf__cache_post(c, &k, diag) : WF_EINVAL;
 }

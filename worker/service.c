@@ -341,7 +341,8 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 		wi->endpoint = (char *)s->endpoint;
 		wi->device_total_bytes = st->mem_total;
 		wi->device_budget_bytes = st->budget.on_demand;
-		wi->device_used_bytes = st->resident_bytes + st->pinned_bytes;
+		/* Engines' device memory (reservations) is used device memory too. */
+		wi->device_used_bytes = st->resident_bytes + st->pinned_bytes + st->reserved_bytes;
 		wi->models = ms;
 		wi->n_models = st->n_models;
 		wi->registered_unix_ms = s->started_unix_ms;

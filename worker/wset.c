@@ -169,6 +169,85 @@ int wf_cache_release(struct wf_cache *c, uint32_t id)
 	return ret;
 }
 
+uint64_t wf__cache_resv_bytes_locked(const struct wf_cache *c)
+{
+	uint64_t b = 0;
+
+	for (size_t i = 0; i < c->n_resv; i++)
+		b += c->resvs[i]->bytes;
+	return b;
+}
+
+static struct resv *resv_find_locked(struct wf_cache *c, uint32_t id)
+{
+	for (size_t i = 0; i < c->n_resv; i++)
+		if (c->resvs[i]->id == id)
+			return c->resvs[i];
+	return NULL;
+}
+
+struct resv *wf__cache_resv_take_locked(struct wf_cache *c, uint32_t id)
+{
+	for (size_t i = 0; i < c->n_resv; i++) {
+		struct resv *r = c->resvs[i];
+		if (r->id == id) {
+			c->resvs[i] = c->resvs[--c->n_resv];
+			return r;
+		}
+	}
+	return NULL;
+}
+
+int wf_cache_resv_acquire(struct wf_cache *c, uint32_t id)
+{
+	struct resv *r;
+
+	if (!c)
+		return WF_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	r = resv_find_locked(c, id);
+	if (r) {
+		r->acquired++;
+		r->lru = ++c->tick;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return r ? 0 : WF_ENOT_FOUND;
+}
+
+int wf_cache_resv_release(struct wf_cache *c, uint32_t id)
+{
+	struct resv *r;
+	int ret = 0;
+
+	if (!c)
+		return WF_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	r = resv_find_locked(c, id);
+	if (!r) {
+		ret = WF_ENOT_FOUND;
+	} else if (!r->acquired) {
+		ret = WF_ESTATE;
+	} else {
+		r->acquired--;
+		/* The end of a use is its last step: the LRU orders by it. */
+		r->lru = ++c->tick;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return ret;
+}
+
+void wf_cache_resv_drop(struct wf_cache *c, uint32_t id)
+{
+	struct resv *r;
+
+	if (!c || !id)
+		return;
+	pthread_mutex_lock(&c->lock);
+	r = wf__cache_resv_take_locked(c, id);
+	pthread_mutex_unlock(&c->lock);
+	free(r);
+}
+
 int wf_cache_status(struct wf_cache *c, struct wf_cache_status **ret_status)
 {
 	struct wf_cache_status *s;
@@ -223,9 +302,11 @@ int wf_cache_status(struct wf_cache *c, struct wf_cache_status **ret_status)
 		s->resident_bytes += wf__cache_set_bytes(m, false);
 		s->pinned_bytes += wf__cache_set_bytes(m, true);
 	}
+	s->reserved_bytes = wf__cache_resv_bytes_locked(c);
+	s->n_reservations = c->n_resv;
 	s->stage = c->stage_info;
 	pthread_mutex_unlock(&c->lock);
-	s->over_budget = s->resident_bytes > s->budget.on_demand;
+	s->over_budget = s->resident_bytes + s->reserved_bytes > s->budget.on_demand;
 	(void)wf_device_mem_info(c->dev, &s->mem_free, &s->mem_total, NULL);
 	*ret_status = s;
 	return 0;
