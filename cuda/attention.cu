@@ -18,11 +18,11 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
-#define ATT_WARPS 8
-#define ATT_THREADS (ATT_WARPS * 32)
-#define ATT_MAX_DIM 256u
-#define ATT_PER_LANE (ATT_MAX_DIM / 32)
-#define KV_THREADS 256
+#define ATT_WARPS     8
+#define ATT_THREADS   (ATT_WARPS * 32)
+#define ATT_MAX_DIM   256u
+#define ATT_PER_LANE  (ATT_MAX_DIM / 32)
+#define KV_THREADS    256
 #define EW_MAX_BLOCKS 4096u
 
 /* Element i of a cache row, F16 or F32. F16 elements are read one half at a time: a row's head
@@ -32,6 +32,21 @@ static __host__ __device__ __forceinline__ float kv_load(const void *base, size_
 	if (f16)
 		return __half2float(static_cast<const __half *>(base)[i]);
 	return static_cast<const float *>(base)[i];
+}
+
+/* Where position p of token t's window starts for query head h: its KV head's slice of the
+ * cache row (group query heads per KV head); and where token t's head h lies in q and out. */
+static __host__ __device__ __forceinline__ size_t att_kv_at(uint32_t first, uint32_t p, size_t row,
+                                                            uint32_t h, uint32_t group,
+                                                            uint32_t head_dim)
+{
+	return (size_t)(first + p) * row + (size_t)(h / group) * head_dim;
+}
+
+static __host__ __device__ __forceinline__ size_t att_q_at(uint32_t t, size_t q_stride, uint32_t h,
+                                                           uint32_t head_dim)
+{
+	return (size_t)t * q_stride + (size_t)h * head_dim;
 }
 
 static __host__ __device__ __forceinline__ float round_f16(float v)
@@ -58,9 +73,8 @@ static __host__ __device__ __forceinline__ void att_step(float *m, float *l, flo
 
 /* Merges nw partial states (m[w], l[w], acc[w * acc_stride]) of one head element into the
  * output. Empty states (m = -inf) weigh nothing; an empty window gives 0. */
-static __host__ __device__ __forceinline__ float att_merge(const float *m, const float *l,
-                                                           const float *acc, size_t acc_stride,
-                                                           unsigned nw)
+static __host__ __device__ __forceinline__ float
+att_merge(const float *m, const float *l, const float *acc, size_t acc_stride, unsigned nw)
 {
 	float mx = -INFINITY;
 	for (unsigned w = 0; w < nw; w++)
@@ -93,8 +107,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 	__shared__ float sm_acc[ATT_WARPS * ATT_MAX_DIM];
 	const uint32_t t = blockIdx.x / n_head, h = blockIdx.x % n_head;
 	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t head_off = (size_t)(h / group) * head_dim;
-	const float *qh = q + (size_t)t * q_stride + (size_t)h * head_dim;
+	const float *qh = q + att_q_at(t, q_stride, h, head_dim);
 	const uint32_t first = kv_first[t], cnt = n_kv[t];
 
 	float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
@@ -107,7 +120,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 	float m = -INFINITY, l = 0.0f;
 	/* The loop bound depends on the warp only: every lane of a warp reaches the shuffles. */
 	for (uint32_t p = warp; p < cnt; p += ATT_WARPS) {
-		const size_t off = (size_t)(first + p) * row + head_off;
+		const size_t off = att_kv_at(first, p, row, h, group, head_dim);
 		float s = 0.0f;
 #pragma unroll
 		for (uint32_t j = 0; j < ATT_PER_LANE; j++) {
@@ -136,23 +149,23 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 			sm_acc[warp * ATT_MAX_DIM + i] = acc[j];
 	}
 	__syncthreads();
-	float *oh = out + (size_t)t * q_stride + (size_t)h * head_dim;
+	float *oh = out + att_q_at(t, q_stride, h, head_dim);
 	for (uint32_t i = threadIdx.x; i < head_dim; i += ATT_THREADS)
 		oh[i] = att_merge(sm_m, sm_l, sm_acc + i, ATT_MAX_DIM, ATT_WARPS);
 }
 
-static int attention_check(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim,
-                           size_t q_stride, uint32_t n, enum wf_engine_dev_kv type,
-                           struct wf_diag *diag)
+static int attention_check(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim, size_t q_stride,
+                           uint32_t n, enum wf_engine_dev_kv type, struct wf_diag *diag)
 {
 	if (n_head == 0 || n_head_kv == 0 || n_head % n_head_kv || head_dim == 0 ||
-	    head_dim > ATT_MAX_DIM || (type != WF_ENGINE_DEV_KV_F16 && type != WF_ENGINE_DEV_KV_F32) ||
-	    (n > 1 && q_stride < (size_t)n_head * head_dim) ||
-	    (uint64_t)n * n_head > INT32_MAX)
-		return wf_diag_set(diag, WF_EINVAL,
-		                   "attention: %u tokens, %u heads over %u KV heads of %u (at most %u), "
-		                   "q stride %zu, cache type %d",
-		                   n, n_head, n_head_kv, head_dim, ATT_MAX_DIM, q_stride, (int)type);
+	    head_dim > ATT_MAX_DIM ||
+	    (type != WF_ENGINE_DEV_KV_F16 && type != WF_ENGINE_DEV_KV_F32) ||
+	    (n > 1 && q_stride < (size_t)n_head * head_dim) || (uint64_t)n * n_head > INT32_MAX)
+		return wf_diag_set(
+		    diag, WF_EINVAL,
+		    "attention: %u tokens, %u heads over %u KV heads of %u (at most %u), "
+		    "q stride %zu, cache type %d",
+		    n, n_head, n_head_kv, head_dim, ATT_MAX_DIM, q_stride, (int)type);
 	return 0;
 }
 
@@ -175,11 +188,11 @@ extern "C" int wf__cuda_attention(void *ctx, const float *q, size_t q_stride, ui
 
 /* The kernel's steps on the host, warp by warp and lane by lane; the warp reduction is the same
  * xor butterfly (every lane ends with lane 0's sum, float addition being commutative). */
-extern "C" int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t n,
-                                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim,
-                                       const void *kc, const void *vc, enum wf_engine_dev_kv type,
-                                       const uint32_t *kv_first, const uint32_t *n_kv,
-                                       float scale, float *out)
+extern "C" int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t n, uint32_t n_head,
+                                       uint32_t n_head_kv, uint32_t head_dim, const void *kc,
+                                       const void *vc, enum wf_engine_dev_kv type,
+                                       const uint32_t *kv_first, const uint32_t *n_kv, float scale,
+                                       float *out)
 {
 	int rc = attention_check(n_head, n_head_kv, head_dim, q_stride, n, type, NULL);
 	if (rc < 0)
@@ -192,8 +205,7 @@ extern "C" int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t
 
 	for (uint32_t b = 0; b < n * n_head; b++) {
 		const uint32_t t = b / n_head, h = b % n_head;
-		const size_t head_off = (size_t)(h / group) * head_dim;
-		const float *qh = q + (size_t)t * q_stride + (size_t)h * head_dim;
+		const float *qh = q + att_q_at(t, q_stride, h, head_dim);
 		for (uint32_t i = 0; i < head_dim; i++)
 			qr[i] = f16 ? round_f16(qh[i]) : qh[i];
 		for (uint32_t w = 0; w < ATT_WARPS; w++) {
@@ -201,7 +213,8 @@ extern "C" int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t
 			for (uint32_t i = 0; i < head_dim; i++)
 				acc[i] = 0.0f;
 			for (uint32_t p = w; p < n_kv[t]; p += ATT_WARPS) {
-				const size_t off = (size_t)(kv_first[t] + p) * row + head_off;
+				const size_t off =
+				    att_kv_at(kv_first[t], p, row, h, group, head_dim);
 				for (uint32_t lane = 0; lane < 32; lane++) {
 					part[lane] = 0.0f;
 					for (uint32_t i = lane; i < head_dim; i += 32)
@@ -222,7 +235,7 @@ extern "C" int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t
 			sm_m[w] = m;
 			sm_l[w] = l;
 		}
-		float *oh = out + (size_t)t * q_stride + (size_t)h * head_dim;
+		float *oh = out + att_q_at(t, q_stride, h, head_dim);
 		for (uint32_t i = 0; i < head_dim; i++)
 			oh[i] = att_merge(sm_m, sm_l, sm_acc + i, ATT_MAX_DIM, ATT_WARPS);
 	}

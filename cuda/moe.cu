@@ -16,13 +16,13 @@
 
 #include <math.h>
 
-#define ROUTE_THREADS 256
-#define ROUTE_WARPS (ROUTE_THREADS / 32)
+#define ROUTE_THREADS    256
+#define ROUTE_WARPS      (ROUTE_THREADS / 32)
 #define ROUTE_MAX_EXPERT 4096u
-#define ROUTE_MAX_K 64u
+#define ROUTE_MAX_K      64u
 /* Below every probability (they are >= 0): what a taken expert's slot holds. */
-#define ROUTE_TAKEN (-1.0f)
-#define EW_THREADS 256
+#define ROUTE_TAKEN   (-1.0f)
+#define EW_THREADS    256
 #define EW_MAX_BLOCKS 4096u
 
 static __host__ __device__ __forceinline__ float mul_rn(float a, float b)
@@ -65,8 +65,7 @@ static __host__ __device__ __forceinline__ void route_renorm(const float *sel, u
 }
 
 static __global__ void __launch_bounds__(ROUTE_THREADS)
-    route_kernel(const float *logits, uint32_t n_expert, uint32_t k, int32_t *ids,
-                 float *weights)
+    route_kernel(const float *logits, uint32_t n_expert, uint32_t k, int32_t *ids, float *weights)
 {
 	__shared__ float pr[ROUTE_MAX_EXPERT];
 	__shared__ float red_f[ROUTE_WARPS];
@@ -181,8 +180,8 @@ extern "C" int wf__cuda_route(void *ctx, const float *logits, uint32_t n, uint32
 
 /* The kernel's steps on the host: the same softmax arithmetic (the double sum's order aside)
  * and the same order, marker and renormalization. */
-extern "C" int wf__cuda_route_host(const float *logits, uint32_t n, uint32_t n_expert,
-                                   uint32_t k, int32_t *ids, float *weights)
+extern "C" int wf__cuda_route_host(const float *logits, uint32_t n, uint32_t n_expert, uint32_t k,
+                                   int32_t *ids, float *weights)
 {
 	int rc = route_check(n_expert, k, NULL);
 	if (rc < 0)
@@ -279,8 +278,7 @@ static __global__ void __launch_bounds__(EW_THREADS)
 	y[i] = add_rn(y[i], x[i]);
 }
 
-extern "C" int wf__cuda_add(void *ctx, float *y, const float *x, size_t count,
-                            struct wf_diag *diag)
+extern "C" int wf__cuda_add(void *ctx, float *y, const float *x, size_t count, struct wf_diag *diag)
 {
 	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
 
@@ -291,16 +289,16 @@ extern "C" int wf__cuda_add(void *ctx, float *y, const float *x, size_t count,
 }
 
 static __global__ void __launch_bounds__(EW_THREADS)
-    moe_sum_kernel(const float *down, const uint32_t *slot_of, const float *weights,
-                   size_t total, uint32_t k, uint32_t len, float *y)
+    moe_sum_kernel(const float *down, const uint32_t *slot_of, const float *weights, size_t total,
+                   uint32_t k, uint32_t len, float *y)
 {
 	EW_FOR(e, total)
 	{
 		const size_t t = e / len, i = e % len;
 		float acc = 0.0f;
 		for (uint32_t j = 0; j < k; j++) {
-			const float p = mul_rn(down[(size_t)slot_of[t * k + j] * len + i],
-			                       weights[t * k + j]);
+			const float p =
+			    mul_rn(down[(size_t)slot_of[t * k + j] * len + i], weights[t * k + j]);
 			acc = j == 0 ? p : add_rn(acc, p);
 		}
 		y[e] = acc;

@@ -60,9 +60,8 @@ static __host__ __device__ __forceinline__ float rope_theta(int32_t pos, uint32_
 }
 
 /* The two elements pair i (its first element i0 = 2i) rotates: adjacent, or the two halves. */
-static __host__ __device__ __forceinline__ void rope_pair(enum wf_engine_dev_rope kind,
-                                                          uint32_t i0, uint32_t n_dims,
-                                                          uint32_t *a, uint32_t *b)
+static __host__ __device__ __forceinline__ void rope_pair(enum wf_engine_dev_rope kind, uint32_t i0,
+                                                          uint32_t n_dims, uint32_t *a, uint32_t *b)
 {
 	if (kind == WF_ENGINE_DEV_ROPE_NEOX) {
 		*a = i0 / 2;
@@ -120,15 +119,14 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 		yr[i] = w ? mul_rn(mul_rn(xr[i], scale), w[i]) : mul_rn(xr[i], scale);
 }
 
-extern "C" int wf__cuda_rms_norm(void *ctx, const float *x, const float *w, float *y,
-                                 uint32_t rows, uint32_t len, size_t stride, float eps,
-                                 struct wf_diag *diag)
+extern "C" int wf__cuda_rms_norm(void *ctx, const float *x, const float *w, float *y, uint32_t rows,
+                                 uint32_t len, size_t stride, float eps, struct wf_diag *diag)
 {
 	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
 
 	if (len == 0 || (rows > 1 && stride < len))
-		return wf_diag_set(diag, WF_EINVAL, "rms_norm: %u rows of %u, stride %zu", rows, len,
-		                   stride);
+		return wf_diag_set(diag, WF_EINVAL, "rms_norm: %u rows of %u, stride %zu", rows,
+		                   len, stride);
 	if (rows == 0)
 		return 0;
 	rms_norm_kernel<<<rows, NORM_THREADS, 0, c->stream>>>(x, w, y, len, stride, eps);

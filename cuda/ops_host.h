@@ -1,8 +1,8 @@
 /* Host twins of the engine ops' device code (norm_rope.cu, attention.cu, moe.cu), for the unit
- * test (tests/cuda/ops_host.c): each runs on the CPU the same __host__ __device__ helpers the
- * kernels call (angles, pair indices, online-softmax steps and their merge, top-k order and
- * renormalization) over the same partition of the work into threads and warps, so a machine
- * without a GPU still checks the kernels' index math and numerics against engine/ops.c. Not
+ * test (tests/cuda/test_cuda_ops_host.c): each runs on the CPU the same __host__ __device__
+ * helpers the kernels call (angles, pair indices, online-softmax steps and their merge, top-k
+ * order and renormalization) over the same partition of the work into threads and warps, so a
+ * machine without a GPU still checks the kernels' index math and numerics against engine/ops.c. Not
  * for production use: they are slow and single-threaded. Included from C and CUDA. */
 #ifndef WF_CUDA_OPS_HOST_H
 #define WF_CUDA_OPS_HOST_H
@@ -33,8 +33,8 @@ int wf__cuda_route_host(const float *logits, uint32_t n, uint32_t n_expert, uint
  * partition: warp w takes positions w, w + WARPS, ..., lane l the elements l, l + 32, ...
  * 0 or WF_EINVAL (the op's limits). */
 int wf__cuda_attention_host(const float *q, size_t q_stride, uint32_t n, uint32_t n_head,
-                            uint32_t n_head_kv, uint32_t head_dim, const void *kc,
-                            const void *vc, enum wf_engine_dev_kv type, const uint32_t *kv_first,
+                            uint32_t n_head_kv, uint32_t head_dim, const void *kc, const void *vc,
+                            enum wf_engine_dev_kv type, const uint32_t *kv_first,
                             const uint32_t *n_kv, float scale, float *out);
 
 #ifdef __cplusplus
