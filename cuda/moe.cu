@@ -6,7 +6,9 @@
  * probabilities match up to expf's last ulp; top-k is k block-wide arg-max rounds under one
  * total order (probability descending, then expert id ascending: the CPU's ties to the lower
  * id), each winner marked taken with a value below every probability. The order being total,
- * the result does not depend on how the threads split the experts. The rest are grid-stride
+ * the result does not depend on how the threads split the experts. NaN logits (a corrupt
+ * model) leave no comparable probability: a round then takes the lowest untaken id, as the CPU
+ * does, so ids stay in bounds. The rest are grid-stride
  * element-wise kernels; moe_sum rounds each product and sum as written, so it is the CPU's sum
  * bit for bit. */
 #include "cuda/engine_ctx.h"
@@ -48,6 +50,27 @@ static __host__ __device__ __forceinline__ bool route_better(float pa, int32_t a
                                                              int32_t b)
 {
 	return pa > pb || (pa == pb && a < b);
+}
+
+/* One candidate of a top-k round against the best so far; taken experts never compete. */
+static __host__ __device__ __forceinline__ void route_consider(const float *pr, uint32_t e,
+                                                               float *bp, int32_t *bi)
+{
+	if (pr[e] != ROUTE_TAKEN && route_better(pr[e], (int32_t)e, *bp, *bi)) {
+		*bp = pr[e];
+		*bi = (int32_t)e;
+	}
+}
+
+/* The expert a round picks when no probability compares (NaN logits make every probability
+ * NaN): the lowest id not taken yet, as the CPU's selection picks then. Never out of bounds. */
+static __host__ __device__ __forceinline__ int32_t route_fallback(const float *pr,
+                                                                  uint32_t n_expert)
+{
+	for (uint32_t e = 0; e < n_expert; e++)
+		if (!(pr[e] == ROUTE_TAKEN))
+			return (int32_t)e;
+	return 0; /* unreachable with k <= n_expert */
 }
 
 /* The selected probabilities divided by their sum (in double, as the CPU), clamped below. */
@@ -121,10 +144,7 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 		float bp = -INFINITY;
 		int32_t bi = INT32_MAX;
 		for (uint32_t e = tid; e < n_expert; e += ROUTE_THREADS) {
-			if (route_better(pr[e], (int32_t)e, bp, bi)) {
-				bp = pr[e];
-				bi = (int32_t)e;
-			}
+			route_consider(pr, e, &bp, &bi);
 		}
 		for (int off = 16; off > 0; off >>= 1) {
 			const float op = __shfl_xor_sync(0xffffffffu, bp, off);
@@ -145,6 +165,10 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 					bp = red_f[w];
 					bi = red_i[w];
 				}
+			}
+			if (bi == INT32_MAX) {
+				bi = route_fallback(pr, n_expert);
+				bp = pr[bi];
 			}
 			ids[(size_t)blockIdx.x * k + j] = bi;
 			sel[j] = bp;
@@ -204,10 +228,11 @@ extern "C" int wf__cuda_route_host(const float *logits, uint32_t n, uint32_t n_e
 			float bp = -INFINITY;
 			int32_t bi = INT32_MAX;
 			for (uint32_t e = 0; e < n_expert; e++) {
-				if (route_better(pr[e], (int32_t)e, bp, bi)) {
-					bp = pr[e];
-					bi = (int32_t)e;
-				}
+				route_consider(pr, e, &bp, &bi);
+			}
+			if (bi == INT32_MAX) {
+				bi = route_fallback(pr, n_expert);
+				bp = pr[bi];
 			}
 			ids[(size_t)t * k + j] = bi;
 			sel[j] = bp;

@@ -110,6 +110,25 @@ Test(cuda_ops_host, route_ties_to_lower_id)
 	}
 }
 
+/* A NaN logit (a corrupt model) makes every probability NaN: no round finds a winner by
+ * comparison, and the kernel must still pick an expert in bounds (it wrote pr[INT32_MAX]
+ * before): the lowest untaken ids, as the CPU picks them. */
+Test(cuda_ops_host, route_nan_logits_stay_in_bounds)
+{
+	float logits[64], probs[64], w[8], want_w[8];
+	int32_t ids[8], want_ids[8];
+
+	for (int i = 0; i < 64; i++)
+		logits[i] = (float)i / 8.0f;
+	logits[40] = NAN;
+	cr_assert_eq(wf__cuda_route_host(logits, 1, 64, 8, ids, w), 0);
+	wf__route(logits, 64, 8, probs, want_ids, want_w);
+	for (int j = 0; j < 8; j++) {
+		cr_assert_eq(ids[j], want_ids[j], "j %d: %d, want %d", j, ids[j], want_ids[j]);
+		cr_assert(isnan(w[j]));
+	}
+}
+
 Test(cuda_ops_host, route_rejects_out_of_limits)
 {
 	float logits[8] = {0}, w[8];
