@@ -8,9 +8,8 @@
  * id), each winner marked taken with a value below every probability. The order being total,
  * the result does not depend on how the threads split the experts. NaN logits (a corrupt
  * model) leave no comparable probability: a round then takes the lowest untaken id, as the CPU
- * does, so ids stay in bounds. The rest are grid-stride
- * element-wise kernels; moe_sum rounds each product and sum as written, so it is the CPU's sum
- * bit for bit. */
+ * does, so ids stay in bounds. The rest are grid-stride element-wise kernels; moe_sum rounds
+ * each product and sum as written, so it is the CPU's sum bit for bit. */
 #include "cuda/engine_ctx.h"
 #include "cuda/ops_host.h"
 
