@@ -369,7 +369,8 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 				      .postfetch = g->opts.postfetch,
 				      .expert_cache_mb = g->opts.expert_cache_mb,
 				      .experts_on_device = g->opts.experts_on_device,
-				      .n_cpu_moe = g->opts.n_cpu_moe};
+				      .n_cpu_moe = g->opts.n_cpu_moe,
+				      .dense_on_device = g->opts.dense_on_device};
 	/* The device refusing the engine's memory although the budget has room for it: weights
 	 * the LRU may evict hold it (the budget's slack, or fragmentation). Make room one victim
 	 * at a time, as the cache does for its own allocations. */

@@ -61,6 +61,8 @@ struct wf_gen_opts {
 	 * the device when experts_on_device. */
 	bool experts_on_device;
 	uint32_t n_cpu_moe;
+	/* The device forward pass on the host device (always so on a GPU). */
+	bool dense_on_device;
 };
 
 /* A model's engine, as of its last finished generation (the engine's counters are read on the

@@ -17,6 +17,7 @@
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
 #include "cuda/device_cuda.h"
+#include "cuda/engine_ops.h"
 #endif
 
 #include <errno.h>
@@ -53,6 +54,7 @@ struct opts {
 	uint32_t expert_cache_mb;
 	bool experts_on_device; /* --n-cpu-moe N */
 	uint32_t n_cpu_moe;
+	bool dense_on_device;   /* --dense-on-device (implied on a GPU) */
 	bool verbose;
 };
 
@@ -92,11 +94,14 @@ static void usage(FILE *out)
 		"                        generation: an expert post-fetch setting (repeatable; names\n"
 		"                        as the WF_POSTFETCH_* variables, which apply first: enable,\n"
 		"                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
-		"                        dedicated_streams, debug); host devices only\n"
+		"                        dedicated_streams, debug)\n"
 		"  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
 		"  --n-cpu-moe N         generation: experts of layers N and up resident on the device,\n"
-		"                        the first N host-side; host devices only\n"
+		"                        the first N host-side\n"
 		"  --cpu-moe             generation: every layer's experts host-side (the default)\n"
+		"  --dense-on-device     generation on the host device: the device forward pass (dense\n"
+		"                        weights and KV cache in device memory), as on a GPU, where it\n"
+		"                        is always so\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
@@ -142,7 +147,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
 	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE };
+	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -172,6 +177,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"expert-cache-mb", required_argument, NULL, O_CACHE_MB},
 		{"n-cpu-moe", required_argument, NULL, O_N_CPU_MOE},
 		{"cpu-moe", no_argument, NULL, O_CPU_MOE},
+		{"dense-on-device", no_argument, NULL, O_DENSE},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -288,6 +294,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case O_CPU_MOE:
 			o->experts_on_device = false;
+			break;
+		case O_DENSE:
+			o->dense_on_device = true;
+			o->postfetch_asked = true;
 			break;
 		case 'v': o->verbose = true; break;
 		case 'h': usage(stdout); exit(0);
@@ -671,8 +681,13 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
 		return cmd_tokenize(argc - 1, argv + 1);
-	if (argc > 1 && strcmp(argv[1], "eval") == 0)
+	if (argc > 1 && strcmp(argv[1], "eval") == 0) {
+#ifdef WF_HAVE_CUDA
+		wf_device_backend_register(wf_cuda_device_ops());
+		wf_cuda_engine_ops_register();
+#endif
 		return wf_worker_eval_main(argc - 1, argv + 1);
+	}
 	struct opts o = {.device = "auto",
 			 .agent = "ipc:///run/weightfloor/agent.sock",
 			 .floor_dir = "/dev/shm/weightfloor",
@@ -712,6 +727,7 @@ int main(int argc, char **argv)
 
 #ifdef WF_HAVE_CUDA
 	wf_device_backend_register(wf_cuda_device_ops());
+	wf_cuda_engine_ops_register();
 #endif
 	int exit_code = 1;
 	struct wf_diag d = {{0}};
@@ -792,25 +808,28 @@ int main(int argc, char **argv)
 		}
 	}
 
-	/* Generation engines fetch experts to the worker's device only where that device is the
-	 * host device, the one kind whose engine computes fetched experts today; elsewhere they
-	 * run on the CPU (the CUDA engine is yet to come). On the host device post-fetch only
-	 * models a GPU's copies (the same CPU computes either way, after waiting for them), so it
-	 * runs when asked for, not by default. */
-	if (wf_device_kind(dev) == WF_DEVICE_KIND_HOST && o.postfetch_asked) {
+	/* Generation engines and the worker's device. A GPU runs them (the device forward pass:
+	 * dense weights and the KV cache on it, experts resident, post-fetched, cached or on the
+	 * CPU as the flags say). On the host device post-fetch only models a GPU's copies (the
+	 * same CPU computes either way, after waiting for them), so engines use it only when
+	 * asked; otherwise they are CPU engines reading the floor. */
+	if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.postfetch_asked) {
 		o.gen.device = dev;
 		o.gen.postfetch = &o.postfetch;
 		o.gen.expert_cache_mb = o.expert_cache_mb;
 		o.gen.experts_on_device = o.experts_on_device;
 		o.gen.n_cpu_moe = o.n_cpu_moe;
-		if (o.postfetch.enable && !o.postfetch.force_cpu)
-			wf_log_info("generation: expert post-fetch to %s (block_on_miss %d, "
-				    "expert cache %u MiB)", wf_device_name(dev),
-				    (int)o.postfetch.block_on_miss, o.expert_cache_mb);
-	} else if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST) {
-		wf_log_info("generation: CPU-only engines (expert post-fetch and the expert cache "
-			    "run on the host device only so far; %s is not one)",
-			    wf_device_name(dev));
+		o.gen.dense_on_device = o.dense_on_device;
+		wf_log_info("generation: engines on %s%s (expert post-fetch %s, block_on_miss %d, "
+			    "expert cache %u MiB, %s)",
+			    wf_device_name(dev),
+			    wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.dense_on_device
+				? ""
+				: " for experts only",
+			    o.postfetch.enable && !o.postfetch.force_cpu ? "on" : "off",
+			    (int)o.postfetch.block_on_miss, o.expert_cache_mb,
+			    o.experts_on_device ? "resident experts from --n-cpu-moe"
+						: "experts host-side");
 	}
 	if ((rc = wf_gen_create(&svc, &o.gen, &svc.gen)) < 0) {
 		wf_log_error("generation: %s", wf_strerror(rc));

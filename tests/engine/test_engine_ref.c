@@ -6,6 +6,7 @@
 #include "common/wftest.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "ondev.h"
 #include "worker/weights.h"
 
 #include <criterion/criterion.h>
@@ -99,7 +100,8 @@ static struct wf_engine *engine_of(const struct ref *r, const struct wf_engine_c
 {
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
-	int rc = wf_engine_create(r->m, r->view.tensor_data, cfg, &e, &d);
+	const struct wf_engine_config on = wft_on_device(*cfg);
+	int rc = wf_engine_create(r->m, r->view.tensor_data, &on, &e, &d);
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
 	return e;
 }
@@ -269,8 +271,9 @@ Test(engine_ref, split_model_bitwise_equal_to_single_file)
 	float *ga = malloc(32u * a.n_vocab * sizeof(float)), *gb = malloc(32u * b.n_vocab * sizeof(float));
 	run_teacher_forced(ea, &a, 0, ga);
 	run_teacher_forced(eb, &b, 0, gb);
-	cr_expect(memcmp(ga, gb, 32u * a.n_vocab * sizeof(float)) == 0,
-	          "split model logits differ from the single file");
+	char why[160];
+	cr_expect(wft_rows_match(ga, gb, 32u, a.n_vocab, why, sizeof why),
+	          "split model logits differ from the single file: %s", why);
 	free(ga);
 	free(gb);
 	wf_engine_destroy(ea);
@@ -304,7 +307,8 @@ Test(engine_ref, thread_count_does_not_change_results)
 	float *g1 = malloc(32u * r.n_vocab * sizeof(float)), *g3 = malloc(32u * r.n_vocab * sizeof(float));
 	run_teacher_forced(e1, &r, 0, g1);
 	run_teacher_forced(e3, &r, 0, g3);
-	cr_expect(memcmp(g1, g3, 32u * r.n_vocab * sizeof(float)) == 0);
+	char why[160];
+	cr_expect(wft_rows_match(g1, g3, 32u, r.n_vocab, why, sizeof why), "%s", why);
 	free(g1);
 	free(g3);
 	wf_engine_destroy(e1);
@@ -321,6 +325,7 @@ Test(engine_ref, batched_sequences_equal_alone)
 	const uint32_t V = r.n_vocab;
 	struct wf_engine_config cfg = {.n_ctx = 64, .n_seq_max = 4, .n_threads = 2};
 	struct wf_engine *alone = engine_of(&r, &cfg), *batch = engine_of(&r, &cfg);
+	char why[160];
 	/* Prompts: the reference prompt's first 16, 11 and 7 ids, offset so they differ. */
 	const uint32_t plen[3] = {16, 11, 7};
 	int32_t toks[34];
@@ -345,8 +350,8 @@ Test(engine_ref, batched_sequences_equal_alone)
 	for (uint32_t s = 0; s < 3; s++) {
 		struct wf_engine_batch one = {plen[s], toks + off, pos + off, seq + off, NULL};
 		cr_assert_eq(wf_engine_decode(alone, &one, al, &d), 0);
-		cr_expect(memcmp(al, bl + (size_t)s * V, V * sizeof(float)) == 0,
-		          "sequence %u's prompt logits differ in a batch", s + 1);
+		cr_expect(wft_rows_match(al, bl + (size_t)s * V, 1, V, why, sizeof why),
+		          "sequence %u's prompt logits differ in a batch: %s", s + 1, why);
 		next[s] = (int32_t)argmax(al, V);
 		off += plen[s];
 	}
@@ -365,8 +370,8 @@ Test(engine_ref, batched_sequences_equal_alone)
 		for (uint32_t s = 0; s < 3; s++) {
 			struct wf_engine_batch one = {1, &bt[s], &bp[s], &bs[s], &bw[s]};
 			cr_assert_eq(wf_engine_decode(alone, &one, al, &d), 0);
-			cr_expect(memcmp(al, bl + (size_t)s * V, V * sizeof(float)) == 0,
-			          "step %d: sequence %u differs in a batch", step, s + 1);
+			cr_expect(wft_rows_match(al, bl + (size_t)s * V, 1, V, why, sizeof why),
+			          "step %d: sequence %u differs in a batch: %s", step, s + 1, why);
 			next[s] = (int32_t)argmax(al, V);
 		}
 	}

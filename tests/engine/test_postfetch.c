@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/postfetch.h"
 #include "model/model.h"
+#include "ondev.h"
 #include "worker/weights.h"
 
 #include <criterion/criterion.h>
@@ -54,7 +55,7 @@ static float *run_with(struct model *md, struct wf_engine_config cfg,
                        struct wf_engine_stats *ret_stats)
 {
 	cfg.n_ctx = 64;
-	cfg.dense_on_device = cfg.device && dense_on_device;
+	cfg.dense_on_device = cfg.device && (dense_on_device || wft_engine_device());
 	cfg.n_threads = 2;
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
@@ -120,19 +121,17 @@ static void fixture_open(struct fixture *f, const char *device_spec)
 	f->want = run(&f->md, NULL, NULL, &st);
 	cr_expect_eq(st.fetch_experts, 0);
 	struct wf_diag d = {{0}};
+	if ((f->dev = wft_engine_device())) /* the gpu build: its device, not the host's */
+		return;
 	cr_assert_eq(wf_device_open(device_spec, &f->dev, &d), 0, "%s", d.msg);
 }
 
 static void fixture_close(struct fixture *f)
 {
-	wf_device_close(f->dev);
+	if (f->dev != wft_engine_device())
+		wf_device_close(f->dev);
 	free(f->want);
 	model_close(&f->md);
-}
-
-static size_t rows_bytes(struct model *md)
-{
-	return 24u * md->m->hp.n_vocab * sizeof(float);
 }
 
 static void every_setting_gives_the_cpu_engines_logits(void)
@@ -155,8 +154,9 @@ static void every_setting_gives_the_cpu_engines_logits(void)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		float *got = run(&fx.md, fx.dev, &cases[i].s, &st);
-		cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0, "%s: logits differ",
-		          cases[i].what);
+		char why[160];
+		cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+		          "%s: logits differ: %s", cases[i].what, why);
 		cr_log_info("%s: %llu copied, %llu used, %llu on the cpu, overlap %.2f",
 		            cases[i].what, (unsigned long long)st.fetch_experts,
 		            (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
@@ -199,12 +199,15 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits_on_the_device_path)
  * the result is still the same. */
 static void slow_copies_fall_back_to_the_cpu(void)
 {
+	if (wft_engine_device())
+		cr_skip_test("a GPU's copies cannot be slowed down: the host device's throttle only");
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=4M");
 	struct wf_engine_stats st;
 	struct wf_postfetch_settings s = {.enable = true};
 	float *got = run(&fx.md, fx.dev, &s, &st);
-	cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0);
+	char why[160];
+	cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why), "%s", why);
 	cr_expect_gt(st.fetch_fallbacks, 0, "no expert fell back with copies at 4 MB/s");
 	free(got);
 	fixture_close(&fx);
@@ -235,9 +238,10 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 	for (size_t p = 0; p < 2; p++)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 			float *got = run_cached(&fx.md, fx.dev, &policies[p], sizes[i], &st);
-			cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0,
-			          "cache %u MiB, %s: logits differ", sizes[i],
-			          policies[p].block_on_miss ? "blocking" : "non-blocking");
+			char why[160];
+			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			          "cache %u MiB, %s: logits differ: %s", sizes[i],
+			          policies[p].block_on_miss ? "blocking" : "non-blocking", why);
 			cr_expect_leq(st.fetch_experts, st.fetch_misses, "a copy for every miss at most");
 			cr_expect_gt(st.fetch_hits + st.fetch_misses, 0);
 			cr_log_info("cache %u MiB: %llu hits, %llu misses, %llu copied, %.1f MB slots",
@@ -250,7 +254,7 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 				cr_expect_gt(st.fetch_hits, st.fetch_misses);
 				cr_expect_eq(st.fetch_experts, st.fetch_misses);
 				/* The device path keeps experts whole: hits then run on the device. */
-				if (dense_on_device)
+				if (dense_on_device || wft_engine_device())
 					cr_expect_gt(st.fetch_whole, 0);
 				else
 					cr_expect_eq(st.fetch_whole, 0);
@@ -293,8 +297,9 @@ static void every_placement_gives_the_cpu_engines_logits(void)
 			struct wf_engine_config cfg = {.device = fx.dev, .postfetch = &s,
 			                               .experts_on_device = true, .n_cpu_moe = n_cpu};
 			float *got = run_with(&fx.md, cfg, &st);
-			cr_expect(memcmp(fx.want, got, rows_bytes(&fx.md)) == 0,
-			          "n_cpu_moe %u, post-fetch %d: logits differ", n_cpu, pf);
+			char why[160];
+			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			          "n_cpu_moe %u, post-fetch %d: logits differ: %s", n_cpu, pf, why);
 			cr_expect_eq(st.resident_bytes > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
 			cr_expect_eq(st.resident_lookups > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
 			cr_expect_eq(st.fetch_experts > 0, pf == 1 && n_cpu > 0,

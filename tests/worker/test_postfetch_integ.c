@@ -124,7 +124,7 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	struct agt *a = agt_new("wf-pf");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
-	struct agt_worker wpf, wcpu;
+	struct agt_worker wpf, wcpu, wdev;
 	/* The environment turns post-fetch off for both; wpf's flag turns it back on (flags over
 	 * the environment), wcpu follows the environment. */
 	setenv("WF_POSTFETCH_ENABLE", "0", 1);
@@ -133,8 +133,14 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	                                  "block_on_miss=1", "--expert-cache-mb", "8", NULL});
 	agt_spawn_worker(a, &wcpu, "wcpu", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	unsetenv("WF_POSTFETCH_ENABLE");
+	/* The device forward pass, as on a GPU: dense weights and KV cache on the device, the last
+	 * layer's experts resident, the others post-fetched into a cache that keeps them whole. */
+	agt_spawn_worker(a, &wdev, "wdev", NULL, "host:mem=256Mi,bw=1G",
+	                 (const char *[]){"--threads", "1", "--dense-on-device", "--expert-cache-mb",
+	                                  "8", "--n-cpu-moe", "2", NULL});
 	wait_worker(a, &wpf, "wpf");
 	wait_worker(a, &wcpu, "wcpu");
+	wait_worker(a, &wdev, "wdev");
 
 	int32_t ids_pf[N_GEN], ids_cpu[N_GEN];
 	generate(a, &wpf, "wpf", prompt, ids_pf);
@@ -142,6 +148,11 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	for (int i = 0; i < N_GEN; i++)
 		cr_expect_eq(ids_pf[i], ids_cpu[i], "token %d: %d with post-fetch, %d without", i,
 		             ids_pf[i], ids_cpu[i]);
+	int32_t ids_dev[N_GEN];
+	generate(a, &wdev, "wdev", prompt, ids_dev);
+	for (int i = 0; i < N_GEN; i++)
+		cr_expect_eq(ids_dev[i], ids_cpu[i], "token %d: %d on the device path, %d on the cpu",
+		             i, ids_dev[i], ids_cpu[i]);
 	/* A second generation: the expert cache kept experts across requests. */
 	generate(a, &wpf, "wpf", prompt, ids_pf);
 	for (int i = 0; i < N_GEN; i++)
