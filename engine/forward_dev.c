@@ -174,19 +174,23 @@ static int place_all(struct wf__devfwd *d, const struct wf__weights *w, size_t *
 	return rc;
 }
 
-/* Registers the floor's pages that post-fetch copies from (the host-side layers' down
- * projections) so the copies are DMA from the one shared copy. A range the worker registered
- * already (WF_EOVERLAP) is fine; any other refusal leaves the copies to the driver's staging. */
+/* Registers the floor's pages that post-fetch copies from (the host-side layers' experts: down
+ * projections, and gate and up for whole cache slots) so the copies are DMA from the one shared
+ * copy. A range the worker registered already (WF_EOVERLAP) is fine; any other refusal leaves
+ * the copies to the driver's staging. */
 static void register_floor(struct wf__devfwd *d, const struct wf__weights *w)
 {
 	uintptr_t lo = UINTPTR_MAX, hi = 0;
 	for (uint32_t il = 0; il < d->first_resident && il < w->n_layer; il++) {
-		const struct wf__wt *t = &w->layers[il].down_exps;
-		if (!t->data)
-			continue;
-		const uintptr_t a = (uintptr_t)t->data;
-		lo = a < lo ? a : lo;
-		hi = a + wt_bytes(t) > hi ? a + wt_bytes(t) : hi;
+		const struct wf__wt *t[3] = {&w->layers[il].down_exps, &w->layers[il].gate_exps,
+		                             &w->layers[il].up_exps};
+		for (int i = 0; i < 3; i++) {
+			if (!t[i]->data)
+				continue;
+			const uintptr_t a = (uintptr_t)t[i]->data, b = a + wt_bytes(t[i]);
+			lo = a < lo ? a : lo;
+			hi = b > hi ? b : hi;
+		}
 	}
 	if (lo >= hi)
 		return;
