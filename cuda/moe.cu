@@ -10,6 +10,7 @@
  * model) leave no comparable probability: a round then takes the lowest untaken id, as the CPU
  * does, so ids stay in bounds. The rest are grid-stride element-wise kernels; moe_sum rounds
  * each product and sum as written, so it is the CPU's sum bit for bit. */
+#include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
 #include "cuda/ops_host.h"
 
@@ -25,24 +26,6 @@
 #define ROUTE_TAKEN   (-1.0f)
 #define EW_THREADS    256
 #define EW_MAX_BLOCKS 4096u
-
-static __host__ __device__ __forceinline__ float mul_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-	return __fmul_rn(a, b);
-#else
-	return a * b;
-#endif
-}
-
-static __host__ __device__ __forceinline__ float add_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-	return __fadd_rn(a, b);
-#else
-	return a + b;
-#endif
-}
 
 /* Whether expert a (probability pa) ranks before expert b. */
 static __host__ __device__ __forceinline__ bool route_better(float pa, int32_t a, float pb,

@@ -8,6 +8,7 @@
  * angle by repeated float multiplication with a step powf() made once; the kernel does the
  * same products with the step computed on the host by the same powf, so the angles are the
  * CPU's bit for bit and only sincosf's last ulp can differ. */
+#include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
 #include "cuda/ops_host.h"
 
@@ -19,35 +20,6 @@
 #define ROPE_THREADS 256
 /* n_dims floats of angles in dynamic shared memory: far below the 48 KiB default. */
 #define ROPE_MAX_DIMS 8192u
-
-/* Products rounded as written: nvcc would otherwise fuse x0 * c - x1 * s into an FMA, which the
- * CPU (no FMA in this expression) does not. */
-static __host__ __device__ __forceinline__ float mul_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-	return __fmul_rn(a, b);
-#else
-	return a * b;
-#endif
-}
-
-static __host__ __device__ __forceinline__ float add_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-	return __fadd_rn(a, b);
-#else
-	return a + b;
-#endif
-}
-
-static __host__ __device__ __forceinline__ float sub_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-	return __fsub_rn(a, b);
-#else
-	return a - b;
-#endif
-}
 
 /* Pair i's angle: pos times step^i, multiplied in the CPU's order (ops.c wf__rope_angles). */
 static __host__ __device__ __forceinline__ float rope_theta(int32_t pos, uint32_t pair,

@@ -54,6 +54,21 @@ struct wf_engine {
 	                              experts and the embedding row) */
 };
 
+/* The MoE steps both forward passes share (forward.c). wf__moe_order: a layer's n * K (token,
+ * expert) rows in expert order (ids: the router's choices, token-major): expert_first/count,
+ * slot_of (each choice's row), row_token (each row's token), and the experts' weight bytes
+ * counted. wf__moe_fetch: the post-fetch lookups of the selected experts (fetch_slot per
+ * expert); ret_whole (NULL: down projections only) asks for whole slots and says per expert
+ * whether its slot holds it whole. Returns the experts looked up. wf__moe_gate_up: gate, up and
+ * swiglu on the CPU from the floor for the experts skip does not mark (NULL: all), into rows
+ * of h (n_ff floats each, expert order); xn: the layer's normalized input, n rows. */
+void wf__moe_order(struct wf_engine *e, const struct wf__layer *L, const int32_t *ids,
+                   uint32_t n);
+uint32_t wf__moe_fetch(struct wf_engine *e, uint32_t il, const struct wf__layer *L,
+                       uint8_t *ret_whole);
+void wf__moe_gate_up(struct wf_engine *e, const struct wf__layer *L, const float *xn, uint32_t n,
+                     const uint8_t *skip, float *h);
+
 /* The device forward pass (forward_dev.c): dense weights, KV cache and activations in device
  * memory, computed with the device's ops (devops.h); experts resident on the device, in the
  * post-fetch slots, or host-side on the CPU. Created after the CPU state (weights, scratch, pool,

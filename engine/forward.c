@@ -140,6 +140,101 @@ static void dense_ffn(struct wf_engine *e, struct wf__mm_phase *ph, const struct
 	wf__mm_run(&e->cpu, ph);
 }
 
+/* ---- the MoE steps both forward passes share ---------------------------------------------- */
+
+void wf__moe_order(struct wf_engine *e, const struct wf__layer *L, const int32_t *ids, uint32_t n)
+{
+	const uint32_t X = e->w.n_expert, K = e->w.n_expert_used;
+	memset(e->expert_count, 0, X * sizeof(uint32_t));
+	for (uint32_t i = 0; i < n * K; i++)
+		e->expert_count[ids[i]]++;
+	uint32_t at = 0;
+	for (uint32_t x = 0; x < X; x++) {
+		if (e->expert_count[x])
+			e->stats.weight_bytes += L->gate_exps.matrix_size + L->up_exps.matrix_size +
+			                         L->down_exps.matrix_size;
+		e->expert_first[x] = at;
+		at += e->expert_count[x];
+		e->expert_count[x] = 0;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t j = 0; j < K; j++) {
+			const uint32_t x = (uint32_t)ids[t * K + j];
+			const uint32_t r = e->expert_first[x] + e->expert_count[x]++;
+			e->slot_of[t * K + j] = r;
+			e->row_token[r] = t;
+		}
+	}
+}
+
+uint32_t wf__moe_fetch(struct wf_engine *e, uint32_t il, const struct wf__layer *L,
+                       uint8_t *ret_whole)
+{
+	const uint32_t X = e->w.n_expert;
+	uint32_t nf = 0;
+	for (uint32_t x = 0; x < X; x++) {
+		e->fetch_slot[x] = -1;
+		if (ret_whole)
+			ret_whole[x] = 0;
+		if (!e->expert_count[x])
+			continue;
+		e->fetch_ids[nf] = x;
+		e->fetch_src[nf] = (struct wf__fetch_src){
+		    .d = (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size,
+		    .d_bytes = L->down_exps.matrix_size};
+		if (ret_whole) {
+			e->fetch_src[nf].g =
+			    (const uint8_t *)L->gate_exps.data + (size_t)x * L->gate_exps.matrix_size;
+			e->fetch_src[nf].u =
+			    (const uint8_t *)L->up_exps.data + (size_t)x * L->up_exps.matrix_size;
+			e->fetch_src[nf].g_bytes = L->gate_exps.matrix_size;
+			e->fetch_src[nf].u_bytes = L->up_exps.matrix_size;
+		}
+		nf++;
+	}
+	wf__fetch_step(e->fetch, il, nf, e->fetch_ids, e->fetch_src, e->fetch_step_slot,
+	               ret_whole ? e->fetch_whole : NULL);
+	for (uint32_t i = 0; i < nf; i++) {
+		e->fetch_slot[e->fetch_ids[i]] = e->fetch_step_slot[i];
+		if (ret_whole)
+			ret_whole[e->fetch_ids[i]] = e->fetch_whole[i];
+	}
+	return nf;
+}
+
+void wf__moe_gate_up(struct wf_engine *e, const struct wf__layer *L, const float *xn, uint32_t n,
+                     const uint8_t *skip, float *h)
+{
+	const struct wf__weights *w = &e->w;
+	const uint32_t E = w->n_embd, F = w->n_ff, X = w->n_expert, K = w->n_expert_used;
+	struct wf__mm_phase *ph = e->ph;
+	/* Each token's input quantized once, then gathered per expert. */
+	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
+	const size_t gs = wf__act_row_bytes(ag, E), us = wf__act_row_bytes(au, E);
+	uint8_t *tok_g = e->qb, *tok_u = e->qb + gs * n;
+	wf__quantize_rows(&e->cpu, ag, xn, E, n, E, tok_g);
+	if (au != ag)
+		wf__quantize_rows(&e->cpu, au, xn, E, n, E, tok_u);
+	uint8_t *rows_g = e->qa, *rows_u = au != ag ? e->qa + gs * n * K : e->qa;
+	for (uint32_t r = 0; r < n * K; r++) {
+		memcpy(rows_g + r * gs, tok_g + e->row_token[r] * gs, gs);
+		if (au != ag)
+			memcpy(rows_u + r * us, tok_u + e->row_token[r] * us, us);
+	}
+	for (uint32_t x = 0; x < X; x++) {
+		const uint32_t c = skip && skip[x] ? 0 : e->expert_count[x], f = e->expert_first[x];
+		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
+		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
+	}
+	wf__mm_run(&e->cpu, ph);
+	for (uint32_t x = 0; x < X; x++) {
+		if (skip && skip[x])
+			continue;
+		for (uint32_t r = e->expert_first[x]; r < e->expert_first[x] + e->expert_count[x]; r++)
+			wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, h + (size_t)r * F, F);
+	}
+}
+
 static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, const struct wf__layer *L,
                     uint32_t n)
 {
@@ -152,75 +247,13 @@ static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, c
 	for (uint32_t t = 0; t < n; t++)
 		wf__route(e->router + (size_t)t * X, X, K, e->probs, e->sel + (size_t)t * K,
 		          e->sel_w + (size_t)t * K);
-
-	/* Rows in expert order: expert_first[x] is where expert x's rows start. */
-	memset(e->expert_count, 0, X * sizeof(uint32_t));
-	for (uint32_t i = 0; i < n * K; i++)
-		e->expert_count[e->sel[i]]++;
-	uint32_t at = 0;
-	for (uint32_t x = 0; x < X; x++) {
-		if (e->expert_count[x])
-			e->stats.weight_bytes += L->gate_exps.matrix_size + L->up_exps.matrix_size +
-			                         L->down_exps.matrix_size;
-		e->expert_first[x] = at;
-		at += e->expert_count[x];
-		e->expert_count[x] = 0;
-	}
-	for (uint32_t t = 0; t < n; t++) {
-		for (uint32_t j = 0; j < K; j++) {
-			const uint32_t x = (uint32_t)e->sel[t * K + j];
-			const uint32_t r = e->expert_first[x] + e->expert_count[x]++;
-			e->slot_of[t * K + j] = r;
-			e->row_token[r] = t;
-		}
-	}
+	wf__moe_order(e, L, e->sel, n);
 
 	/* Post-fetch: the selected experts' down projections start moving to the device now (or
 	 * are found in the expert cache), in expert order, while gate and up compute below. */
-	uint32_t n_fetch = 0;
-	if (e->fetch) {
-		for (uint32_t x = 0; x < X; x++) {
-			e->fetch_slot[x] = -1;
-			if (!e->expert_count[x])
-				continue;
-			e->fetch_ids[n_fetch] = x;
-			e->fetch_src[n_fetch] = (struct wf__fetch_src){
-			    .d = (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size,
-			    .d_bytes = L->down_exps.matrix_size};
-			n_fetch++;
-		}
-		wf__fetch_step(e->fetch, il, n_fetch, e->fetch_ids, e->fetch_src, e->fetch_step_slot,
-		               NULL);
-		for (uint32_t i = 0; i < n_fetch; i++)
-			e->fetch_slot[e->fetch_ids[i]] = e->fetch_step_slot[i];
-	}
+	const uint32_t n_fetch = e->fetch ? wf__moe_fetch(e, il, L, NULL) : 0;
+	wf__moe_gate_up(e, L, e->xn, n, NULL, e->hbuf);
 
-	/* Gate and up: each token's input quantized once, then gathered per expert. */
-	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
-	const size_t gs = wf__act_row_bytes(ag, E), us = wf__act_row_bytes(au, E);
-	uint8_t *tok_g = e->qb, *tok_u = e->qb + gs * n;
-	wf__quantize_rows(&e->cpu, ag, e->xn, E, n, E, tok_g);
-	if (au != ag)
-		wf__quantize_rows(&e->cpu, au, e->xn, E, n, E, tok_u);
-	else
-		tok_u = tok_g;
-	uint8_t *rows_g = e->qa, *rows_u = e->qa + gs * n * K;
-	for (uint32_t r = 0; r < n * K; r++) {
-		memcpy(rows_g + r * gs, tok_g + e->row_token[r] * gs, gs);
-		if (au != ag)
-			memcpy(rows_u + r * us, tok_u + e->row_token[r] * us, us);
-	}
-	if (au == ag)
-		rows_u = rows_g;
-	for (uint32_t x = 0; x < X; x++) {
-		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
-		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
-		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
-	}
-	wf__mm_run(&e->cpu, ph);
-
-	for (uint32_t r = 0; r < n * K; r++)
-		wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, e->hbuf + (size_t)r * F, F);
 	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
 	const size_t ds = wf__quantize_rows(&e->cpu, ad, e->hbuf, F, n * K, F, e->qa);
 	struct wf__fetch_stats before;

@@ -448,28 +448,7 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 	struct wf__mm_phase *ph = e->ph;
 	int rc;
 
-	/* Gate and up: each token's input quantized once, then gathered per expert (forward.c). */
-	const enum wf_dtype ag = L->gate_exps.ops->vec_dot_type, au = L->up_exps.ops->vec_dot_type;
-	const size_t gs = wf__act_row_bytes(ag, E), us = wf__act_row_bytes(au, E);
-	uint8_t *tok_g = e->qb, *tok_u = e->qb + gs * n;
-	wf__quantize_rows(&e->cpu, ag, d->h_xn, E, n, E, tok_g);
-	if (au != ag)
-		wf__quantize_rows(&e->cpu, au, d->h_xn, E, n, E, tok_u);
-	uint8_t *rows_g = e->qa, *rows_u = au != ag ? e->qa + gs * n * K : e->qa;
-	for (uint32_t r = 0; r < n * K; r++) {
-		memcpy(rows_g + r * gs, tok_g + e->row_token[r] * gs, gs);
-		if (au != ag)
-			memcpy(rows_u + r * us, tok_u + e->row_token[r] * us, us);
-	}
-	for (uint32_t x = 0; x < X; x++) {
-		const uint32_t c = d->whole[x] ? 0 : e->expert_count[x], f = e->expert_first[x];
-		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F,
-		           F);
-		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
-	}
-	wf__mm_run(&e->cpu, ph);
-	for (uint32_t r = 0; r < n * K; r++)
-		wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, d->h_h + (size_t)r * F, F);
+	wf__moe_gate_up(e, L, d->h_xn, n, d->whole, d->h_h);
 
 	/* Down: from the slot on the device where post-fetch brought it, else on the CPU. */
 	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
@@ -541,33 +520,14 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 	if (e->router_fn)
 		e->router_fn(e->router_arg, il, n, d->h_router);
 
-	/* Rows in expert order, as forward.c: expert_first[x] is where expert x's rows start. */
-	memset(e->expert_count, 0, X * sizeof(uint32_t));
-	for (uint32_t i = 0; i < n * K; i++) {
+	for (uint32_t i = 0; i < n * K; i++)
 		if (d->h_ids[i] < 0 || (uint32_t)d->h_ids[i] >= X)
 			return wf_diag_set(diag, WF_EDEVICE, "the router chose expert %d of %u",
 			                   d->h_ids[i], X);
-		e->expert_count[d->h_ids[i]]++;
-	}
-	uint32_t at = 0;
-	for (uint32_t x = 0; x < X; x++) {
-		if (e->expert_count[x])
-			e->stats.weight_bytes += L->gate_exps.matrix_size + L->up_exps.matrix_size +
-			                         L->down_exps.matrix_size;
-		e->expert_first[x] = at;
-		at += e->expert_count[x];
-		e->expert_count[x] = 0;
-	}
+	wf__moe_order(e, L, d->h_ids, n);
 	uint32_t *slot_of = d->h_idx + I_STEP_ARRAYS * UBATCH_MAX, *gidx = slot_of + s_rows(e);
-	for (uint32_t t = 0; t < n; t++) {
-		for (uint32_t j = 0; j < K; j++) {
-			const uint32_t x = (uint32_t)d->h_ids[t * K + j];
-			const uint32_t r = e->expert_first[x] + e->expert_count[x]++;
-			slot_of[t * K + j] = r;
-			e->row_token[r] = t;
-			gidx[r] = t;
-		}
-	}
+	memcpy(slot_of, e->slot_of, (size_t)n * K * sizeof(uint32_t));
+	memcpy(gidx, e->row_token, (size_t)n * K * sizeof(uint32_t));
 	uint32_t *dslot_of = d->idx + I_STEP_ARRAYS * UBATCH_MAX, *dgidx = dslot_of + s_rows(e);
 	TRY(h2d(d, dslot_of, slot_of, (size_t)n * K * 4, diag));
 	TRY(h2d(d, dgidx, gidx, (size_t)n * K * 4, diag));
@@ -590,34 +550,8 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 	} else {
 		/* Post-fetch: the down projections start moving now (or are found in the expert
 		 * cache), while the CPU computes gate and up. */
-		if (e->fetch) {
-			uint32_t nf = 0;
-			for (uint32_t x = 0; x < X; x++) {
-				e->fetch_slot[x] = -1;
-				d->whole[x] = 0;
-				if (!e->expert_count[x])
-					continue;
-				e->fetch_ids[nf] = x;
-				e->fetch_src[nf] = (struct wf__fetch_src){
-				    .d = (const uint8_t *)L->down_exps.data +
-				         (size_t)x * L->down_exps.matrix_size,
-				    .g = (const uint8_t *)L->gate_exps.data +
-				         (size_t)x * L->gate_exps.matrix_size,
-				    .u = (const uint8_t *)L->up_exps.data +
-				         (size_t)x * L->up_exps.matrix_size,
-				    .d_bytes = L->down_exps.matrix_size,
-				    .g_bytes = L->gate_exps.matrix_size,
-				    .u_bytes = L->up_exps.matrix_size};
-				nf++;
-			}
-			wf__fetch_step(e->fetch, il, nf, e->fetch_ids, e->fetch_src, e->fetch_step_slot,
-			               e->fetch_whole);
-			for (uint32_t i = 0; i < nf; i++) {
-				const uint32_t x = e->fetch_ids[i];
-				e->fetch_slot[x] = e->fetch_step_slot[i];
-				d->whole[x] = e->fetch_whole[i];
-			}
-		}
+		if (e->fetch)
+			(void)wf__moe_fetch(e, il, L, d->whole);
 		/* Split execution: the experts the cache holds whole run on the device (queued,
 		 * asynchronous on CUDA) while the CPU computes the others. */
 		bool any_whole = false;

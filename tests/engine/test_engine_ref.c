@@ -130,56 +130,25 @@ static void run_teacher_forced(struct wf_engine *e, const struct ref *r, uint32_
 	}
 }
 
-static uint32_t argmax(const float *row, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (row[i] > row[best])
-			best = i;
-	return best;
-}
-
 /* The README's criteria: strict (max-abs <= 0.02) for the F32 model; otherwise at most 2
  * positions above 0.5, none above 1.5, RMS <= 0.1; the argmax equal wherever the reference's
  * top-1/top-2 gap exceeds 0.5. */
 static void check_criteria(const struct ref *r, const float *got, bool strict, float *ret_max,
                            float *ret_rms)
 {
-	const uint32_t V = r->n_vocab;
-	double sq = 0;
-	float mx = 0;
-	int over = 0, argmax_bad = 0;
-	for (uint32_t row = 0; row < 32; row++) {
-		const float *w = r->want + (size_t)row * V, *g = got + (size_t)row * V;
-		float pm = 0, top1 = -INFINITY, top2 = -INFINITY;
-		for (uint32_t i = 0; i < V; i++) {
-			cr_assert(isfinite(g[i]), "row %u: non-finite logit", row);
-			const float dd = fabsf(w[i] - g[i]);
-			pm = dd > pm ? dd : pm;
-			sq += (double)dd * dd;
-			if (w[i] > top1) {
-				top2 = top1;
-				top1 = w[i];
-			} else if (w[i] > top2) {
-				top2 = w[i];
-			}
-		}
-		over += pm > 0.5f;
-		mx = pm > mx ? pm : mx;
-		if (top1 - top2 > 0.5f && argmax(g, V) != argmax(w, V))
-			argmax_bad++;
-	}
-	const float rms = (float)sqrt(sq / (32.0 * V));
+	for (size_t i = 0; i < 32u * r->n_vocab; i++)
+		cr_assert(isfinite(got[i]), "row %zu: non-finite logit", i / r->n_vocab);
+	const struct wft_criteria c = wft_measure(r->want, got, 32, r->n_vocab);
 	if (strict) {
-		cr_expect_leq(mx, 0.02f, "max-abs %.4f > 0.02", mx);
+		cr_expect_leq(c.max_abs, 0.02f, "max-abs %.4f > 0.02", c.max_abs);
 	} else {
-		cr_expect_leq(over, 2, "%d positions > 0.5", over);
-		cr_expect_leq(mx, 1.5f, "max-abs %.3f > 1.5", mx);
-		cr_expect_leq(rms, 0.1f, "rms %.3f > 0.1", rms);
+		cr_expect_leq(c.rows_over, 2, "%zu positions > 0.5", c.rows_over);
+		cr_expect_leq(c.max_abs, 1.5f, "max-abs %.3f > 1.5", c.max_abs);
+		cr_expect_leq(c.rms, 0.1, "rms %.3f > 0.1", c.rms);
 	}
-	cr_expect_eq(argmax_bad, 0, "argmax differs at %d confident positions", argmax_bad);
-	*ret_max = mx;
-	*ret_rms = rms;
+	cr_expect_eq(c.argmax_bad, 0, "argmax differs at %zu confident positions", c.argmax_bad);
+	*ret_max = c.max_abs;
+	*ret_rms = (float)c.rms;
 }
 
 struct router_capture {
@@ -222,7 +191,7 @@ static void check_model(const char *name, bool strict, float router_tol)
 		/* Free-running greedy decoding gives the reference ids (the F32 model's smallest
 		 * top-1/top-2 gap is 0.088, far above the engine's difference). */
 		wf_engine_seq_truncate(e, 0, 16);
-		int32_t tok = (int32_t)argmax(got + 15u * r.n_vocab, r.n_vocab);
+		int32_t tok = (int32_t)wft_argmax(got + 15u * r.n_vocab, r.n_vocab);
 		for (uint32_t i = 0; i < 16; i++) {
 			cr_expect_eq(tok, r.gen[i], "greedy id %u: %d, llama.cpp %d", i, tok, r.gen[i]);
 			uint32_t p = 16 + i, s = 0;
@@ -230,7 +199,7 @@ static void check_model(const char *name, bool strict, float router_tol)
 			struct wf_diag d = {{0}};
 			struct wf_engine_batch one = {1, &tok, &p, &s, &w};
 			cr_assert_eq(wf_engine_decode(e, &one, got, &d), 0);
-			tok = (int32_t)argmax(got, r.n_vocab);
+			tok = (int32_t)wft_argmax(got, r.n_vocab);
 		}
 	}
 	free(got);
@@ -352,7 +321,7 @@ Test(engine_ref, batched_sequences_equal_alone)
 		cr_assert_eq(wf_engine_decode(alone, &one, al, &d), 0);
 		cr_expect(wft_rows_match(al, bl + (size_t)s * V, 1, V, why, sizeof why),
 		          "sequence %u's prompt logits differ in a batch: %s", s + 1, why);
-		next[s] = (int32_t)argmax(al, V);
+		next[s] = (int32_t)wft_argmax(al, V);
 		off += plen[s];
 	}
 	/* Five decode steps: all three in one batch vs one at a time. */
@@ -372,7 +341,7 @@ Test(engine_ref, batched_sequences_equal_alone)
 			cr_assert_eq(wf_engine_decode(alone, &one, al, &d), 0);
 			cr_expect(wft_rows_match(al, bl + (size_t)s * V, 1, V, why, sizeof why),
 			          "step %d: sequence %u differs in a batch: %s", step, s + 1, why);
-			next[s] = (int32_t)argmax(al, V);
+			next[s] = (int32_t)wft_argmax(al, V);
 		}
 	}
 	free(bl);
