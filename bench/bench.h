@@ -12,11 +12,13 @@ struct bench_opts {
 	const char *size;       /* model size for throughput figures */
 	const char *only;       /* comma-separated sub-benchmarks, NULL: all */
 	const char *wfgen;      /* path of wf-gen */
-	const char *device;     /* residency: device spec */
+	const char *device;     /* residency: device spec; engine: the device rows' device (NULL:
+	                           none of them) */
 	int iterations;
 	const char *model;       /* engine: the model (NULL: generate the model in dir) */
 	const char *llama_bench; /* engine: a llama-bench to compare with (NULL: skip its rows) */
 	unsigned threads;        /* engine: threads (0: the CPUs this process may run on) */
+	const char *llama_bench_gpu; /* engine: a CUDA llama-bench for the device rows (NULL: skip) */
 };
 
 /* What the engine mode's process rows (worker.c) need from its in-process part. */
@@ -58,5 +60,27 @@ struct bench_postfetch_ctx {
 	void *arg;
 };
 int bench_engine_postfetch(const struct bench_postfetch_ctx *c);
+
+/* Decode tokens/s of an engine made from c's model with cfg (its n_ctx, n_seq_max and n_threads
+ * are set here), measured by c->measure; with warm, one untimed measurement first (a cache
+ * filled the way the timed one uses it). *ret_stats: the timed measurement's. Negative, with
+ * the error on stderr, when the engine cannot be made or a decode fails. */
+struct wf_engine_config;
+struct wf_engine_stats;
+double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_engine_config *cfg,
+                               bool warm, struct wf_engine_stats *ret_stats);
+
+/* The device table (bench/engine_dev.c): the device forward pass (dense weights and KV cache on
+ * the device) on the device spec names, its experts resident, on the CPU, post-fetched, or in
+ * an expert cache. Prints the dev_* rows; fills ret with what the llama.cpp row needs. Returns
+ * 0, or 1 with the error on stderr. */
+struct bench_device_figures {
+	double cache25;     /* decode tok/s with the cache at 25% of expert bytes */
+	uint64_t cache25_mb;
+	char device[160];   /* wf_device_name */
+	bool cuda;          /* the device is a GPU: the goals apply */
+};
+int bench_engine_device(const struct bench_postfetch_ctx *c, const char *spec,
+                        struct bench_device_figures *ret);
 
 #endif

@@ -10,7 +10,9 @@
  *  private_memory_over_model, first_token_vs_llama_cpp: real wf-agent and wf-worker processes
  *                             (worker.c).
  * llama.cpp's rows need --llama-bench PATH (a llama-bench of release b10573 built outside the
- * repository); without it they are reported as skipped. */
+ * repository); without it they are reported as skipped. With --device SPEC, issue 11's table on
+ * that device follows (engine_dev.c), and with --llama-bench-gpu PATH (a CUDA build of that
+ * llama-bench) cache25_vs_llama_cpu_moe. */
 #include "anchors.h"
 #include "bench.h"
 #include "report.h"
@@ -168,6 +170,7 @@ struct llama_figures {
 	double pg_seconds; /* mean seconds of a pg (prompt + generation) test, negative if none */
 	char build[64];    /* build_commit */
 	char cpu[128];     /* cpu_info */
+	char gpu[128];     /* gpu_info (empty for a CPU build) */
 };
 
 static const char *jstr(struct json_object *o, const char *key)
@@ -208,6 +211,8 @@ static int llama_parse(const char *json_path, struct llama_figures *ret)
 			snprintf(f.build, sizeof f.build, "%s", s);
 		if ((s = jstr(t, "cpu_info")))
 			snprintf(f.cpu, sizeof f.cpu, "%s", s);
+		if ((s = jstr(t, "gpu_info")))
+			snprintf(f.gpu, sizeof f.gpu, "%s", s);
 	}
 	json_object_put(j);
 	*ret = f;
@@ -240,6 +245,47 @@ static int llama_run(const char *exe, const char *model, unsigned threads, const
 	if (rc == 0 && ret_wall)
 		*ret_wall = wall;
 	return rc;
+}
+
+/* cache25_vs_llama_cpu_moe: the device table's cache-at-25% decode over llama-bench (CUDA
+ * build) with every layer on the GPU but every layer's experts on the CPU. b10573's llama-bench
+ * has no --cpu-moe (llama-cli's flag); -ncmoe N keeps the experts of the first N layers on the
+ * CPU, so N = the model's layer count is the same placement. Skipped without a path; 1 when it
+ * was given and failed. */
+static int llama_gpu(const struct bench_opts *o, const char *model,
+		     const struct wf_engine_info *info, uint32_t n_gen, int reps,
+		     const struct bench_device_figures *df, const char *level)
+{
+	if (!o->llama_bench_gpu) {
+		bench_skip("engine", "cache25_vs_llama_cpu_moe", "no --llama-bench-gpu PATH given");
+		return 0;
+	}
+	char n[16], r[16], ncmoe[16], notes[768];
+	snprintf(n, sizeof n, "%u", n_gen);
+	snprintf(r, sizeof r, "%d", reps);
+	snprintf(ncmoe, sizeof ncmoe, "%u", info->n_layer);
+	const char *args[] = {"-ngl", "99", "-ncmoe", ncmoe, "-p", "0", "-n", n, "-r", r, NULL};
+	struct llama_figures lf;
+	if (llama_run(o->llama_bench_gpu, model, info->n_threads, args, &lf, NULL) < 0 ||
+	    lf.tg <= 0) {
+		fprintf(stderr, "wf-bench: %s -ngl 99 -ncmoe %s gave no tg figure\n",
+			o->llama_bench_gpu, ncmoe);
+		return 1;
+	}
+	snprintf(notes, sizeof notes,
+		 "llama-bench %s -ngl 99 -ncmoe %s -t %u -p 0 -n %u -r %d (build %s, %s); ours: "
+		 "%s, dense on the device, expert cache %llu MiB (25%% of expert bytes), %u tokens "
+		 "from an empty KV cache, mean of %d",
+		 o->llama_bench_gpu, ncmoe, info->n_threads, n_gen, reps, lf.build,
+		 lf.gpu[0] ? lf.gpu : lf.cpu, df->device, (unsigned long long)df->cache25_mb, n_gen,
+		 reps);
+	bench_report(&(struct bench_result){
+	    .bench = "engine", .metric = "cache25_vs_llama_cpu_moe", .value = df->cache25,
+	    .unit = "tok/s", .anchor = "llama-bench tg, -ngl 99, experts on the CPU",
+	    .anchor_value = lf.tg, .ratio = df->cache25 / lf.tg, .goal = 1.5,
+	    .goal_op = df->cuda ? ">=" : NULL, /* the issue's goal is a GPU's */
+	    .notes = notes, .kernels = level});
+	return 0;
 }
 
 /* ---- the mode ---- */
@@ -408,6 +454,20 @@ int bench_engine(const struct bench_opts *o)
 		}
 		if (pc.n_down && bench_engine_postfetch(&pc) != 0)
 			goto out;
+		/* The same table on --device with the device forward pass, and llama.cpp on a
+		 * GPU with its experts on the CPU. */
+		if (o->device) {
+			struct bench_device_figures df;
+			if (!pc.n_down) {
+				fprintf(stderr, "wf-bench: %s has no routed experts for the device "
+				                "rows\n", model_path);
+				goto out;
+			}
+			if (bench_engine_device(&pc, o->device, &df) != 0)
+				goto out;
+			if (llama_gpu(o, model_path, &info, n_gen, reps, &df, level) != 0)
+				goto out;
+		}
 	}
 	struct bench_engine_ctx ctx = {
 	    .model_path = model_path, .model_bytes = v.m->total_bytes, .n_vocab = info.n_vocab,

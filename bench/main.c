@@ -5,6 +5,11 @@
 #include "report.h"
 
 #include "base/units.h"
+#include "device/device.h"
+#ifdef WF_HAVE_CUDA
+#include "cuda/device_cuda.h"
+#include "cuda/engine_ops.h"
+#endif
 
 #include <getopt.h>
 #include <libgen.h>
@@ -51,7 +56,8 @@ static void usage(FILE *out)
 		     "       wf-bench residency [--json] [--device SPEC] [--dir DIR] [--size SIZE]\n"
 		     "                [--only floor,cold]\n"
 		     "       wf-bench engine [--json] [--model FILE] [--llama-bench PATH] [--threads N]\n"
-		     "                [--dir DIR] [--floor-root DIR] [--iterations N]\n"
+		     "                [--device SPEC [--llama-bench-gpu PATH]] [--dir DIR]\n"
+		     "                [--floor-root DIR] [--iterations N]\n"
 		     "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 		     "                must be a disk file system for the cold figure)\n"
 		     "  --floor-root  where floors are made (default /dev/shm)\n"
@@ -59,6 +65,10 @@ static void usage(FILE *out)
 		     "  --model       engine: the model (default: generate issue 10's 1 GB qwen3moe\n"
 		     "                Q4_K model in --dir, once)\n"
 		     "  --llama-bench engine: a llama-bench (llama.cpp b10573) to compare with\n"
+		     "  --device      residency: the device (default auto); engine: also run the\n"
+		     "                device rows (dev_*) on it (cuda:0, host:bw=16G, ...)\n"
+		     "  --llama-bench-gpu engine: a CUDA llama-bench (b10573) run with -ngl 99 and\n"
+		     "                every layer's experts on the CPU, against the dev cache row\n"
 		     "  --threads     engine: threads for both (default: the CPUs we may run on)\n"
 		     "  --iterations  repetitions of each figure; engine: 1 also shortens the runs\n"
 		     "  wf-bench --version prints \"wf-bench VERSION\".\n");
@@ -89,6 +99,7 @@ int main(int argc, char **argv)
 		{"device", required_argument, NULL, 'D'},
 		{"model", required_argument, NULL, 'm'},
 		{"llama-bench", required_argument, NULL, 'L'},
+		{"llama-bench-gpu", required_argument, NULL, 'G'},
 		{"threads", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
@@ -106,6 +117,7 @@ int main(int argc, char **argv)
 		case 'D': o.device = optarg; break;
 		case 'm': o.model = optarg; break;
 		case 'L': o.llama_bench = optarg; break;
+		case 'G': o.llama_bench_gpu = optarg; break;
 		case 't': {
 			uint64_t t;
 			if (wf_parse_uint(optarg, 256, &t) < 0 || t < 1) {
@@ -119,6 +131,16 @@ int main(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
+	if (o.llama_bench_gpu && !o.device) {
+		fprintf(stderr, "wf-bench: --llama-bench-gpu needs --device (the device rows it is "
+		                "compared with)\n");
+		return 2;
+	}
+	/* Before any device is opened: the CUDA backend, and the engine's forward pass on it. */
+#ifdef WF_HAVE_CUDA
+	wf_device_backend_register(wf_cuda_device_ops());
+	wf_cuda_engine_ops_register();
+#endif
 	bench_report_init(o.json);
 	if (strcmp(mode, "floor") == 0)
 		return bench_floor(&o);

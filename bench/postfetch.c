@@ -21,30 +21,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_engine_config *cfg,
+                               bool warm, struct wf_engine_stats *ret_stats)
+{
+	/* the measurement's positions and a few more: a model's context_length may be short */
+	cfg->n_ctx = c->n_gen + 8, cfg->n_seq_max = 1, cfg->n_threads = c->n_threads;
+	struct wf_engine *e = NULL;
+	struct wf_diag d = {{0}};
+	int rc = wf_engine_create(c->model, c->tensor_data, cfg, &e, &d);
+	if (rc < 0) {
+		fprintf(stderr, "wf-bench: engine with %s: %s\n",
+		        cfg->device ? wf_device_name(cfg->device) : "no device", wf_diag_str(&d, rc));
+		return -1;
+	}
+	struct wf_engine_info info;
+	wf_engine_get_info(e, &info);
+	double tps = warm ? c->measure(c->arg, e, &info) : 0;
+	if (tps >= 0) {
+		wf_engine_reset_stats(e);
+		tps = c->measure(c->arg, e, &info);
+		wf_engine_get_stats(e, ret_stats);
+	}
+	wf_engine_destroy(e);
+	return tps;
+}
+
 static double decode_with(const struct bench_postfetch_ctx *c, struct wf_device *dev,
                           uint32_t cache_mb, bool resident, struct wf_engine_stats *ret_stats)
 {
 	struct wf_postfetch_settings s;
 	wf_postfetch_settings_default(&s);
-	struct wf_engine_config cfg = {.n_ctx = c->n_gen + 8 > 264 ? c->n_gen + 8 : 264,
-	                               .n_seq_max = 1,
-	                               .n_threads = c->n_threads, .device = dev, .postfetch = &s,
-	                               .expert_cache_mb = cache_mb,
+	struct wf_engine_config cfg = {.device = dev, .postfetch = &s, .expert_cache_mb = cache_mb,
 	                               .experts_on_device = resident};
-	struct wf_engine *e = NULL;
-	struct wf_diag d = {{0}};
-	int rc = wf_engine_create(c->model, c->tensor_data, &cfg, &e, &d);
-	if (rc < 0) {
-		fprintf(stderr, "wf-bench: engine with post-fetch: %s\n", wf_diag_str(&d, rc));
-		return -1;
-	}
-	struct wf_engine_info info;
-	wf_engine_get_info(e, &info);
-	wf_engine_reset_stats(e);
-	double tps = c->measure(c->arg, e, &info);
-	wf_engine_get_stats(e, ret_stats);
-	wf_engine_destroy(e);
-	return tps;
+	return bench_engine_decode_cfg(c, &cfg, false, ret_stats);
 }
 
 int bench_engine_postfetch(const struct bench_postfetch_ctx *c)

@@ -17,9 +17,6 @@
 #include "shm/fill.h"
 #include "shm/region.h"
 #include "worker/cache.h"
-#ifdef WF_HAVE_CUDA
-#include "cuda/device_cuda.h"
-#endif
 
 #include <errno.h>
 #include <stdio.h>
@@ -116,9 +113,7 @@ int bench_residency(const struct bench_opts *o)
 		fprintf(stderr, "wf-bench: %s: %s\n", model_path, wf_diag_str(&d, rc));
 		return 1;
 	}
-#ifdef WF_HAVE_CUDA
-	wf_device_backend_register(wf_cuda_device_ops());
-#endif
+	/* main() registered the CUDA backend where it is built in */
 	const char *spec = o->device ? o->device : "auto";
 	struct wf_device *dev = NULL;
 	if ((rc = wf_device_open(spec, &dev, &d)) < 0) {
