@@ -43,6 +43,10 @@ void wf__cuda_mm_destroy(struct wf__cuda_mm *mm);
 bool wf__cuda_supports(enum wf_dtype type);
 int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float *x,
                     size_t x_stride, uint32_t n, float *y, size_t y_stride, struct wf_diag *diag);
+int wf__cuda_matmul_experts(void *ctx, const struct wf_engine_dev_matrix *w, size_t stride,
+                            uint32_t n_groups, const uint32_t *index, const uint32_t *first,
+                            const uint32_t *count, const float *x, size_t x_stride, float *y,
+                            size_t y_stride, struct wf_diag *diag);
 int wf__cuda_get_rows(void *ctx, const struct wf_engine_dev_matrix *w, const int32_t *ids,
                       uint32_t n, float *y, struct wf_diag *diag);
 /* For tests, on the host: dequantizes n elements (a whole number of blocks) of type with the

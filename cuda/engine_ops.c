@@ -60,6 +60,7 @@ static const struct wf_engine_dev_ops cuda_ops = {
     .ctx_destroy = ctx_destroy,
     .supports = wf__cuda_supports,
     .matmul = wf__cuda_matmul,
+    .matmul_experts = wf__cuda_matmul_experts,
     .get_rows = wf__cuda_get_rows,
     .rms_norm = wf__cuda_rms_norm,
     .rope = wf__cuda_rope,

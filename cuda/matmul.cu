@@ -431,6 +431,25 @@ int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float
 	return 0;
 }
 
+/* The experts of a layer: one product per group, each on the path its row count takes (a
+ * launch per expert; a grouped mat-vec kernel, one launch for every expert of a decode step, is
+ * the next step once it can be timed on a GPU). */
+int wf__cuda_matmul_experts(void *ctx, const struct wf_engine_dev_matrix *w, size_t stride,
+                            uint32_t n_groups, const uint32_t *index, const uint32_t *first,
+                            const uint32_t *count, const float *x, size_t x_stride, float *y,
+                            size_t y_stride, struct wf_diag *diag)
+{
+	for (uint32_t g = 0; g < n_groups; g++) {
+		struct wf_engine_dev_matrix m = *w;
+		m.data = (const uint8_t *)w->data + (size_t)index[g] * stride;
+		const int rc = wf__cuda_matmul(ctx, &m, x + (size_t)first[g] * x_stride, x_stride,
+		                               count[g], y + (size_t)first[g] * y_stride, y_stride, diag);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 int wf__cuda_get_rows(void *ctx, const struct wf_engine_dev_matrix *w, const int32_t *ids,
                       uint32_t n, float *y, struct wf_diag *diag)
 {

@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever struct wf_engine_dev_ops changes layout. */
-#define WF_ENGINE_DEV_OPS_VERSION 1u
+#define WF_ENGINE_DEV_OPS_VERSION 2u
 
 struct wf_device;
 struct wf_device_stream;
@@ -90,6 +90,15 @@ struct wf_engine_dev_ops {
 	 * may go through cuBLAS. n <= lim.max_rows. */
 	int (*matmul)(void *ctx, const struct wf_engine_dev_matrix *w, const float *x, size_t x_stride,
 	              uint32_t n, float *y, size_t y_stride, struct wf_diag *diag);
+	/* The experts of one layer in one call (ggml's mul_mat_id): for each group g < n_groups,
+	 * rows [first[g], first[g] + count[g]) of y = matrix index[g] of a stack times the same rows
+	 * of x, where matrix i lies at w->data + i * stride (an expert stack, or the expert cache's
+	 * equally spaced slots) and has w's type and shape. index, first and count are host
+	 * arrays (the engine orders the rows on the host); strides of x and y in floats. */
+	int (*matmul_experts)(void *ctx, const struct wf_engine_dev_matrix *w, size_t stride,
+	                      uint32_t n_groups, const uint32_t *index, const uint32_t *first,
+	                      const uint32_t *count, const float *x, size_t x_stride, float *y,
+	                      size_t y_stride, struct wf_diag *diag);
 	/* y[j][0..ne0) = row ids[j] of w, dequantized (the token embedding). ids: n int32. */
 	int (*get_rows)(void *ctx, const struct wf_engine_dev_matrix *w, const int32_t *ids,
 	                uint32_t n, float *y, struct wf_diag *diag);

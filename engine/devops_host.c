@@ -134,6 +134,36 @@ static int host_matmul(void *ctx, const struct wf_engine_dev_matrix *m, const fl
 	return rc;
 }
 
+static int host_matmul_experts(void *ctx, const struct wf_engine_dev_matrix *m, size_t stride,
+                               uint32_t n_groups, const uint32_t *index, const uint32_t *first,
+                               const uint32_t *count, const float *x, size_t x_stride, float *y,
+                               size_t y_stride, struct wf_diag *diag)
+{
+	struct host_ctx *c = ctx;
+	struct wf__wt w;
+	int rc = ready(c, diag);
+	if (rc == 0)
+		rc = as_wt(c, m, &w, diag);
+	if (rc < 0)
+		return rc;
+	/* Every group's rows quantized once, then one pool run over all the groups' products. */
+	uint32_t rows = 0;
+	for (uint32_t g = 0; g < n_groups; g++)
+		rows = first[g] + count[g] > rows ? first[g] + count[g] : rows;
+	if (rows > c->lim.max_rows || n_groups > WF__MM_MAX_JOBS)
+		return wf_diag_set(diag, WF_EINVAL, "expert matmul of %u rows in %u groups", rows,
+		                   n_groups);
+	const size_t qs = wf__act_row_bytes(w.ops->vec_dot_type, m->ne0);
+	for (uint32_t g = 0; g < n_groups; g++)
+		wf__quantize_rows(&c->cpu, w.ops->vec_dot_type, x + first[g] * x_stride, x_stride,
+		                  count[g], m->ne0, c->qa + first[g] * qs);
+	for (uint32_t g = 0; g < n_groups; g++)
+		wf__mm_add(c->ph, &w, 0, (const uint8_t *)m->data + index[g] * stride,
+		           c->qa + first[g] * qs, qs, count[g], y + first[g] * y_stride, y_stride);
+	wf__mm_run(&c->cpu, c->ph);
+	return 0;
+}
+
 static int host_get_rows(void *ctx, const struct wf_engine_dev_matrix *m, const int32_t *ids,
                          uint32_t n, float *y, struct wf_diag *diag)
 {
@@ -299,6 +329,7 @@ static const struct wf_engine_dev_ops host_ops = {
     .ctx_destroy = host_ctx_destroy,
     .supports = host_supports,
     .matmul = host_matmul,
+    .matmul_experts = host_matmul_experts,
     .get_rows = host_get_rows,
     .rms_norm = host_rms_norm,
     .rope = host_rope,

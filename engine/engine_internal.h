@@ -154,12 +154,13 @@ int wf__fetch_pin(struct wf__fetch *f, uint32_t layer, uint32_t expert, const vo
 /* One layer's step: the n selected experts (in expert order) and their matrices in the view;
  * writes each one's slot, or -1 (the CPU computes it from the floor). ret_whole (NULL without
  * whole slots): whether the slot holds the expert whole, copies completed, so gate and up can
- * run from it on the device too (wf__fetch_whole). */
+ * run from it on the device too (wf__fetch_stacks). */
 void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
                     const struct wf__fetch_src *src, int32_t *ret_slot, bool *ret_whole);
-/* A whole slot's matrices (the same matrices' offsets for every slot). */
-void wf__fetch_whole(struct wf__fetch *f, int32_t slot, const void **ret_d, const void **ret_g,
-                     const void **ret_u);
+/* The slots as three stacks of equally spaced matrices: slot s's down projection at
+ * *ret_d + s * *ret_stride, its gate and up (whole slots) at *ret_g and *ret_u likewise. */
+void wf__fetch_stacks(const struct wf__fetch *f, const void **ret_d, const void **ret_g,
+                      const void **ret_u, size_t *ret_stride);
 /* The slot's bytes to read, or NULL: compute that expert from the floor. */
 const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot);
 void wf__fetch_end_step(struct wf__fetch *f);

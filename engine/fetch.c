@@ -315,13 +315,13 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 	}
 }
 
-void wf__fetch_whole(struct wf__fetch *f, int32_t slot, const void **ret_d, const void **ret_g,
-                     const void **ret_u)
+void wf__fetch_stacks(const struct wf__fetch *f, const void **ret_d, const void **ret_g,
+                      const void **ret_u, size_t *ret_stride)
 {
-	uint8_t *base = f->mem + (size_t)slot * f->slot_bytes;
-	*ret_d = base;
-	*ret_g = base + f->off_g;
-	*ret_u = base + f->off_u;
+	*ret_d = f->mem;
+	*ret_g = f->mem + f->off_g;
+	*ret_u = f->mem + f->off_u;
+	*ret_stride = f->slot_bytes;
 }
 
 const void *wf__fetch_ready(struct wf__fetch *f, int32_t slot)

@@ -78,6 +78,7 @@ struct wf__devfwd {
 	const void *reg_base; /* the floor range registered for the copies, or NULL */
 	uint8_t *on_dev;      /* per expert, this step: its down projection ran on the device */
 	uint8_t *whole;       /* per expert, this step: the cache holds it whole (all on the device) */
+	uint32_t *g_index, *g_first, *g_count; /* a grouped product's groups, one per expert */
 };
 
 enum { I_TOK, I_POS, I_KV_FIRST, I_N_KV, I_DST, I_OUT, I_STEP_ARRAYS };
@@ -237,8 +238,12 @@ int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
 		return WF_EUNSUPPORTED;
 	d->L = calloc(w->n_layer, sizeof(*d->L));
 	d->on_dev = calloc(w->moe ? w->n_expert : 1, 1);
-	d->whole = calloc(w->moe ? w->n_expert : 1, 1);
-	if (!d->L || !d->on_dev || !d->whole)
+	const size_t nx = w->moe ? w->n_expert : 1;
+	d->whole = calloc(nx, 1);
+	d->g_index = calloc(nx, sizeof(uint32_t));
+	d->g_first = calloc(nx, sizeof(uint32_t));
+	d->g_count = calloc(nx, sizeof(uint32_t));
+	if (!d->L || !d->on_dev || !d->whole || !d->g_index || !d->g_first || !d->g_count)
 		return wf_diag_set(diag, -ENOMEM, "device forward pass");
 	if ((rc = wf_device_stream_create(d->dev, &d->stream, diag)) < 0)
 		return rc;
@@ -364,6 +369,9 @@ void wf__devfwd_destroy(struct wf__devfwd *d)
 	free(d->L);
 	free(d->on_dev);
 	free(d->whole);
+	free(d->g_index);
+	free(d->g_first);
+	free(d->g_count);
 	free(d);
 }
 
@@ -436,6 +444,25 @@ static int attention_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t i
 	return o->add(d->ctx, d->x, d->tmp, (size_t)n * E, diag);
 }
 
+/* Groups of experts for one grouped product: the matrix index (expert, or cache slot) and the
+ * rows in expert order. */
+struct groups {
+	uint32_t n, *index, *first, *count;
+};
+
+static void group_add(struct groups *g, uint32_t index, uint32_t first, uint32_t count)
+{
+	g->index[g->n] = index;
+	g->first[g->n] = first;
+	g->count[g->n] = count;
+	g->n++;
+}
+
+static struct wf_engine_dev_matrix dev_matrix(const struct wf__wt *t, const void *data)
+{
+	return (struct wf_engine_dev_matrix){data, t->type, t->ne[0], t->ne[1], t->row_size};
+}
+
 /* The CPU's share of a host-side layer: gate and up of every selected expert from the floor,
  * then each down projection from its post-fetch slot on the device, or from the floor on the
  * CPU; every result row lands in d->down. */
@@ -453,6 +480,7 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 	/* Down: from the slot on the device where post-fetch brought it, else on the CPU. */
 	const enum wf_dtype ad = L->down_exps.ops->vec_dot_type;
 	const size_t ds = wf__quantize_rows(&e->cpu, ad, d->h_h, F, n * K, F, e->qa);
+	struct groups gr = {0, d->g_index, d->g_first, d->g_count};
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
 		d->on_dev[x] = d->whole[x];
@@ -465,11 +493,16 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 			           d->h_down + (size_t)f * E, E);
 			continue;
 		}
-		const struct wf_engine_dev_matrix dm = {slot, L->down_exps.type, L->down_exps.ne[0],
-		                                        L->down_exps.ne[1], L->down_exps.row_size};
 		TRY(h2d(d, d->gate + (size_t)f * F, d->h_h + (size_t)f * F, (size_t)c * F * 4, diag));
-		TRY(d->ops->matmul(d->ctx, &dm, d->gate + (size_t)f * F, F, c, d->down + (size_t)f * E,
-		                   E, diag));
+		group_add(&gr, (uint32_t)e->fetch_slot[x], f, c);
+	}
+	if (gr.n) {
+		const void *sd, *sg, *su;
+		size_t stride;
+		wf__fetch_stacks(e->fetch, &sd, &sg, &su, &stride);
+		const struct wf_engine_dev_matrix dn = dev_matrix(&L->down_exps, sd);
+		TRY(d->ops->matmul_experts(d->ctx, &dn, stride, gr.n, gr.index, gr.first, gr.count,
+		                           d->gate, F, d->down, E, diag));
 	}
 	wf__mm_run(&e->cpu, ph);
 	for (uint32_t x = 0; x < X; x++) {
@@ -481,21 +514,38 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 	return 0;
 }
 
-/* One expert wholly on the device: its c gathered rows from row f of d->rows through gate, up,
- * swiglu and down into the same rows of d->down. */
-static int device_expert(struct wf__devfwd *d, const struct wf_engine_dev_matrix *g,
-                         const struct wf_engine_dev_matrix *u,
-                         const struct wf_engine_dev_matrix *dn, uint32_t f, uint32_t c,
-                         uint32_t E, uint32_t F, struct wf_diag *diag)
+/* Experts wholly on the device, in one grouped product each for gate, up and down: the stacks
+ * (an expert stack of the weights, or the expert cache's slots) at g, u and dn, stride apart;
+ * their rows gathered in d->rows, the results in the same rows of d->down. all_rows: the
+ * groups cover every row (one swiglu then). */
+static int device_experts(struct wf__devfwd *d, const struct groups *gr,
+                          const struct wf_engine_dev_matrix *g,
+                          const struct wf_engine_dev_matrix *u,
+                          const struct wf_engine_dev_matrix *dn, size_t g_stride,
+                          size_t u_stride, size_t d_stride, uint32_t E, uint32_t F,
+                          uint32_t all_rows, struct wf_diag *diag)
 {
 	const struct wf_engine_dev_ops *o = d->ops;
-	float *gr = d->gate + (size_t)f * F, *ur = d->up + (size_t)f * F;
 	int rc;
-	TRY(o->matmul(d->ctx, g, d->rows + (size_t)f * E, E, c, gr, F, diag));
-	TRY(o->matmul(d->ctx, u, d->rows + (size_t)f * E, E, c, ur, F, diag));
-	TRY(o->swiglu(d->ctx, gr, ur, gr, (size_t)c * F, diag));
-	return o->matmul(d->ctx, dn, gr, F, c, d->down + (size_t)f * E, E, diag);
+	if (!gr->n)
+		return 0;
+	TRY(o->matmul_experts(d->ctx, g, g_stride, gr->n, gr->index, gr->first, gr->count, d->rows,
+	                      E, d->gate, F, diag));
+	TRY(o->matmul_experts(d->ctx, u, u_stride, gr->n, gr->index, gr->first, gr->count, d->rows,
+	                      E, d->up, F, diag));
+	if (all_rows) {
+		TRY(o->swiglu(d->ctx, d->gate, d->up, d->gate, (size_t)all_rows * F, diag));
+	} else {
+		for (uint32_t i = 0; i < gr->n; i++) {
+			const size_t at = (size_t)gr->first[i] * F;
+			TRY(o->swiglu(d->ctx, d->gate + at, d->up + at, d->gate + at,
+			              (size_t)gr->count[i] * F, diag));
+		}
+	}
+	return o->matmul_experts(d->ctx, dn, d_stride, gr->n, gr->index, gr->first, gr->count,
+	                         d->gate, F, d->down, E, diag);
 }
+
 
 static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uint32_t n,
                      struct wf_diag *diag)
@@ -532,21 +582,17 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 	TRY(h2d(d, dslot_of, slot_of, (size_t)n * K * 4, diag));
 	TRY(h2d(d, dgidx, gidx, (size_t)n * K * 4, diag));
 
+	struct groups gr = {0, d->g_index, d->g_first, d->g_count};
 	if (resident) {
-		/* The whole layer on the device, expert by expert over the gathered rows. */
+		/* The whole layer on the device, over the gathered rows. */
 		TRY(o->gather(d->ctx, d->xn, dgidx, n * K, E, d->rows, diag));
-		for (uint32_t x = 0; x < X; x++) {
-			if (!e->expert_count[x])
-				continue;
-			struct wf_engine_dev_matrix g = D->gate_exps, u = D->up_exps, dn = D->down_exps;
-			g.data = (const uint8_t *)g.data + (size_t)x * L->gate_exps.matrix_size;
-			u.data = (const uint8_t *)u.data + (size_t)x * L->up_exps.matrix_size;
-			dn.data = (const uint8_t *)dn.data + (size_t)x * L->down_exps.matrix_size;
-			TRY(device_expert(d, &g, &u, &dn, e->expert_first[x], e->expert_count[x], E, F,
-			                  diag));
-		}
-		for (uint32_t x = 0; x < X; x++) /* lookups of resident experts, as fetch.c counts */
-			e->stats.resident_lookups += e->expert_count[x] ? 1 : 0;
+		for (uint32_t x = 0; x < X; x++)
+			if (e->expert_count[x])
+				group_add(&gr, x, e->expert_first[x], e->expert_count[x]);
+		TRY(device_experts(d, &gr, &D->gate_exps, &D->up_exps, &D->down_exps,
+		                   L->gate_exps.matrix_size, L->up_exps.matrix_size,
+		                   L->down_exps.matrix_size, E, F, n * K, diag));
+		e->stats.resident_lookups += gr.n; /* as fetch.c counts them: one per expert */
 	} else {
 		/* Post-fetch: the down projections start moving now (or are found in the expert
 		 * cache), while the CPU computes gate and up. */
@@ -554,23 +600,19 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 			(void)wf__moe_fetch(e, il, L, d->whole);
 		/* Split execution: the experts the cache holds whole run on the device (queued,
 		 * asynchronous on CUDA) while the CPU computes the others. */
-		bool any_whole = false;
-		for (uint32_t x = 0; x < X && !any_whole; x++)
-			any_whole = d->whole[x];
-		if (any_whole)
+		for (uint32_t x = 0; x < X; x++)
+			if (d->whole[x])
+				group_add(&gr, (uint32_t)e->fetch_slot[x], e->expert_first[x],
+				          e->expert_count[x]);
+		if (gr.n) {
+			const void *sd, *sg, *su;
+			size_t stride;
+			wf__fetch_stacks(e->fetch, &sd, &sg, &su, &stride);
+			const struct wf_engine_dev_matrix g = dev_matrix(&L->gate_exps, sg),
+			                                  u = dev_matrix(&L->up_exps, su),
+			                                  dn = dev_matrix(&L->down_exps, sd);
 			TRY(o->gather(d->ctx, d->xn, dgidx, n * K, E, d->rows, diag));
-		for (uint32_t x = 0; x < X; x++) {
-			if (!d->whole[x])
-				continue;
-			struct wf_engine_dev_matrix g = {NULL, L->gate_exps.type, L->gate_exps.ne[0],
-			                                 L->gate_exps.ne[1], L->gate_exps.row_size};
-			struct wf_engine_dev_matrix u = {NULL, L->up_exps.type, L->up_exps.ne[0],
-			                                 L->up_exps.ne[1], L->up_exps.row_size};
-			struct wf_engine_dev_matrix dn = {NULL, L->down_exps.type, L->down_exps.ne[0],
-			                                  L->down_exps.ne[1], L->down_exps.row_size};
-			wf__fetch_whole(e->fetch, e->fetch_slot[x], &dn.data, &g.data, &u.data);
-			TRY(device_expert(d, &g, &u, &dn, e->expert_first[x], e->expert_count[x], E, F,
-			                  diag));
+			TRY(device_experts(d, &gr, &g, &u, &dn, stride, stride, stride, E, F, 0, diag));
 		}
 		TRY(host_experts(e, d, il, n, diag));
 		if (e->fetch)
