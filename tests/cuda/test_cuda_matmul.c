@@ -11,10 +11,7 @@
  *    id out of range;
  *  - the refusals: a type without kernels, more rows than the context was made for.
  * Run through gpu_main.c: skipped (77) without a GPU. */
-#include "base/error.h"
-#include "cuda/device_cuda.h"
-#include "cuda/engine_ctx.h"
-#include "device/device.h"
+#include "tests/cuda/gpuenv.h"
 #include "tests/cuda/mmref.h"
 #include "tests/kernels/kgen.h"
 
@@ -24,65 +21,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OKD(call_with_diag)                                                                        \
-	do {                                                                                       \
-		struct wf_diag diag = {0};                                                         \
-		int r_ = (call_with_diag);                                                         \
-		cr_assert_eq(r_, 0, "%s: %s", #call_with_diag, wf_diag_str(&diag, r_));            \
-	} while (0)
-
 #define SENTINEL 1234.5f
 
-struct fix {
-	struct wf_device *dev;
-	struct wf_device_stream *s;
-	struct wf__cuda_engine_ctx c;
-};
-
-static void fix_open(struct fix *f, uint32_t max_rows, int64_t max_ne0, int64_t max_ne1)
+static void fix_open(struct wft_gpu *f, uint32_t max_rows, int64_t max_ne0, int64_t max_ne1)
 {
-	memset(f, 0, sizeof(*f));
-	cr_assert_eq(wf_device_backend_register(wf_cuda_device_ops()), 0);
-	OKD(wf_device_open("cuda:0", &f->dev, &diag));
-	OKD(wf_device_stream_create(f->dev, &f->s, &diag));
-	f->c.dev = f->dev;
-	f->c.wstream = f->s;
-	f->c.stream = (cudaStream_t)wf_device_stream_native(f->s);
-	cr_assert_eq(cudaGetDevice(&f->c.device), cudaSuccess);
-	cr_assert_eq(cudaDeviceGetAttribute(&f->c.sm_count, cudaDevAttrMultiProcessorCount,
-	                                    f->c.device),
-	             cudaSuccess);
-	f->c.lim = (struct wf_engine_dev_limits){
-	    .n_threads = 1, .max_rows = max_rows, .max_ne0 = max_ne0, .max_ne1 = max_ne1};
-	OKD(wf__cuda_mm_create(&f->c, &diag));
-	cr_assert_not_null(f->c.mm);
-}
-
-static void fix_close(struct fix *f)
-{
-	OKD(wf_device_stream_synchronize(f->s, &diag));
-	wf__cuda_mm_destroy(f->c.mm);
-	wf_device_close(f->dev);
-}
-
-static void *upload(struct fix *f, const void *h, size_t size)
-{
-	void *d;
-
-	OKD(wf_device_mem_alloc(f->dev, size, &d, &diag));
-	OKD(wf_device_memcpy_async(f->s, d, h, size, WF_DEVICE_COPY_H2D, &diag));
-	return d;
-}
-
-static void download(struct fix *f, void *h, const void *d, size_t size)
-{
-	OKD(wf_device_memcpy_async(f->s, h, d, size, WF_DEVICE_COPY_D2H, &diag));
-	OKD(wf_device_stream_synchronize(f->s, &diag));
+	wft_gpu_open(f,
+	             (struct wf_engine_dev_limits){.n_threads = 1, .max_rows = max_rows,
+	                                           .max_ne0 = max_ne0, .max_ne1 = max_ne1},
+	             true);
 }
 
 /* One matmul of a random ne1 x ne0 matrix of type t with n activation rows, x and y strided
  * with gaps, against the reference. */
-static void matmul_case(struct fix *f, enum wf_dtype t, int64_t ne0, int64_t ne1, uint32_t n)
+static void matmul_case(struct wft_gpu *f, enum wf_dtype t, int64_t ne0, int64_t ne1, uint32_t n)
 {
 	const size_t xs = (size_t)ne0 + 5, ys = (size_t)ne1 + 3;
 	size_t row;
@@ -96,13 +47,13 @@ static void matmul_case(struct fix *f, enum wf_dtype t, int64_t ne0, int64_t ne1
 	cr_assert(wd && y && ref);
 	for (size_t k = 0; k < (size_t)n * ys; k++)
 		y[k] = SENTINEL;
-	void *dw = upload(f, w, row * (size_t)ne1);
-	float *dx = upload(f, x, (size_t)n * xs * sizeof(float));
-	float *dy = upload(f, y, (size_t)n * ys * sizeof(float));
+	void *dw = wft_gpu_up(f, w, row * (size_t)ne1);
+	float *dx = wft_gpu_up(f, x, (size_t)n * xs * sizeof(float));
+	float *dy = wft_gpu_up(f, y, (size_t)n * ys * sizeof(float));
 	struct wf_engine_dev_matrix m = {dw, t, ne0, ne1, row};
 
 	OKD(wf__cuda_matmul(&f->c, &m, dx, xs, n, dy, ys, &diag));
-	download(f, y, dy, (size_t)n * ys * sizeof(float));
+	wft_gpu_down(f, y, dy, (size_t)n * ys * sizeof(float));
 	mmref_dequant(t, w, row, ne0, ne1, wd);
 	mmref_matmul(wd, ne0, ne1, x, xs, n, ref);
 	mmref_error(y, ys, ref, ne1, n, &nmse, &max_rel);
@@ -132,7 +83,7 @@ static void matmul_case(struct fix *f, enum wf_dtype t, int64_t ne0, int64_t ne1
 Test(cuda_matmul, every_type_and_batch, .timeout = 300)
 {
 	static const uint32_t ns[] = {1, 3, 8, 9, 33, 130};
-	struct fix f;
+	struct wft_gpu f;
 
 	kgen_seed(21);
 	fix_open(&f, 130, 1024, 37);
@@ -148,13 +99,13 @@ Test(cuda_matmul, every_type_and_batch, .timeout = 300)
 				matmul_case(&f, t, 32 * 23, 13, ns[k]);
 		}
 	}
-	fix_close(&f);
+	wft_gpu_close(&f);
 }
 
 /* max_ne1 7: a 33-row matrix goes through the F16 workspace in slabs of 7 rows. */
 Test(cuda_matmul, tall_matrix_in_slabs, .timeout = 120)
 {
-	struct fix f;
+	struct wft_gpu f;
 
 	kgen_seed(22);
 	fix_open(&f, 64, 512, 7);
@@ -162,13 +113,13 @@ Test(cuda_matmul, tall_matrix_in_slabs, .timeout = 120)
 		matmul_case(&f, mmref_types[ti], 512, 33, 17);
 		matmul_case(&f, mmref_types[ti], 512, 33, 2);
 	}
-	fix_close(&f);
+	wft_gpu_close(&f);
 }
 
 Test(cuda_matmul, get_rows_bitwise, .timeout = 120)
 {
 	static const int32_t ids_ok[] = {0, 4, 4, 10, 1, 10, 7};
-	struct fix f;
+	struct wft_gpu f;
 
 	kgen_seed(23);
 	fix_open(&f, 8, 1024, 11);
@@ -187,13 +138,13 @@ Test(cuda_matmul, get_rows_bitwise, .timeout = 120)
 		ids[7] = -1;          /* out of range: a zero row */
 		ids[8] = (int32_t)ne1; /* one past the last row */
 		mmref_dequant(t, w, row, ne0, ne1, wd);
-		void *dw = upload(&f, w, row * (size_t)ne1);
-		int32_t *dids = upload(&f, ids, sizeof(ids));
+		void *dw = wft_gpu_up(&f, w, row * (size_t)ne1);
+		int32_t *dids = wft_gpu_up(&f, ids, sizeof(ids));
 		float *dy;
 		OKD(wf_device_mem_alloc(f.dev, (size_t)(ne0 * n) * sizeof(float), (void **)&dy, &diag));
 		struct wf_engine_dev_matrix m = {dw, t, ne0, ne1, row};
 		OKD(wf__cuda_get_rows(&f.c, &m, dids, n, dy, &diag));
-		download(&f, y, dy, (size_t)(ne0 * n) * sizeof(float));
+		wft_gpu_down(&f, y, dy, (size_t)(ne0 * n) * sizeof(float));
 		for (uint32_t j = 0; j < n; j++) {
 			for (int64_t e = 0; e < ne0; e++) {
 				float want = j < 7 ? wd[ids[j] * ne0 + e] : 0.0f;
@@ -209,12 +160,12 @@ Test(cuda_matmul, get_rows_bitwise, .timeout = 120)
 		free(wd);
 		free(y);
 	}
-	fix_close(&f);
+	wft_gpu_close(&f);
 }
 
 Test(cuda_matmul, refusals, .timeout = 60)
 {
-	struct fix f;
+	struct wft_gpu f;
 	struct wf_diag diag = {0};
 	void *d;
 
@@ -234,5 +185,5 @@ Test(cuda_matmul, refusals, .timeout = 60)
 	cr_assert_eq(wf__cuda_matmul(&f.c, &shortrow, d, 256, 1, d, 4, &diag), WF_EINVAL);
 	cr_assert_eq(wf__cuda_matmul(&f.c, &f32, d, 256, 0, d, 4, &diag), 0);
 	cr_assert_eq(wf_device_mem_free(f.dev, d, &diag), 0);
-	fix_close(&f);
+	wft_gpu_close(&f);
 }

@@ -2,73 +2,18 @@
  * numerics (engine/ops.c), on a GPU: inputs uploaded, each op run on a hand-built context (no
  * matmul workspace: these ops must not need one), results read back and compared by NMSE and
  * max-abs error, or bit for bit where the op is exact. Tolerances are stated per test. */
-#include "base/error.h"
-#include "cuda/device_cuda.h"
-#include "cuda/engine_ctx.h"
-#include "device/device.h"
-
+#include "gpuenv.h"
 #include "ops_ref.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 
-#define OKD(call_with_diag)                                                                        \
-	do {                                                                                       \
-		struct wf_diag diag = {0};                                                         \
-		int r_ = (call_with_diag);                                                         \
-		cr_assert_eq(r_, 0, "%s: %s", #call_with_diag, wf_diag_str(&diag, r_));            \
-	} while (0)
-
-struct env {
-	struct wf_device *dev;
-	struct wf_device_stream *s;
-	struct wf__cuda_engine_ctx c;
-};
-
-static void env_open(struct env *e)
+/* No matmul workspace: these ops must not need one. */
+static void env_open(struct wft_gpu *e)
 {
-	memset(e, 0, sizeof(*e));
-	cr_assert_eq(wf_device_backend_register(wf_cuda_device_ops()), 0);
-	OKD(wf_device_open("cuda:0", &e->dev, &diag));
-	OKD(wf_device_stream_create(e->dev, &e->s, &diag));
-	e->c.dev = e->dev;
-	e->c.wstream = e->s;
-	e->c.stream = (cudaStream_t)wf_device_stream_native(e->s);
-	cr_assert_not_null(e->c.stream);
-	e->c.lim = (struct wf_engine_dev_limits){.max_rows = 4096, .max_kv = 4096, .head_dim = 256};
-	e->c.mm = NULL;
-}
-
-static void env_close(struct env *e)
-{
-	wf_device_stream_destroy(e->s);
-	wf_device_close(e->dev);
-}
-
-static void *up(struct env *e, const void *h, size_t size)
-{
-	void *d;
-	OKD(wf_device_mem_alloc(e->dev, size, &d, &diag));
-	OKD(wf_device_memcpy_async(e->s, d, h, size, WF_DEVICE_COPY_H2D, &diag));
-	return d;
-}
-
-static void *dalloc(struct env *e, size_t size)
-{
-	void *d;
-	OKD(wf_device_mem_alloc(e->dev, size, &d, &diag));
-	return d;
-}
-
-static void down(struct env *e, void *h, const void *d, size_t size)
-{
-	OKD(wf_device_memcpy_async(e->s, h, d, size, WF_DEVICE_COPY_D2H, &diag));
-	OKD(wf_device_stream_synchronize(e->s, &diag));
-}
-
-static void dfree(struct env *e, void *d)
-{
-	OKD(wf_device_mem_free(e->dev, d, &diag));
+	wft_gpu_open(e, (struct wf_engine_dev_limits){.max_rows = 4096, .max_kv = 4096,
+	                                              .head_dim = 256},
+	             false);
 }
 
 /* float-sum-of-squares on the GPU against the CPU's double sum: the scale differs by a few ulp.
@@ -76,7 +21,7 @@ static void dfree(struct env *e, void *d)
  * wider than the row, with and without weights, in place and not. */
 Test(cuda_ops, rms_norm, .timeout = 120)
 {
-	struct env e;
+	struct wft_gpu e;
 	struct opsr_rng r = {1};
 	static const uint32_t lens[] = {64, 100, 1000, 2048, 4096};
 
@@ -96,12 +41,12 @@ Test(cuda_ops, rms_norm, .timeout = 120)
 				for (uint32_t i = 0; i < rows; i++)
 					wf__rms_norm(x + i * stride, weights ? w : NULL,
 					             want + i * stride, len, 1e-6f);
-				float *dx = up(&e, x, n * sizeof(float)),
-				      *dw = up(&e, w, len * sizeof(float));
-				float *dy = alias ? dx : up(&e, got, n * sizeof(float)); /* zeros */
+				float *dx = wft_gpu_up(&e, x, n * sizeof(float)),
+				      *dw = wft_gpu_up(&e, w, len * sizeof(float));
+				float *dy = alias ? dx : wft_gpu_up(&e, got, n * sizeof(float)); /* zeros */
 				OKD(wf__cuda_rms_norm(&e.c, dx, weights ? dw : NULL, dy, rows, len,
 				                      stride, 1e-6f, &diag));
-				down(&e, got, dy, n * sizeof(float));
+				wft_gpu_down(&e, got, dy, n * sizeof(float));
 				for (uint32_t i = 0; i < rows; i++) {
 					/* the gap between rows is untouched: x in place, else 0 */
 					for (size_t j = len; j < stride; j++)
@@ -117,12 +62,12 @@ Test(cuda_ops, rms_norm, .timeout = 120)
 				          "max-abs %g",
 				          len, rows, variant, nmse, ma);
 				if (!alias)
-					dfree(&e, dy);
-				dfree(&e, dx);
-				dfree(&e, dw);
+					wft_gpu_free(&e, dy);
+				wft_gpu_free(&e, dx);
+				wft_gpu_free(&e, dw);
 				free(x), free(w), free(want), free(got);
 			}
-	env_close(&e);
+	wft_gpu_close(&e);
 }
 
 /* The angles are the CPU's bit for bit (same step, same products); sincosf may differ from the
@@ -131,7 +76,7 @@ Test(cuda_ops, rms_norm, .timeout = 120)
  * positions to 4095, two bases. */
 Test(cuda_ops, rope, .timeout = 120)
 {
-	struct env e;
+	struct wft_gpu e;
 	struct opsr_rng r = {2};
 	static const int32_t pos[] = {0, 1, 17, 255, 1000, 2047, 3999, 4000, 4095};
 	const uint32_t n = sizeof(pos) / sizeof(pos[0]), n_heads = 6, head_dim = 128;
@@ -142,7 +87,7 @@ Test(cuda_ops, rope, .timeout = 120)
 	float *got = malloc(count * sizeof(float)), cs[128];
 
 	env_open(&e);
-	int32_t *dpos = up(&e, pos, sizeof(pos));
+	int32_t *dpos = wft_gpu_up(&e, pos, sizeof(pos));
 	for (int kind = 0; kind <= 2; kind += 2)
 		for (size_t d = 0; d < 3; d++)
 			for (size_t b = 0; b < 2; b++) {
@@ -154,11 +99,11 @@ Test(cuda_ops, rope, .timeout = 120)
 						wf__rope(want + t * x_stride + h * head_dim,
 						         dims[d], cs, (enum wf__rope_kind)kind);
 				}
-				float *dx = up(&e, x, count * sizeof(float));
+				float *dx = wft_gpu_up(&e, x, count * sizeof(float));
 				OKD(wf__cuda_rope(&e.c, dx, x_stride, n, n_heads, head_dim, dims[d],
 				                  dpos, bases[b], (enum wf_engine_dev_rope)kind,
 				                  &diag));
-				down(&e, got, dx, count * sizeof(float));
+				wft_gpu_down(&e, got, dx, count * sizeof(float));
 				for (uint32_t t = 0; t < n; t++)
 					for (uint32_t h = 0; h < n_heads; h++)
 						for (uint32_t i = dims[d]; i < head_dim; i++) {
@@ -171,11 +116,11 @@ Test(cuda_ops, rope, .timeout = 120)
 				cr_assert(nmse <= 1e-12 && ma <= 1e-5,
 				          "kind %d n_dims %u base %g: nmse %g max-abs %g", kind,
 				          dims[d], (double)bases[b], nmse, ma);
-				dfree(&e, dx);
+				wft_gpu_free(&e, dx);
 			}
-	dfree(&e, dpos);
+	wft_gpu_free(&e, dpos);
 	free(x), free(want), free(got);
-	env_close(&e);
+	wft_gpu_close(&e);
 }
 
 /* kv_store writes the CPU's conversion of every row at its destination (bit for bit: both round
@@ -185,7 +130,7 @@ Test(cuda_ops, rope, .timeout = 120)
  * measures <= 6.2e-7), max-abs <= 1e-2.
  * Six tokens with windows of 1..2000 positions at different rows (tokens of different
  * sequences), GQA 4:1 and 1:1, head sizes 64, 80 and 128, flat and peaked softmax. */
-static void attention_case(struct env *e, enum wf_engine_dev_kv type, uint32_t n_head,
+static void attention_case(struct wft_gpu *e, enum wf_engine_dev_kv type, uint32_t n_head,
                            uint32_t n_head_kv, uint32_t head_dim, float qamp, uint64_t seed)
 {
 	static const uint32_t n_kv[] = {1, 2, 33, 700, 2000, 1999};
@@ -207,13 +152,13 @@ static void attention_case(struct env *e, enum wf_engine_dev_kv type, uint32_t n
 	opsr_fill(&r, v, a.rows * row, 1.0f);
 	for (uint32_t i = 0; i < a.rows; i++)
 		dst[i] = a.rows - 1 - i;
-	float *dk = up(e, k, a.rows * row * sizeof(float)),
-	      *dv = up(e, v, a.rows * row * sizeof(float));
-	uint32_t *ddst = up(e, dst, a.rows * sizeof(uint32_t));
-	void *dkc = dalloc(e, cache), *dvc = dalloc(e, cache);
+	float *dk = wft_gpu_up(e, k, a.rows * row * sizeof(float)),
+	      *dv = wft_gpu_up(e, v, a.rows * row * sizeof(float));
+	uint32_t *ddst = wft_gpu_up(e, dst, a.rows * sizeof(uint32_t));
+	void *dkc = wft_gpu_alloc(e, cache), *dvc = wft_gpu_alloc(e, cache);
 	OKD(wf__cuda_kv_store(&e->c, dk, dv, a.rows, (uint32_t)row, ddst, dkc, dvc, type, &diag));
-	down(e, a.kc, dkc, cache);
-	down(e, a.vc, dvc, cache);
+	wft_gpu_down(e, a.kc, dkc, cache);
+	wft_gpu_down(e, a.vc, dvc, cache);
 	for (uint32_t i = 0; i < a.rows; i++)
 		for (size_t j = 0; j < row; j++) {
 			const size_t s = i * row + j, d = (size_t)dst[i] * row + j;
@@ -228,12 +173,12 @@ static void attention_case(struct env *e, enum wf_engine_dev_kv type, uint32_t n
 
 	float *want = malloc(count * sizeof(float)), *got = malloc(count * sizeof(float));
 	opsr_att_ref(&a, want);
-	float *dq = up(e, a.q, count * sizeof(float)), *dout = dalloc(e, count * sizeof(float));
-	uint32_t *dfirst = up(e, a.kv_first, a.n * sizeof(uint32_t));
-	uint32_t *dn = up(e, a.n_kv, a.n * sizeof(uint32_t));
+	float *dq = wft_gpu_up(e, a.q, count * sizeof(float)), *dout = wft_gpu_alloc(e, count * sizeof(float));
+	uint32_t *dfirst = wft_gpu_up(e, a.kv_first, a.n * sizeof(uint32_t));
+	uint32_t *dn = wft_gpu_up(e, a.n_kv, a.n * sizeof(uint32_t));
 	OKD(wf__cuda_attention(&e->c, dq, (size_t)n_head * head_dim, a.n, n_head, n_head_kv,
 	                       head_dim, dkc, dvc, type, dfirst, dn, a.scale, dout, &diag));
-	down(e, got, dout, count * sizeof(float));
+	wft_gpu_down(e, got, dout, count * sizeof(float));
 	const double nmse = opsr_nmse(got, want, count), ma = opsr_max_abs(got, want, count);
 	const double nmse_tol = type == WF_ENGINE_DEV_KV_F16 ? 5e-5 : 1e-10;
 	const double ma_tol = type == WF_ENGINE_DEV_KV_F16 ? 1e-2 : 1e-5;
@@ -245,33 +190,33 @@ static void attention_case(struct env *e, enum wf_engine_dev_kv type, uint32_t n
 
 	void *dev_bufs[] = {dk, dv, ddst, dkc, dvc, dq, dout, dfirst, dn};
 	for (size_t i = 0; i < sizeof(dev_bufs) / sizeof(dev_bufs[0]); i++)
-		dfree(e, dev_bufs[i]);
+		wft_gpu_free(e, dev_bufs[i]);
 	free(k), free(v), free(dst), free(want), free(got);
 	opsr_att_free(&a);
 }
 
 Test(cuda_ops, kv_store_attention_f32, .timeout = 300)
 {
-	struct env e;
+	struct wft_gpu e;
 	env_open(&e);
 	static const uint32_t dims[] = {64, 80, 128};
 	for (size_t d = 0; d < 3; d++) {
 		attention_case(&e, WF_ENGINE_DEV_KV_F32, 16, 4, dims[d], 1.0f, 10 + d);
 		attention_case(&e, WF_ENGINE_DEV_KV_F32, 4, 4, dims[d], 8.0f, 20 + d);
 	}
-	env_close(&e);
+	wft_gpu_close(&e);
 }
 
 Test(cuda_ops, kv_store_attention_f16, .timeout = 300)
 {
-	struct env e;
+	struct wft_gpu e;
 	env_open(&e);
 	static const uint32_t dims[] = {64, 80, 128};
 	for (size_t d = 0; d < 3; d++) {
 		attention_case(&e, WF_ENGINE_DEV_KV_F16, 16, 4, dims[d], 1.0f, 30 + d);
 		attention_case(&e, WF_ENGINE_DEV_KV_F16, 4, 4, dims[d], 8.0f, 40 + d);
 	}
-	env_close(&e);
+	wft_gpu_close(&e);
 }
 
 /* ids equal to the CPU's, weights within 1e-6 (expf on the GPU and the host may differ in the
@@ -293,7 +238,7 @@ static void distinct_logits(struct opsr_rng *r, float *x, uint32_t n_expert)
 
 Test(cuda_ops, route, .timeout = 120)
 {
-	struct env e;
+	struct wft_gpu e;
 	struct opsr_rng r = {3};
 	static const uint32_t ne[] = {8, 64, 128, 4096};
 	static const uint32_t ks[] = {2, 8, 64};
@@ -310,12 +255,12 @@ Test(cuda_ops, route, .timeout = 120)
 				continue;
 			for (uint32_t t = 0; t < n; t++)
 				distinct_logits(&r, logits + (size_t)t * ne[ei], ne[ei]);
-			float *dl = up(&e, logits, sizeof(float) * n * ne[ei]);
-			int32_t *dids = dalloc(&e, sizeof(int32_t) * n * k);
-			float *dw = dalloc(&e, sizeof(float) * n * k);
+			float *dl = wft_gpu_up(&e, logits, sizeof(float) * n * ne[ei]);
+			int32_t *dids = wft_gpu_alloc(&e, sizeof(int32_t) * n * k);
+			float *dw = wft_gpu_alloc(&e, sizeof(float) * n * k);
 			OKD(wf__cuda_route(&e.c, dl, n, ne[ei], k, dids, dw, &diag));
-			down(&e, ids, dids, sizeof(int32_t) * n * k);
-			down(&e, w, dw, sizeof(float) * n * k);
+			wft_gpu_down(&e, ids, dids, sizeof(int32_t) * n * k);
+			wft_gpu_down(&e, w, dw, sizeof(float) * n * k);
 			for (uint32_t t = 0; t < n; t++) {
 				wf__route(logits + (size_t)t * ne[ei], ne[ei], k, probs, want_ids,
 				          want_w);
@@ -327,20 +272,20 @@ Test(cuda_ops, route, .timeout = 120)
 					          (double)w[t * k + j], (double)want_w[j]);
 				}
 			}
-			dfree(&e, dl);
-			dfree(&e, dids);
-			dfree(&e, dw);
+			wft_gpu_free(&e, dl);
+			wft_gpu_free(&e, dids);
+			wft_gpu_free(&e, dw);
 		}
 	free(logits);
 	free(probs);
-	env_close(&e);
+	wft_gpu_close(&e);
 }
 
 /* gather and add are exact; moe_sum rounds every product and sum as the CPU does: exact. swiglu
  * (expf on the GPU): each element within 1e-6 relative (max-abs / max(1, |want|)), in place. */
 Test(cuda_ops, gather_swiglu_add_moe_sum, .timeout = 120)
 {
-	struct env e;
+	struct wft_gpu e;
 	struct opsr_rng r = {4};
 	const uint32_t n = 37, k = 8, len = 1000, rows = n * k;
 	const size_t cnt = (size_t)rows * len;
@@ -355,14 +300,14 @@ Test(cuda_ops, gather_swiglu_add_moe_sum, .timeout = 120)
 	opsr_fill(&r, wts, rows, 1.0f);
 	for (uint32_t i = 0; i < rows; i++)
 		idx[i] = opsr_u32(&r) % rows;
-	float *dx = up(&e, x, cnt * sizeof(float)), *du = up(&e, u, cnt * sizeof(float));
-	float *dy = dalloc(&e, cnt * sizeof(float));
-	uint32_t *didx = up(&e, idx, rows * sizeof(uint32_t));
-	float *dwts = up(&e, wts, rows * sizeof(float));
+	float *dx = wft_gpu_up(&e, x, cnt * sizeof(float)), *du = wft_gpu_up(&e, u, cnt * sizeof(float));
+	float *dy = wft_gpu_alloc(&e, cnt * sizeof(float));
+	uint32_t *didx = wft_gpu_up(&e, idx, rows * sizeof(uint32_t));
+	float *dwts = wft_gpu_up(&e, wts, rows * sizeof(float));
 
 	/* gather: rows * len floats */
 	OKD(wf__cuda_gather(&e.c, dx, didx, rows, len, dy, &diag));
-	down(&e, got, dy, cnt * sizeof(float));
+	wft_gpu_down(&e, got, dy, cnt * sizeof(float));
 	for (uint32_t i = 0; i < rows; i++)
 		cr_assert(memcmp(got + (size_t)i * len, x + (size_t)idx[i] * len,
 		                 len * sizeof(float)) == 0,
@@ -371,28 +316,28 @@ Test(cuda_ops, gather_swiglu_add_moe_sum, .timeout = 120)
 	/* swiglu, out of place and in place (y aliases g) */
 	wf__swiglu(x, u, want, (uint32_t)cnt);
 	for (int alias = 0; alias < 2; alias++) {
-		float *dg = alias ? up(&e, x, cnt * sizeof(float)) : dx;
+		float *dg = alias ? wft_gpu_up(&e, x, cnt * sizeof(float)) : dx;
 		OKD(wf__cuda_swiglu(&e.c, dg, du, alias ? dg : dy, cnt, &diag));
-		down(&e, got, alias ? dg : dy, cnt * sizeof(float));
+		wft_gpu_down(&e, got, alias ? dg : dy, cnt * sizeof(float));
 		for (size_t i = 0; i < cnt; i++) {
 			const float tol = 1e-6f * (fabsf(want[i]) > 1.0f ? fabsf(want[i]) : 1.0f);
 			cr_assert(fabsf(got[i] - want[i]) <= tol, "swiglu %zu alias %d: %g want %g",
 			          i, alias, (double)got[i], (double)want[i]);
 		}
 		if (alias)
-			dfree(&e, dg);
+			wft_gpu_free(&e, dg);
 	}
 
 	/* add: y = x, then y += u */
 	OKD(wf_device_memcpy_async(e.s, dy, dx, cnt * sizeof(float), WF_DEVICE_COPY_D2D, &diag));
 	OKD(wf__cuda_add(&e.c, dy, du, cnt, &diag));
-	down(&e, got, dy, cnt * sizeof(float));
+	wft_gpu_down(&e, got, dy, cnt * sizeof(float));
 	for (size_t i = 0; i < cnt; i++)
 		cr_assert_eq(got[i], x[i] + u[i], "add %zu", i);
 
 	/* moe_sum: token t's k experts at slot_of rows of down (= x), weights wts, in order */
 	OKD(wf__cuda_moe_sum(&e.c, dx, didx, dwts, n, k, len, dy, &diag));
-	down(&e, got, dy, (size_t)n * len * sizeof(float));
+	wft_gpu_down(&e, got, dy, (size_t)n * len * sizeof(float));
 	for (uint32_t t = 0; t < n; t++)
 		for (uint32_t i = 0; i < len; i++) {
 			float y = 0.0f;
@@ -406,7 +351,7 @@ Test(cuda_ops, gather_swiglu_add_moe_sum, .timeout = 120)
 
 	void *dev_bufs[] = {dx, du, dy, didx, dwts};
 	for (size_t i = 0; i < sizeof(dev_bufs) / sizeof(dev_bufs[0]); i++)
-		dfree(&e, dev_bufs[i]);
+		wft_gpu_free(&e, dev_bufs[i]);
 	free(x), free(u), free(want), free(got), free(wts), free(idx);
-	env_close(&e);
+	wft_gpu_close(&e);
 }
