@@ -3,6 +3,7 @@
  * a real agent and worker); llama.cpp's rows are skipped with a reason when no llama-bench is
  * given. With WF_LLAMA_BENCH set to a llama-bench (llama.cpp b10573, built outside the
  * repository), its rows are checked too. */
+#include "benchrows.h"
 #include "common/wftest.h"
 
 #include <criterion/criterion.h>
@@ -18,32 +19,6 @@ static void fini(void)
 {
 	if (dir)
 		wft_rmtree(dir);
-}
-
-/* The JSON line whose metric is name (a new reference), or NULL. */
-static struct json_object *row(const char *out, const char *name)
-{
-	char *copy = strdup(out), *save = NULL;
-	struct json_object *found = NULL;
-	for (char *l = strtok_r(copy, "\n", &save); l && !found; l = strtok_r(NULL, "\n", &save)) {
-		struct json_object *j = json_tokener_parse(l), *m;
-		cr_assert(j, "not a JSON line: %s", l);
-		if (json_object_object_get_ex(j, "metric", &m) &&
-		    strcmp(json_object_get_string(m), name) == 0)
-			found = j;
-		else
-			json_object_put(j);
-	}
-	free(copy);
-	return found;
-}
-
-static double num(struct json_object *j, const char *key)
-{
-	struct json_object *v;
-	cr_assert(json_object_object_get_ex(j, key, &v), "no %s in %s", key,
-		  json_object_to_json_string(j));
-	return json_object_get_double(v);
 }
 
 static void expect_measured(const char *out, const char *name)

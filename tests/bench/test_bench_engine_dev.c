@@ -4,6 +4,7 @@
  * runs in CI, and every dev_* row comes out as a JSON line with a finite, positive value and
  * ratio, naming the device. The llama.cpp GPU row is skipped with a reason, unless
  * WF_LLAMA_BENCH_GPU names a llama-bench (b10573) to run it with. */
+#include "benchrows.h"
 #include "common/wftest.h"
 
 #include <criterion/criterion.h>
@@ -19,40 +20,6 @@ static void fini(void)
 {
 	if (dir)
 		wft_rmtree(dir);
-}
-
-/* The JSON line whose metric is name (a new reference), or NULL; every line must parse. */
-static struct json_object *row(const char *out, const char *name)
-{
-	char *copy = strdup(out), *save = NULL;
-	struct json_object *found = NULL;
-	for (char *l = strtok_r(copy, "\n", &save); l && !found; l = strtok_r(NULL, "\n", &save)) {
-		struct json_object *j = json_tokener_parse(l), *m;
-		cr_assert(j, "not a JSON line: %s", l);
-		if (json_object_object_get_ex(j, "metric", &m) &&
-		    strcmp(json_object_get_string(m), name) == 0)
-			found = j;
-		else
-			json_object_put(j);
-	}
-	free(copy);
-	return found;
-}
-
-static double num(struct json_object *j, const char *key)
-{
-	struct json_object *v;
-	cr_assert(json_object_object_get_ex(j, key, &v), "no %s in %s", key,
-	          json_object_to_json_string(j));
-	return json_object_get_double(v);
-}
-
-static const char *str(struct json_object *j, const char *key)
-{
-	struct json_object *v;
-	cr_assert(json_object_object_get_ex(j, key, &v), "no %s in %s", key,
-	          json_object_to_json_string(j));
-	return json_object_get_string(v);
 }
 
 /* A measured row: value, anchor and ratio finite and positive, ratio = value / anchor; its notes
