@@ -21,7 +21,10 @@
  *   "host:k=v,k=v"         options: mem=SIZE (arena, default 8Gi), bw=RATE (bytes/s per
  *                          direction, H2D and D2H each; 0 = unthrottled, the default),
  *                          chunk=SIZE (largest memcpy step, default 16Mi; throttled copies use
- *                          steps of about 1 ms), mlock=0|1 (mlock pinned buffers)
+ *                          steps of about 1 ms), mlock=0|1 (mlock pinned buffers), fail=N
+ *                          (fault injection for tests: every Nth H2D copy from a registered
+ *                          range fails, alternately when queued, WF_EDEVICE, and when it runs,
+ *                          reported by the next event recorded on its stream; 0 = never)
  *   "cuda:N"               CUDA device ordinal N ("cuda" means "cuda:0")
  *   "auto"                 the first registered non-host backend that probes at least one
  *                          device, its ordinal 0; otherwise "host". wf_device_selection() says

@@ -68,7 +68,7 @@ enum op_type { OP_COPY, OP_MEMSET, OP_MARKER, OP_WAIT, OP_HOST_FN };
 /* One record of an event. Guarded by the device lock. */
 struct capture {
 	int done;
-	int status;    /* 0 or WF_ECANCELED */
+	int status;    /* 0, WF_ECANCELED, or WF_EDEVICE after an injected copy failure */
 	uint64_t t_ns; /* completion time */
 	unsigned refs; /* the event's (while current), plus one per queued marker or wait */
 };
@@ -83,6 +83,7 @@ struct op {
 			const void *src;
 			size_t size;
 			enum wf_device_copy kind;
+			int inject; /* fail=N: this copy fails when it runs */
 		} copy;
 		struct {
 			void *dst;
@@ -103,6 +104,7 @@ struct host_stream {
 	pthread_cond_t work;
 	struct op *head, *tail; /* head: running or next to run; removed when done */
 	int closing;
+	int fault; /* an injected copy failed since the last marker: the next one reports it */
 	struct host_stream *prev, *next;
 };
 
@@ -118,6 +120,17 @@ struct host_dev {
 	int mlock_pinned;
 	size_t page;
 	atomic_int canceled;
+
+	/* Fault injection (fail=N), for the tests of what a failing device does to its users:
+	 * every Nth H2D copy from a registered range (the floor) fails, alternately when queued
+	 * (memcpy_async returns WF_EDEVICE) and when it runs (the copy is skipped and the next
+	 * event recorded on its stream completes with WF_EDEVICE). */
+	uint64_t fail_every;
+	atomic_uint_fast64_t fail_seen;
+	struct {
+		uintptr_t lo, hi;
+	} reg[16]; /* registered ranges (under lock), for fail=N */
+	unsigned n_reg;
 
 	pthread_mutex_t lock;
 	pthread_cond_t progress;
@@ -189,10 +202,12 @@ static int parse_args(struct host_dev *d, const char *args, struct wf_diag *diag
 			if (v > 1)
 				return wf_diag_set(diag, WF_EINVAL, "host device: mlock is 0 or 1");
 			d->mlock_pinned = (int)v;
+		} else if (strcmp(kv, "fail") == 0) {
+			d->fail_every = v;
 		} else {
 			return wf_diag_set(
 			    diag, WF_EINVAL,
-			    "host device: unknown option '%s' (mem, bw, chunk, mlock)", kv);
+			    "host device: unknown option '%s' (mem, bw, chunk, mlock, fail)", kv);
 		}
 	}
 	return 0;
@@ -426,17 +441,48 @@ static int host_register(void *impl, const void *ptr, size_t size, unsigned flag
 		}
 		p += len;
 	}
+	pthread_mutex_lock(&d->lock);
+	if (d->n_reg < sizeof(d->reg) / sizeof(d->reg[0])) {
+		d->reg[d->n_reg].lo = (uintptr_t)ptr;
+		d->reg[d->n_reg].hi = (uintptr_t)ptr + size;
+		d->n_reg++;
+	}
+	pthread_mutex_unlock(&d->lock);
 	*ret_flags = flags;
 	return 0;
 }
 
 static int host_unregister(void *impl, const void *ptr, size_t size, struct wf_diag *diag)
 {
-	(void)ptr;
+	struct host_dev *d = impl;
 	(void)size;
 	(void)diag;
 	wait_drained(impl, NULL);
+	pthread_mutex_lock(&d->lock);
+	for (unsigned i = 0; i < d->n_reg; i++)
+		if (d->reg[i].lo == (uintptr_t)ptr) {
+			d->reg[i] = d->reg[--d->n_reg];
+			break;
+		}
+	pthread_mutex_unlock(&d->lock);
 	return 0;
+}
+
+/* fail=N: whether this H2D copy is one to fail (0), and how: WF_EDEVICE now, or 1 when it
+ * runs. */
+static int injected(struct host_dev *d, const void *src, size_t size)
+{
+	int hit = 0;
+	pthread_mutex_lock(&d->lock);
+	for (unsigned i = 0; i < d->n_reg && !hit; i++)
+		hit = (uintptr_t)src >= d->reg[i].lo && (uintptr_t)src + size <= d->reg[i].hi;
+	pthread_mutex_unlock(&d->lock);
+	if (!hit)
+		return 0;
+	const uint64_t k = atomic_fetch_add(&d->fail_seen, 1) + 1;
+	if (k % d->fail_every)
+		return 0;
+	return (k / d->fail_every) & 1 ? WF_EDEVICE : 1;
 }
 
 /* ---- Streams --------------------------------------------------------------------------------- */
@@ -494,6 +540,11 @@ static void *stream_main(void *arg)
 			break; /* closing and drained */
 		switch (op->type) {
 		case OP_COPY:
+			if (op->u.copy.inject) { /* fail=N: the copy "fails" on the device */
+				s->fault = WF_EDEVICE;
+				break;
+			}
+			/* fall through */
 		case OP_MEMSET:
 			pthread_mutex_unlock(&d->lock);
 			/* A canceled copy stops early; synchronize and events report WF_ECANCELED
@@ -514,7 +565,8 @@ static void *stream_main(void *arg)
 			break;
 		case OP_MARKER:
 			op->u.cap->done = 1;
-			op->u.cap->status = atomic_load(&d->canceled) ? WF_ECANCELED : 0;
+			op->u.cap->status = atomic_load(&d->canceled) ? WF_ECANCELED : s->fault;
+			s->fault = 0;
 			op->u.cap->t_ns = now_ns();
 			break;
 		}
@@ -622,12 +674,18 @@ static int submit(struct host_dev *d, struct host_stream *s, struct op *op)
 static int host_memcpy_async(void *impl, void *stream, void *dst, const void *src, size_t size,
                              enum wf_device_copy kind, struct wf_diag *diag)
 {
+	struct host_dev *d = impl;
+	int inject = 0;
+	if (d->fail_every && kind == WF_DEVICE_COPY_H2D &&
+	    (inject = injected(d, src, size)) == WF_EDEVICE)
+		return wf_diag_set(diag, WF_EDEVICE, "host device: injected copy failure (fail=%llu)",
+		                   (unsigned long long)d->fail_every);
 	struct op *op = calloc(1, sizeof(*op));
-	(void)diag;
 
 	if (!op)
 		return -ENOMEM;
 	op->type = OP_COPY;
+	op->u.copy.inject = inject;
 	op->u.copy.dst = dst;
 	op->u.copy.src = src;
 	op->u.copy.size = size;

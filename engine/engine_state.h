@@ -49,6 +49,8 @@ struct wf_engine {
 	uint32_t *fetch_ids;        /* per step: the selected experts, in order */
 	int32_t *fetch_step_slot;   /* per step: their slots */
 	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */
+	struct wf_device *reg_dev;  /* the floor range registered for post-fetch's copies */
+	const void *reg_base;       /* (its start), or NULL */
 	struct wf__devfwd *devfwd; /* the device forward pass (forward_dev.c); NULL: the CPU's */
 	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
 	                              experts and the embedding row) */

@@ -207,7 +207,9 @@ static void forget(struct wf__fetch *f, uint32_t slot)
 	f->slots[slot].key = NO_KEY;
 }
 
-/* Queues the copy of src (bytes) into a slot at off, then records ev on the slot's stream. */
+/* Queues the copy of src (bytes) into a slot at off, then records ev (when not NULL) on the
+ * slot's stream: an event covers every copy queued since the slot's last one, so the failure of
+ * any of them shows on it. */
 static bool queue_copy(struct wf__fetch *f, uint32_t slot, size_t off, const void *src,
                        size_t bytes, struct wf_device_event *ev)
 {
@@ -216,7 +218,7 @@ static bool queue_copy(struct wf__fetch *f, uint32_t slot, size_t off, const voi
 	struct wf_device_stream *st = f->streams[slot % f->n_streams];
 	return wf_device_memcpy_async(st, f->mem + (size_t)slot * f->slot_bytes + off, src, bytes,
 	                              WF_DEVICE_COPY_H2D, NULL) == 0 &&
-	       wf_device_event_record(ev, st, NULL) == 0;
+	       (!ev || wf_device_event_record(ev, st, NULL) == 0);
 }
 
 void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint32_t *experts,
@@ -248,11 +250,18 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			f->lru[slot].busy = true;
 			f->lru[slot].last_used = f->stamp;
 			ret_slot[i] = slot;
-			/* Whole once gate and up have landed; until then the down projection only. */
-			if (ret_whole && f->slots[slot].whole &&
-			    wf_device_event_query(f->ev_whole[slot], NULL) == 0) {
-				ret_whole[i] = true;
-				f->st.whole++;
+			/* Whole once gate and up have landed, the down projection too (a failed copy
+			 * of it reports on its own event only); until then the down projection only. A
+			 * failed gate/up copy is queued again below. */
+			if (ret_whole && f->slots[slot].whole) {
+				const int q = wf_device_event_query(f->ev_whole[slot], NULL);
+				if (q == 0 && wf_device_event_query(f->ev[slot], NULL) == 0) {
+					ret_whole[i] = true;
+					f->st.whole++;
+				} else if (q < 0 && q != -EAGAIN) {
+					f->slots[slot].whole = false;
+					f->st.errors++;
+				}
 			}
 			continue;
 		}
@@ -303,7 +312,7 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		if (f->slots[slot].key != (uint64_t)layer * f->n_expert + experts[i])
 			continue;
 		const bool ok = queue_copy(f, (uint32_t)slot, f->off_g, src[i].g, src[i].g_bytes,
-		                           f->ev_whole[slot]) &&
+		                           NULL) &&
 		                queue_copy(f, (uint32_t)slot, f->off_u, src[i].u, src[i].u_bytes,
 		                           f->ev_whole[slot]);
 		if (!ok) {

@@ -436,6 +436,37 @@ static int alloc_scratch(struct wf_engine *e)
 	return 0;
 }
 
+/* Registers the floor's pages that post-fetch copies from (the host-side layers' experts: down
+ * projections, and gate and up for whole cache slots) so the copies are DMA from the one shared
+ * copy. A range the worker registered already (WF_EOVERLAP) is fine; any other refusal leaves
+ * the copies to the driver's staging. */
+static void register_floor(struct wf_engine *e, struct wf_device *dev, uint32_t first_resident)
+{
+	const struct wf__weights *w = &e->w;
+	uintptr_t lo = UINTPTR_MAX, hi = 0;
+	for (uint32_t il = 0; il < first_resident && il < w->n_layer; il++) {
+		const struct wf__wt *t[3] = {&w->layers[il].down_exps, &w->layers[il].gate_exps,
+		                             &w->layers[il].up_exps};
+		for (int i = 0; i < 3; i++) {
+			if (!t[i]->data)
+				continue;
+			const uintptr_t a = (uintptr_t)t[i]->data, b = a + t[i]->matrix_size * (size_t)t[i]->ne[2];
+			lo = a < lo ? a : lo;
+			hi = b > hi ? b : hi;
+		}
+	}
+	if (lo >= hi)
+		return;
+	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	lo &= ~(page - 1);
+	hi = (hi + page - 1) & ~(page - 1);
+	if (wf_device_host_register(dev, (const void *)lo, hi - lo, WF_DEVICE_REGISTER_READONLY, NULL,
+	                            NULL) == 0) {
+		e->reg_dev = dev;
+		e->reg_base = (const void *)lo;
+	}
+}
+
 static bool dev_forward(const struct wf_engine_config *cfg)
 {
 	return cfg->device &&
@@ -574,6 +605,10 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		goto fail;
 	if (dev_forward(cfg) && (rc = wf__devfwd_create(e, cfg, diag)) < 0)
 		goto fail;
+	/* Last: the weights' own copies to the device (resident experts, the device forward pass's
+	 * dense weights) are done, only post-fetch copies from here on. */
+	if (e->fetch && cfg->device)
+		register_floor(e, cfg->device, wf__first_resident(e, cfg));
 	*ret_engine = e;
 	return 0;
 fail:
@@ -587,6 +622,8 @@ void wf_engine_destroy(struct wf_engine *e)
 		return;
 	wf__devfwd_destroy(e->devfwd);
 	wf__fetch_destroy(e->fetch); /* waits for copies still reading the view */
+	if (e->reg_base)
+		(void)wf_device_host_unregister(e->reg_dev, e->reg_base, NULL);
 	free(e->fetch_src);
 	free(e->fetch_whole);
 	free(e->fetch_ids);

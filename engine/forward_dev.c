@@ -75,7 +75,6 @@ struct wf__devfwd {
 	int32_t *h_ids;
 	float *h_xn, *h_h, *h_down, *h_router;
 
-	const void *reg_base; /* the floor range registered for the copies, or NULL */
 	uint8_t *on_dev;      /* per expert, this step: its down projection ran on the device */
 	uint8_t *whole;       /* per expert, this step: the cache holds it whole (all on the device) */
 	uint32_t *g_index, *g_first, *g_count; /* a grouped product's groups, one per expert */
@@ -173,34 +172,6 @@ static int place_all(struct wf__devfwd *d, const struct wf__weights *w, size_t *
 	}
 #undef PUT
 	return rc;
-}
-
-/* Registers the floor's pages that post-fetch copies from (the host-side layers' experts: down
- * projections, and gate and up for whole cache slots) so the copies are DMA from the one shared
- * copy. A range the worker registered already (WF_EOVERLAP) is fine; any other refusal leaves
- * the copies to the driver's staging. */
-static void register_floor(struct wf__devfwd *d, const struct wf__weights *w)
-{
-	uintptr_t lo = UINTPTR_MAX, hi = 0;
-	for (uint32_t il = 0; il < d->first_resident && il < w->n_layer; il++) {
-		const struct wf__wt *t[3] = {&w->layers[il].down_exps, &w->layers[il].gate_exps,
-		                             &w->layers[il].up_exps};
-		for (int i = 0; i < 3; i++) {
-			if (!t[i]->data)
-				continue;
-			const uintptr_t a = (uintptr_t)t[i]->data, b = a + wt_bytes(t[i]);
-			lo = a < lo ? a : lo;
-			hi = b > hi ? b : hi;
-		}
-	}
-	if (lo >= hi)
-		return;
-	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-	lo &= ~(page - 1);
-	hi = (hi + page - 1) & ~(page - 1);
-	if (wf_device_host_register(d->dev, (const void *)lo, hi - lo, WF_DEVICE_REGISTER_READONLY,
-	                            NULL, NULL) == 0)
-		d->reg_base = (const void *)lo;
 }
 
 static const struct wf_engine_dev_ops *ops_for(struct wf_device *dev, struct wf_diag *diag)
@@ -343,8 +314,6 @@ int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
 	}
 	if ((rc = d->ops->ctx_create(d->dev, d->stream, &lim, &d->ctx, diag)) < 0)
 		return rc;
-	if (e->fetch)
-		register_floor(d, w);
 	/* The weights' copies have landed before the first decode. */
 	return wf_device_stream_synchronize(d->stream, diag);
 }
@@ -357,8 +326,6 @@ void wf__devfwd_destroy(struct wf__devfwd *d)
 		(void)wf_device_stream_synchronize(d->stream, NULL);
 	if (d->ctx)
 		d->ops->ctx_destroy(d->ctx);
-	if (d->reg_base)
-		(void)wf_device_host_unregister(d->dev, d->reg_base, NULL);
 	wf_device_stream_destroy(d->stream);
 	if (d->pmem)
 		(void)wf_device_pinned_free(d->dev, d->pmem, NULL);

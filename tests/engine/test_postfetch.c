@@ -224,6 +224,49 @@ Test(postfetch, slow_copies_fall_back_to_the_cpu_on_the_device_path)
 	slow_copies_fall_back_to_the_cpu();
 }
 
+/* A device whose copies fail (the host device's fail=N: every Nth copy from the registered
+ * floor fails, alternately when queued and when it runs, reported by its event): each failed
+ * expert is computed on the CPU instead, counted, and the logits stay the CPU engine's. */
+static void failing_copies_fall_back_and_are_counted(void)
+{
+	if (wft_engine_device())
+		cr_skip_test("failures are injected by the host device only");
+	struct fixture fx;
+	fixture_open(&fx, "host:bw=1G,fail=3");
+	struct wf_engine_stats st;
+	const struct wf_postfetch_settings policies[] = {{.enable = true, .block_on_miss = true},
+	                                                 {.enable = true}};
+	const uint32_t caches[] = {0, 2};
+	for (size_t p = 0; p < 2; p++)
+		for (size_t c = 0; c < 2; c++) {
+			float *got = run_cached(&fx.md, fx.dev, &policies[p], caches[c], &st);
+			char why[160];
+			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			          "cache %u MiB, blocking %d: %s", caches[c], (int)policies[p].block_on_miss,
+			          why);
+			cr_expect_gt(st.fetch_errors, 0, "cache %u MiB: no failure seen", caches[c]);
+			cr_expect_gt(st.fetch_fallbacks, 0, "cache %u MiB: nothing fell back", caches[c]);
+			cr_log_info("fail=3, cache %u MiB, blocking %d: %llu errors, %llu fallbacks, %llu "
+			            "used", caches[c], (int)policies[p].block_on_miss,
+			            (unsigned long long)st.fetch_errors,
+			            (unsigned long long)st.fetch_fallbacks,
+			            (unsigned long long)st.fetch_used);
+			free(got);
+		}
+	fixture_close(&fx);
+}
+
+Test(postfetch, failing_copies_fall_back_and_are_counted)
+{
+	failing_copies_fall_back_and_are_counted();
+}
+
+Test(postfetch, failing_copies_fall_back_and_are_counted_on_the_device_path)
+{
+	dense_on_device = true;
+	failing_copies_fall_back_and_are_counted();
+}
+
 /* The expert cache: every size, from one slot to every expert of the model, gives the same
  * logits; a cache that holds the whole model hits ever more as decoding goes on, and misses only
  * what it never saw. (The tiny model: 3 layers x 16 experts, down projections of 42 KiB.) */
