@@ -11,7 +11,7 @@
  * flash-attention path does, but the accumulator stays float (the CPU rounds it to F16 after
  * every position, so the two differ by F16 rounding: tests/cuda states the tolerance). */
 #include "cuda/engine_ctx.h"
-#include "cuda/ops_host.h"
+#include "cuda/attention.h"
 
 #include "base/error.h"
 

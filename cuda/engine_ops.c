@@ -4,7 +4,11 @@
 #include "cuda/engine_ops.h"
 
 #include "base/error.h"
+#include "cuda/attention.h"
 #include "cuda/engine_ctx.h"
+#include "cuda/matmul.h"
+#include "cuda/moe.h"
+#include "cuda/norm_rope.h"
 #include "device/device.h"
 
 #include <errno.h>

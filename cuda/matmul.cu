@@ -16,7 +16,7 @@
  *
  * Nothing here synchronizes: every kernel and cuBLAS call is queued on ctx->stream. */
 #include "cuda/engine_ctx.h"
-#include "cuda/matmul_host.h"
+#include "cuda/matmul.h"
 
 #include "base/error.h"
 #include "cuda/dequant.cuh"
@@ -296,7 +296,7 @@ static int check_matrix(const struct wf_engine_dev_matrix *w, const char *op, st
 	return 0;
 }
 
-/* ---- The ops (C linkage from their declarations in engine_ctx.h and matmul_host.h) ---------- */
+/* ---- The ops (C linkage from their declarations in matmul.h) ---------- */
 
 
 bool wf__cuda_supports(enum wf_dtype type)

@@ -12,7 +12,7 @@
  * each product and sum as written, so it is the CPU's sum bit for bit. */
 #include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
-#include "cuda/ops_host.h"
+#include "cuda/moe.h"
 
 #include "base/error.h"
 

@@ -10,7 +10,7 @@
  * CPU's bit for bit and only sincosf's last ulp can differ. */
 #include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
-#include "cuda/ops_host.h"
+#include "cuda/norm_rope.h"
 
 #include "base/error.h"
 

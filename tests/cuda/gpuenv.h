@@ -7,7 +7,11 @@
 
 #include "base/error.h"
 #include "cuda/device_cuda.h"
+#include "cuda/attention.h"
 #include "cuda/engine_ctx.h"
+#include "cuda/matmul.h"
+#include "cuda/moe.h"
+#include "cuda/norm_rope.h"
 #include "device/device.h"
 
 #include <criterion/criterion.h>

@@ -11,7 +11,7 @@
  *  - the types refused. */
 #include "base/error.h"
 #include "cuda/engine_ctx.h"
-#include "cuda/matmul_host.h"
+#include "cuda/matmul.h"
 #include "tests/cuda/mmref.h"
 #include "tests/kernels/kgen.h"
 

@@ -1,10 +1,12 @@
-/* The CUDA engine ops' host twins (cuda/ops_host.h) against the CPU engine (engine/ops.c): the
+/* The CUDA engine ops' host twins (cuda/norm_rope.h, attention.h, moe.h) against the CPU engine (engine/ops.c): the
  * same __host__ __device__ helpers and work partition the kernels use, run on the CPU, so the
  * kernels' angle arithmetic, pair indices, top-k order, renormalization, online-softmax merge
  * and cache addressing are checked on a machine without a GPU (test_cuda_ops does the rest on
  * one). */
 #include "base/error.h"
-#include "cuda/ops_host.h"
+#include "cuda/attention.h"
+#include "cuda/moe.h"
+#include "cuda/norm_rope.h"
 
 #include "ops_ref.h"
 
