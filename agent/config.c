@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "base/units.h"
+#include "http/server.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +59,7 @@ void wf_agent_config_fini(struct wf_agent_config *cfg)
 	free(cfg->allowed_gids);
 	free(cfg->io_backend);
 	free(cfg->state_file);
+	free(cfg->metrics);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		free(cfg->models[i].name);
 		free(cfg->models[i].path);
@@ -77,6 +79,19 @@ static int get_string(struct json_object *v, const char *key, char **out, struct
 		return -ENOMEM;
 	free(*out);
 	*out = s;
+	return 0;
+}
+
+/* "metrics": an HTTP address as --metrics takes it (http/server.h), checked (and a host name
+ * resolved) now so that --check-config catches it. */
+static int metrics_addr_check(const char *addr, struct wf_diag *diag)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	struct wf_diag d = {{0}};
+	int rc = wf_http_addr_parse(addr, &ss, &sl, &d);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "config: 'metrics': %s", wf_diag_str(&d, rc));
 	return 0;
 }
 
@@ -313,7 +328,11 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->events_url, diag);
 		else if (strcmp(key, "state_file") == 0)
 			rc = get_string(v, key, &cfg->state_file, diag);
-		else if (strcmp(key, "tls_cert") == 0)
+		else if (strcmp(key, "metrics") == 0) {
+			rc = get_string(v, key, &cfg->metrics, diag);
+			if (rc == 0)
+				rc = metrics_addr_check(cfg->metrics, diag);
+		} else if (strcmp(key, "tls_cert") == 0)
 			rc = get_string(v, key, &cfg->tls_cert, diag);
 		else if (strcmp(key, "tls_key") == 0)
 			rc = get_string(v, key, &cfg->tls_key, diag);
@@ -366,7 +385,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 {
 	*dst = *src;
 	dst->floor_dir = dst->group = dst->socket_url = dst->events_url = dst->io_backend = NULL;
-	dst->state_file = NULL;
+	dst->state_file = dst->metrics = NULL;
 	dst->tls_cert = dst->tls_key = dst->tls_ca = NULL;
 	dst->model_roots = NULL;
 	dst->allowed_uids = NULL;
@@ -385,6 +404,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	DUP(tls_ca);
 	DUP(io_backend);
 	DUP(state_file);
+	DUP(metrics);
 #undef DUP
 	if (dup_strv(src->model_roots, src->n_model_roots, &dst->model_roots) < 0)
 		goto oom;

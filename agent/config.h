@@ -13,6 +13,8 @@
  *     "models": [ {"name": "qwen", "path": "/models/q.gguf", "pin_host": true, "preload": true} ],
  *     "state_file": "/var/lib/weightfloor/agent-state.json"   API registrations and pins; "none"
  *                                             disables; default: beside an ipc:// socket
+ *     "metrics": "127.0.0.1:9400"             HTTP /metrics, /healthz, /readyz (HOST omitted:
+ *                                             127.0.0.1); default: off
  *   }
  *
  * Every key is optional; unknown keys are errors (a typo must not silently fall back to a
@@ -67,6 +69,7 @@ struct wf_agent_config {
 	struct wf_agent_model_cfg *models;
 	size_t n_models;
 	char *state_file; /* NULL: the default (wf_agent_config_state_path); "none": off */
+	char *metrics;    /* HTTP endpoint "HOST:PORT" (http/server.h); NULL: none */
 };
 
 /* Fills defaults (no file). */

@@ -103,6 +103,7 @@ struct wf_floors {
 	bool janitor_started;
 	pthread_cond_t janitor_cv;
 	uint32_t janitor_interval_ms;
+	int64_t janitor_last_ns; /* now_ns() after its last pass; 0 before the first */
 
 	/* persistence: snapshots are numbered under mu and written under persist_mu, newest wins */
 	char *state_file;
@@ -695,6 +696,7 @@ static void *job_thread(void *arg)
 	bool current = e->job == job && !atomic_load(&job->cancel);
 	enum wf_floor_state st = e->state;
 	char errbuf[256] = "";
+	bool materialized = false;
 	if (current) {
 		e->job = NULL;
 		e->done = atomic_load(&job->done);
@@ -708,7 +710,8 @@ static void *job_thread(void *arg)
 			e->last_error[0] = '\0';
 			double secs = (double)(now_ns() - job->started_ns) / 1e9;
 			e->done = e->total;
-			if (wf_shm_region_materialized(e->region) && secs > 0)
+			materialized = wf_shm_region_materialized(e->region);
+			if (materialized && secs > 0)
 				e->rate = (uint64_t)((double)e->total / secs);
 		} else {
 			e->state = WF_FLOOR_FAILED;
@@ -727,7 +730,17 @@ static void *job_thread(void *arg)
 	if (current) {
 		if (rc < 0)
 			emit_error(f, e->name, st, rc, errbuf);
-		emit_state(f, e->name, st, rc == 0 ? "ready" : errbuf);
+		struct wf_floor_event ev = {
+			.kind = WF_FLOOR_EV_STATE,
+			.model = e->name,
+			.state = st,
+			.message = rc == 0 ? "ready" : errbuf,
+			.bytes_done = atomic_load(&job->done),
+			.bytes_total = atomic_load(&job->total),
+			.seconds = (double)(now_ns() - job->started_ns) / 1e9,
+			.materialized = rc == 0 && materialized,
+		};
+		emit(f, &ev);
 	}
 
 	inv_unref(job->inv);
@@ -1354,6 +1367,7 @@ static void *janitor_thread(void *arg)
 		pthread_mutex_unlock(&f->mu);
 		janitor_pass(f);
 		pthread_mutex_lock(&f->mu);
+		f->janitor_last_ns = now_ns();
 	}
 	pthread_mutex_unlock(&f->mu);
 	return NULL;
@@ -1498,6 +1512,8 @@ void wf_floors_status(struct wf_floors *f, struct wf_floors_status *s)
 	s->uring_err = f->uring_err;
 	s->adopted = f->adopted;
 	s->removed = f->removed;
+	s->janitor_age_ms = f->janitor_last_ns ? (now_ns() - f->janitor_last_ns) / 1000000 : -1;
+	s->janitor_interval_ms = f->janitor_interval_ms;
 	s->n_models = (uint32_t)f->n_entries;
 	for (size_t i = 0; i < f->n_entries; i++) {
 		switch (f->entries[i]->state) {

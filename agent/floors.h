@@ -57,6 +57,11 @@ struct wf_floor_event {
 	uint64_t bytes_done, bytes_total, rate_bytes_per_s;
 	int code;            /* ERROR: the failure */
 	const char *message; /* ERROR, and STATE changes worth a word (evicted, adopted) */
+	/* STATE events that end a materialization (HOST, PINNED_HOST or FAILED from the job):
+	 * how long it ran, and whether this agent copied the bytes (false: another process had
+	 * already made the region READY). 0 / false for every other event. */
+	double seconds;
+	bool materialized;
 };
 typedef void (*wf_floor_event_fn)(void *ctx, const struct wf_floor_event *ev);
 
@@ -115,6 +120,10 @@ struct wf_floors_status {
 	int uring_err;              /* why io_uring is not used, 0 if it is */
 	uint32_t n_models, n_disk, n_materializing, n_host, n_pinned, n_failed;
 	uint32_t adopted, removed;  /* at start */
+	/* Milliseconds since the janitor last finished a pass (-1: it has not yet), and its
+	 * interval: a janitor far behind its interval is a stuck loop (/healthz). */
+	int64_t janitor_age_ms;
+	uint32_t janitor_interval_ms;
 };
 
 struct wf_floors;

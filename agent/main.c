@@ -2,6 +2,7 @@
  * serves the control API. See docs/man/wf-agent.md. */
 #include "agent/config.h"
 #include "agent/floors.h"
+#include "agent/metrics.h"
 #include "agent/notify.h"
 #include "agent/service.h"
 #include "agent/workers.h"
@@ -10,6 +11,7 @@
 #include "base/units.h"
 #include "control/pub.h"
 #include "control/server.h"
+#include "http/server.h"
 #include "proto/status.h"
 
 #include <errno.h>
@@ -30,6 +32,8 @@ struct agent {
 	struct wf_ctl_server *srv;
 	struct wf_agent_service svc;
 	struct wf_workers *workers;
+	struct wf_agent_metrics *metrics; /* with --metrics */
+	struct wf_http_server *http;
 };
 
 static void usage(FILE *out)
@@ -53,6 +57,8 @@ static void usage(FILE *out)
 		"      --state-file PATH    registrations and pins kept across restarts (\"none\": off;\n"
 		"                           default: agent-state.json beside an ipc:// socket)\n"
 		"      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
+		"      --metrics HOST:PORT  serve /metrics, /healthz and /readyz over HTTP there\n"
+		"                           (\":9400\": 127.0.0.1:9400; default: off)\n"
 		"      --check-config       validate the configuration and the models, then exit\n"
 		"  -v, --verbose            debug logging\n"
 		"  -h, --help\n"
@@ -62,6 +68,7 @@ static void usage(FILE *out)
 /* Config-file values first, then flags on top: flags are collected and applied afterwards. */
 struct overrides {
 	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
+	const char *metrics;
 	uint32_t janitor_ms;
 	const char *tls_cert, *tls_key, *tls_ca;
 	char **models;
@@ -92,7 +99,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 {
 	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
 	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
-	       O_VERSION };
+	       O_VERSION, O_METRICS };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"floor-dir", required_argument, NULL, O_FLOOR},
@@ -111,6 +118,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		{"check-config", no_argument, NULL, O_CHECK},
 		{"state-file", required_argument, NULL, O_STATE},
 		{"janitor-interval", required_argument, NULL, O_JANITOR},
+		{"metrics", required_argument, NULL, O_METRICS},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -127,6 +135,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		case O_GROUP: o->group = optarg; break;
 		case O_IO: o->io_backend = optarg; break;
 		case O_STATE: o->state_file = optarg; break;
+		case O_METRICS: o->metrics = optarg; break;
 		case O_JANITOR: {
 			char *end;
 			unsigned long v = strtoul(optarg, &end, 10);
@@ -208,6 +217,7 @@ static int build_config(struct agent *a, const struct overrides *o)
 	SET_STR(events_url, o->events);
 	SET_STR(group, o->group);
 	SET_STR(state_file, o->state_file);
+	SET_STR(metrics, o->metrics);
 	SET_STR(tls_cert, o->tls_cert);
 	SET_STR(tls_key, o->tls_key);
 	SET_STR(tls_ca, o->tls_ca);
@@ -228,6 +238,14 @@ static int build_config(struct agent *a, const struct overrides *o)
 		wf_log_error("--state-file %s is neither an absolute path nor \"none\"",
 			     a->cfg.state_file);
 		return WF_EINVAL;
+	}
+	if (a->cfg.metrics) {
+		struct sockaddr_storage ss;
+		socklen_t sl;
+		if ((rc = wf_http_addr_parse(a->cfg.metrics, &ss, &sl, &d)) < 0) {
+			wf_log_error("--metrics: %s", wf_diag_str(&d, rc));
+			return rc;
+		}
 	}
 	if (o->budget) {
 		if (wf_parse_size(o->budget, &a->cfg.host_budget) < 0) {
@@ -282,6 +300,7 @@ static Weightfloor__V1__FloorState pb_state(enum wf_floor_state s)
 static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 {
 	struct agent *a = ctx;
+	wf_agent_metrics_floor_event(a->metrics, ev);
 	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
 	e.model = (char *)ev->model;
 	e.floor_state = pb_state(ev->state);
@@ -401,8 +420,8 @@ static int start_services(struct agent *a)
 	struct wf_ctl_server_opts so = {
 		.listen = lo,
 		.max_request_size = a->cfg.max_message,
-		.handle = wf_agent_service_handle,
-		.ctx = &a->svc,
+		.handle = a->metrics ? wf_agent_metrics_handle : wf_agent_service_handle,
+		.ctx = a->metrics ? (void *)a->metrics : (void *)&a->svc,
 		.nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
 	};
 	so.listen.url = a->cfg.socket_url;
@@ -479,6 +498,26 @@ int main(int argc, char **argv)
 	if (build_config(&a, &o) < 0)
 		goto out;
 
+	/* The HTTP endpoint comes up first, not ready, so that probes see "starting" (and
+	 * /healthz) while floors are re-adopted, which may take a while. */
+	if (a.cfg.metrics && !o.check) {
+		if ((rc = wf_agent_metrics_create(&a.metrics)) < 0) {
+			wf_log_error("metrics: %s", wf_strerror(rc));
+			goto out;
+		}
+		struct wf_http_opts ho = {.addr = a.cfg.metrics,
+					  .metrics = wf_agent_metrics_registry(a.metrics),
+					  .live = wf_agent_metrics_live,
+					  .ctx = a.metrics};
+		if ((rc = wf_http_server_start(&ho, &a.http, &d)) < 0) {
+			wf_log_error("--metrics %s: %s", a.cfg.metrics, wf_diag_str(&d, rc));
+			goto out;
+		}
+		wf_http_server_set_ready(a.http, false, "starting: recovering floors");
+		wf_log_info("metrics and health on http://%s (port %u)", a.cfg.metrics,
+			    (unsigned)wf_http_server_port(a.http));
+	}
+
 	char *state_file = NULL;
 	if (wf_agent_config_state_path(&a.cfg, &state_file) < 0)
 		goto out;
@@ -534,6 +573,10 @@ int main(int argc, char **argv)
 	a.svc.worker_ctx = a.workers;
 	a.svc.worker_handle = wf_workers_handle;
 	a.svc.worker_handle_ctx = a.workers;
+	if (a.metrics) {
+		wf_agent_metrics_bind(a.metrics, a.floors, a.workers);
+		wf_agent_metrics_wrap(a.metrics, wf_agent_service_handle, &a.svc);
+	}
 	a.svc.floors = a.floors;
 	a.svc.cfg = &a.cfg;
 	a.svc.started_mono_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
@@ -543,6 +586,8 @@ int main(int argc, char **argv)
 		goto out;
 	wf_log_info("serving %s, events on %s", wf_ctl_server_url(a.srv), a.cfg.events_url);
 	wf_floors_preload(a.floors);
+	if (a.http)
+		wf_http_server_set_ready(a.http, true, NULL);
 	wf_sd_notify("READY=1");
 	if (ready_fd >= 0) {
 		ssize_t w = write(ready_fd, "1", 1);
@@ -569,6 +614,8 @@ int main(int argc, char **argv)
 	if (pthread_create(&stopper, NULL, stop_deadline, NULL) == 0)
 		pthread_detach(stopper);
 	wf_sd_notify("STOPPING=1");
+	if (a.http)
+		wf_http_server_set_ready(a.http, false, "stopping");
 	exit_code = 0;
 out:
 	if (a.srv) {
@@ -576,9 +623,12 @@ out:
 		wf_ctl_server_stop(a.srv);
 	}
 	wf_ctl_server_destroy(a.srv);
+	/* The endpoint's collector reads the floors and the workers: it goes before them. */
+	wf_http_server_destroy(a.http);
 	wf_floors_destroy(a.floors);
 	wf_workers_destroy(a.workers);
 	wf_ctl_pub_destroy(a.pub);
+	wf_agent_metrics_destroy(a.metrics);
 	wf_agent_config_fini(&a.cfg);
 	free(o.models);
 	free(o.preload);

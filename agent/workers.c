@@ -700,3 +700,25 @@ int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
 		return WF_EUNSUPPORTED;
 	}
 }
+
+void wf_workers_visit(struct wf_workers *w, void (*fn)(void *ctx, const struct wf_workers_view *v),
+		      void *ctx)
+{
+	struct wf_workers_view v;
+	pthread_mutex_lock(&w->mu);
+	for (size_t i = 0; i < w->n; i++) {
+		const struct worker *k = &w->v[i];
+		v.worker_id = k->id;
+		v.device_total = k->device_total;
+		v.device_budget = k->device_budget;
+		v.pinned_host_budget = k->pinned_host_budget;
+		v.last_seen_unix_ms = k->last_seen_ms;
+		v.n_res = k->n_res;
+		for (uint32_t j = 0; j < k->n_res; j++) {
+			v.res_model[j] = k->res[j].model;
+			v.res_state[j] = k->res[j].state;
+		}
+		fn(ctx, &v);
+	}
+	pthread_mutex_unlock(&w->mu);
+}

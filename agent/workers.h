@@ -70,6 +70,21 @@ void wf_workers_set_generation_relays(struct wf_workers *w, unsigned max);
  * starts. */
 void wf_workers_set_residency_fn(struct wf_workers *w, wf_workers_residency_fn fn, void *ctx);
 
+/* One registered worker as wf_workers_visit() shows it: its budgets and the last residency it
+ * reported for each model (Weightfloor__V1__Residency values). Valid during the call only. */
+struct wf_workers_view {
+	const char *worker_id;
+	uint64_t device_total, device_budget, pinned_host_budget;
+	int64_t last_seen_unix_ms;
+	uint32_t n_res;
+	const char *res_model[WF_WORKERS_RES_MAX];
+	int res_state[WF_WORKERS_RES_MAX];
+};
+/* Calls fn once per registered worker with the registry's lock held (metrics at scrape time):
+ * fn must not block or call into the registry. */
+void wf_workers_visit(struct wf_workers *w, void (*fn)(void *ctx, const struct wf_workers_view *v),
+		      void *ctx);
+
 /* wf_ctl_handle_fn for the worker slice and RegisterWorker/ListWorkers/ReportResidency; ctx is
  * the registry. */
 int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,

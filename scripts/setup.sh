@@ -18,6 +18,8 @@ PKGS=(
   procps util-linux                # pgrep, fallocate, flock for scripts
   go-md2man man-db                 # roff man pages from docs/man/*.md; man -w in the install test
   zsh                              # the zsh completion's test
+  libmicrohttpd-dev                # the daemons' /metrics, /healthz, /readyz
+  prometheus                       # promtool and a real server for the metrics test
 )
 
 . "$(dirname "$0")/lib.sh"

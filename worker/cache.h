@@ -106,6 +106,7 @@ struct wf_cache_event {
 	uint64_t done, total;
 	int error;
 	const char *msg; /* why (NULL when nothing to say) */
+	double seconds;  /* RESIDENCY announcing a completed load: how long it took; else 0 */
 };
 
 /* Called on the manager thread, without the cache's lock held; it may call the status and lookup

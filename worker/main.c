@@ -9,11 +9,13 @@
 #include "device/device.h"
 #include "engine/postfetch.h"
 #include "engine/tokenizer.h"
+#include "http/server.h"
 #include "worker/eval.h"
 #include "model/model.h"
 #include "proto/status.h"
 #include "worker/cache.h"
 #include "worker/generate.h"
+#include "worker/metrics.h"
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
 #include "cuda/device_cuda.h"
@@ -36,6 +38,7 @@
 
 struct opts {
 	const char *device, *id, *endpoint, *agent, *floor_dir, *mode, *load_mode;
+	const char *metrics; /* --metrics HOST:PORT */
 	double weight_fraction, wiggle;
 	uint64_t max_scratch, arena, staging_size, alloc_max;
 	unsigned staging_buffers;
@@ -103,6 +106,8 @@ static void usage(FILE *out)
 		"                        weights and KV cache in device memory), as on a GPU, where it\n"
 		"                        is always so\n"
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
+		"  --metrics HOST:PORT   serve /metrics, /healthz and /readyz over HTTP there\n"
+		"                        (\":9401\": 127.0.0.1:9401; default: off)\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
 }
@@ -147,7 +152,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
 	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE };
+	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE, O_METRICS };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -178,6 +183,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"n-cpu-moe", required_argument, NULL, O_N_CPU_MOE},
 		{"cpu-moe", no_argument, NULL, O_CPU_MOE},
 		{"dense-on-device", no_argument, NULL, O_DENSE},
+		{"metrics", required_argument, NULL, O_METRICS},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -195,6 +201,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_TLS_KEY: o->tls.key_file = optarg; break;
 		case O_TLS_CA: o->tls.ca_file = optarg; break;
 		case O_FLOOR: o->floor_dir = optarg; break;
+		case O_METRICS: {
+			struct sockaddr_storage ss;
+			socklen_t sl;
+			struct wf_diag md = {{0}};
+			if ((rc = wf_http_addr_parse(optarg, &ss, &sl, &md)) < 0) {
+				fprintf(stderr, "wf-worker: --metrics: %s\n", wf_diag_str(&md, rc));
+				return 2;
+			}
+			o->metrics = optarg;
+			break;
+		}
 		case O_MODEL:
 			if (!strchr(optarg, '=') || optarg[0] == '=' || o->n_models == 256) {
 				fprintf(stderr, "wf-worker: --model takes NAME=PATH, not '%s'\n", optarg);
@@ -319,12 +336,20 @@ struct heartbeat {
 	atomic_bool stop;
 	atomic_bool refused; /* the agent refused us for good: main exits non-zero */
 	atomic_bool registered; /* the last registration was accepted */
+	_Atomic int64_t beat_ms; /* CLOCK_MONOTONIC ms of the loop's last turn (/healthz) */
 	bool poke;              /* under mu: register now, do not wait for the beat */
 	pthread_t thread;
 	bool running;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 };
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
 
 /* Registers (or heartbeats) once. Returns 0, the agent's refusal as a WF_E* code with its
  * message in diag, or the transport error. */
@@ -373,6 +398,7 @@ static void *heartbeat_main(void *arg)
 	struct heartbeat *hb = arg;
 	bool was_up = false, first = true;
 	while (!atomic_load(&hb->stop)) {
+		atomic_store(&hb->beat_ms, mono_ms());
 		struct wf_diag d = {{0}};
 		int rc = register_once(hb->svc, &d);
 		bool up = rc == 0;
@@ -450,6 +476,7 @@ struct reporter {
 	bool stop;
 	pthread_t thread;
 	bool running;
+	struct wf_worker_metrics *metrics; /* with --metrics: loads counted from cache events */
 };
 
 static int64_t now_unix_ms(void)
@@ -571,6 +598,7 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 {
 	struct reporter *r = ctx;
 	char msg[192];
+	wf_worker_metrics_cache_event(r ? r->metrics : NULL, ev);
 	switch (ev->type) {
 	case WF_CACHE_EVENT_RESIDENCY:
 		wf_log_info("model %s: %s%s", ev->name, wf_residency_name(ev->state),
@@ -616,6 +644,44 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	default:
 		break;
 	}
+}
+
+/* ---- /healthz and /readyz ------------------------------------------------------------------ */
+
+struct probes {
+	struct heartbeat *hb;
+	atomic_bool serving; /* the control endpoint listens */
+};
+
+/* Ready: serving, and registered with the agent when there is one (a worker the agent does not
+ * know is unreachable through it and cannot have floors ensured). */
+static bool worker_ready(void *ctx, char *reason, size_t len)
+{
+	struct probes *p = ctx;
+	if (!atomic_load(&p->serving)) {
+		snprintf(reason, len, "starting: the control endpoint is not serving yet");
+		return false;
+	}
+	if (p->hb->running && !atomic_load(&p->hb->registered)) {
+		snprintf(reason, len, "not registered with the agent");
+		return false;
+	}
+	return true;
+}
+
+/* Live: the registration loop turns (every HEARTBEAT_MS, each call bounded by 3 s). */
+static bool worker_live(void *ctx, char *reason, size_t len)
+{
+	struct probes *p = ctx;
+	if (!p->hb->running)
+		return true;
+	int64_t age = mono_ms() - atomic_load(&p->hb->beat_ms);
+	if (age > 12 * HEARTBEAT_MS) {
+		snprintf(reason, len, "the registration loop has not turned for %lld ms",
+			 (long long)age);
+		return false;
+	}
+	return true;
 }
 
 /* The control library's lines (listener replaced, peers turned away) into the worker's log. */
@@ -737,6 +803,10 @@ int main(int argc, char **argv)
 	struct wf_worker_svc svc;
 	struct heartbeat hb = {0};
 	static struct reporter rep; /* large: not on the stack */
+	struct wf_worker_metrics *metrics = NULL;
+	struct wf_http_server *http = NULL;
+	static struct probes probes;
+	probes.hb = &hb;
 	char id[64], endpoint[512];
 	wf_worker_svc_init(&svc);
 	pthread_mutex_init(&hb.mu, NULL);
@@ -746,6 +816,25 @@ int main(int argc, char **argv)
 	rep.svc = &svc;
 	rep.hb = &hb;
 
+	/* The HTTP endpoint first, not ready, so that probes answer while the device opens. */
+	if (o.metrics) {
+		if ((rc = wf_worker_metrics_create(&metrics)) < 0) {
+			wf_log_error("metrics: %s", wf_strerror(rc));
+			goto out;
+		}
+		rep.metrics = metrics;
+		struct wf_http_opts ho = {.addr = o.metrics,
+					  .metrics = wf_worker_metrics_registry(metrics),
+					  .live = worker_live,
+					  .ready = worker_ready,
+					  .ctx = &probes};
+		if ((rc = wf_http_server_start(&ho, &http, &d)) < 0) {
+			wf_log_error("--metrics %s: %s", o.metrics, wf_diag_str(&d, rc));
+			goto out;
+		}
+		wf_log_info("metrics and health on http://%s (port %u)", o.metrics,
+			    (unsigned)wf_http_server_port(http));
+	}
 	if ((rc = wf_device_open(o.device, &dev, &d)) < 0) {
 		wf_log_error("device %s: %s", o.device, wf_diag_str(&d, rc));
 		goto out;
@@ -843,9 +932,13 @@ int main(int argc, char **argv)
 		           .n_allowed_uids = o.n_uids,
 		           .log = log_ctl,
 		           .tls = o.tls},
-		.handle = wf_worker_svc_handle,
-		.ctx = &svc,
+		.handle = metrics ? wf_worker_metrics_handle : wf_worker_svc_handle,
+		.ctx = metrics ? (void *)metrics : (void *)&svc,
 	};
+	if (metrics) {
+		wf_worker_metrics_wrap(metrics, wf_worker_svc_handle, &svc);
+		wf_worker_metrics_bind(metrics, &svc);
+	}
 	if ((rc = wf_ctl_ipc_dir_ensure(endpoint, (gid_t)-1)) < 0) {
 		wf_log_error("endpoint directory for %s: %s", endpoint, wf_strerror(rc));
 		goto out;
@@ -862,11 +955,16 @@ int main(int argc, char **argv)
 		    wf_cache_mode_name(co.mode));
 	if (svc.agent) {
 		hb.svc = &svc;
-		if (pthread_create(&hb.thread, NULL, heartbeat_main, &hb) == 0)
-			hb.running = true;
+		atomic_store(&hb.beat_ms, mono_ms());
+		hb.running = true; /* before the thread: /readyz must not see "no agent" first */
+		if (pthread_create(&hb.thread, NULL, heartbeat_main, &hb) != 0)
+			hb.running = false;
 		if (pthread_create(&rep.thread, NULL, reporter_main, &rep) == 0)
 			rep.running = true;
 	}
+	atomic_store(&probes.serving, true);
+	if (http)
+		wf_http_server_set_ready(http, true, NULL);
 	for (size_t i = 0; i < o.n_pins + o.n_prefetch; i++) {
 		bool pin = i < o.n_pins;
 		const char *name = pin ? o.pins[i] : o.prefetch[i - o.n_pins];
@@ -889,6 +987,8 @@ int main(int argc, char **argv)
 		break;
 	}
 	exit_code = atomic_load(&hb.refused) ? 1 : 0;
+	if (http)
+		wf_http_server_set_ready(http, false, "stopping");
 out:
 	if (hb.running) {
 		atomic_store(&hb.stop, true);
@@ -904,6 +1004,8 @@ out:
 		pthread_mutex_unlock(&rep.mu);
 		pthread_join(rep.thread, NULL);
 	}
+	/* The endpoint's collector reads the cache and the engines: it goes before them. */
+	wf_http_server_destroy(http);
 	wf_gen_close(svc.gen); /* wakes the long polls, so the server stops at once */
 	if (srv) {
 		wf_ctl_server_close(srv);
@@ -920,6 +1022,7 @@ out:
 	wf_ctl_client_close(svc.agent);
 	wf_worker_svc_fini(&svc);
 	wf_device_close(dev);
+	wf_worker_metrics_destroy(metrics);
 	pthread_cond_destroy(&hb.cv);
 	pthread_mutex_destroy(&hb.mu);
 	pthread_cond_destroy(&rep.cv);

@@ -529,8 +529,20 @@ static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin
 		free(d[j].dev_off);
 	}
 	free(d);
-	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0,
-	               over ? "larger than the on-demand budget" : NULL);
+	/* As wf__cache_emit, with the load's duration (the worker's metrics). */
+	struct wf_cache_event ev = {
+	    .type = WF_CACHE_EVENT_RESIDENCY,
+	    .id = m->id,
+	    .name = m->name,
+	    .state = m->state,
+	    .over_budget = m->over_budget,
+	    .done = m->load_done,
+	    .total = m->load_total,
+	    .msg = over ? "larger than the on-demand budget" : NULL,
+	    .seconds = stats.seconds > 0 ? stats.seconds : 1e-9,
+	};
+	if (c->opts.event)
+		c->opts.event(c->opts.event_ctx, &ev);
 	return 0;
 fail:
 	/* Frees waits for the copies queued before it: nothing is left behind. */
