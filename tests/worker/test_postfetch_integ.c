@@ -6,6 +6,7 @@
  * worker at start with exit status 2. */
 #include "common/wftest.h"
 #include "tests/agent/agt.h"
+#include "tests/http/httpc.h"
 #include "tests/worker/wref.h"
 
 #include <criterion/criterion.h>
@@ -135,9 +136,11 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	unsetenv("WF_POSTFETCH_ENABLE");
 	/* The device forward pass, as on a GPU: dense weights and KV cache on the device, the last
 	 * layer's experts resident, the others post-fetched into a cache that keeps them whole. */
+	const uint16_t mport = httpc_free_port();
+	char *maddr = agt_printf("127.0.0.1:%u", (unsigned)mport);
 	agt_spawn_worker(a, &wdev, "wdev", NULL, "host:mem=256Mi,bw=1G",
 	                 (const char *[]){"--threads", "1", "--dense-on-device", "--expert-cache-mb",
-	                                  "8", "--n-cpu-moe", "2", NULL});
+	                                  "8", "--n-cpu-moe", "2", "--metrics", maddr, NULL});
 	wait_worker(a, &wpf, "wpf");
 	wait_worker(a, &wcpu, "wcpu");
 	wait_worker(a, &wdev, "wdev");
@@ -153,6 +156,19 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	for (int i = 0; i < N_GEN; i++)
 		cr_expect_eq(ids_dev[i], ids_cpu[i], "token %d: %d on the device path, %d on the cpu",
 		             i, ids_dev[i], ids_cpu[i]);
+	/* Its engine's figures on /metrics, as Prometheus reads them. */
+	struct httpc_reply hr = {0};
+	cr_assert_eq(httpc_request(mport, "GET", "/metrics", 5000, &hr), 0);
+	cr_assert_eq(hr.status, 200);
+	const char *series[] = {"weightfloor_engine_generations_total{model=\"tiny\"} 1",
+	                        "weightfloor_engine_tokens_total{model=\"tiny\"}",
+	                        "weightfloor_postfetch_bytes_total{model=\"tiny\"}",
+	                        "weightfloor_expert_cache_hit_ratio{model=\"tiny\"}",
+	                        "weightfloor_device_reserved_bytes"};
+	for (size_t i = 0; i < sizeof(series) / sizeof(series[0]); i++)
+		cr_expect(strstr(hr.body, series[i]) != NULL, "no %s in:\n%s", series[i], hr.body);
+	httpc_reply_fini(&hr);
+	free(maddr);
 	/* A second generation: the expert cache kept experts across requests. */
 	generate(a, &wpf, "wpf", prompt, ids_pf);
 	for (int i = 0; i < N_GEN; i++)
