@@ -23,6 +23,7 @@ struct bench_opts {
 	 * through the model's tokenizer; neither: the reference models' prompt ids), and the LRFU
 	 * half-lives in tokens ("16,64"; NULL: "16") */
 	uint32_t tokens;
+	bool random_tokens; /* cachepolicy: feed pseudo-random tokens, not the greedy ones */
 	const char *prompt_ids, *prompt, *half_life;
 };
 

@@ -2,7 +2,8 @@
  * on routing traces rather than by taste (issue 11).
  *
  * 1. Trace. The engine runs the model on the CPU with a host device, post-fetch and an expert
- *    cache; every token (prompt, then greedy generation) is decoded as a one-token step, and the
+ *    cache; every token (prompt, then greedy generation, or with --random-tokens a fixed
+ *    pseudo-random stream) is decoded as a one-token step, and the
  *    router hook gives each layer's logits, to which the engine's own wf__route picks the top k.
  *    A trace is, per step and layer, the k selected expert ids in the order wf__moe_fetch hands
  *    them to the cache (ascending id).
@@ -464,7 +465,12 @@ int bench_cachepolicy(const struct bench_opts *o)
 
 	/* One token a step: the prompt, then greedy generation (ties to the lowest id). */
 	int32_t token = r.prompt[0];
-	uint32_t pos = 0, restarts = 0;
+	uint32_t pos = 0, restarts = 0, n_distinct_gen = 0;
+	uint64_t rng = 2;
+	/* how varied the generation is: a random model's greedy output tends to loop */
+	uint8_t *generated = calloc(info.n_vocab, 1);
+	if (!generated)
+		goto out;
 	const double t0 = bench_now();
 	for (uint32_t step = 0; step < t->cap_steps; step++, pos++) {
 		if (step < r.n_prompt)
@@ -490,8 +496,17 @@ int bench_cachepolicy(const struct bench_opts *o)
 		for (uint32_t v = 1; v < info.n_vocab; v++)
 			if (r.logits[v] > r.logits[best])
 				best = v;
+		if (o->random_tokens) { /* llama-bench's tg stream: no loop to repeat */
+			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+			best = (uint32_t)((rng >> 33) % info.n_vocab);
+		}
 		token = (int32_t)best;
+		if (step + 1 >= r.n_prompt && !generated[best]) {
+			generated[best] = 1;
+			n_distinct_gen++;
+		}
 	}
+	free(generated);
 	const double secs = bench_now() - t0;
 	struct wf_engine_stats st;
 	wf_engine_get_stats(r.e, &st);
@@ -528,11 +543,12 @@ int bench_cachepolicy(const struct bench_opts *o)
 		free(count);
 		char notes[512];
 		snprintf(notes, sizeof notes,
-		         "%.120s: %u layers x %u experts, top %u; %u steps (%zu prompt + %u greedy, one "
-		         "token each, context %u, %u restarts from the last token) in %.1f s; %llu "
+		         "%.120s: %u layers x %u experts, top %u; %u steps (%zu prompt + %u %s, one "
+		         "token each, context %u, %u restarts from the last token; %u distinct tokens "
+		         "generated) in %.1f s; %llu "
 		         "accesses; the most used quarter of the experts takes %.1f%% of them",
 		         base_name(model_path), t->n_layer, t->n_expert, t->k, t->n_steps, r.n_prompt,
-		         n_gen, info.n_ctx, restarts, secs, (unsigned long long)accesses,
+		         n_gen, o->random_tokens ? "random" : "greedy", info.n_ctx, restarts, n_distinct_gen, secs, (unsigned long long)accesses,
 		         accesses ? 100.0 * (double)top / (double)accesses : 0);
 		bench_report(&(struct bench_result){
 		    .bench = "cachepolicy", .metric = "trace_distinct_experts", .value = (double)distinct,

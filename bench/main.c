@@ -60,6 +60,7 @@ static void usage(FILE *out)
 		     "                [--floor-root DIR] [--iterations N]\n"
 		     "       wf-bench cachepolicy [--json] [--model FILE] [--tokens N]\n"
 		     "                [--prompt-ids LIST | --prompt TEXT] [--half-life LIST]\n"
+		     "                [--random-tokens]\n"
 		     "                [--threads N] [--dir DIR]\n"
 		     "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 		     "                must be a disk file system for the cold figure)\n"
@@ -78,6 +79,8 @@ static void usage(FILE *out)
 		     "                models' 16 ids); --prompt TEXT: through the model's tokenizer\n"
 		     "  --half-life   cachepolicy: LRFU half-lives in tokens, comma-separated (16;\n"
 		     "                0: no decay, LFU)\n"
+		     "  --random-tokens cachepolicy: after the prompt, a fixed pseudo-random token\n"
+		     "                stream instead of greedy generation\n"
 		     "  --iterations  repetitions of each figure; engine: 1 also shortens the runs\n"
 		     "  wf-bench --version prints \"wf-bench VERSION\".\n");
 }
@@ -113,6 +116,7 @@ int main(int argc, char **argv)
 		{"prompt-ids", required_argument, NULL, 'P'},
 		{"prompt", required_argument, NULL, 'p'},
 		{"half-life", required_argument, NULL, 'H'},
+		{"random-tokens", no_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -151,6 +155,7 @@ int main(int argc, char **argv)
 		case 'P': o.prompt_ids = optarg; break;
 		case 'p': o.prompt = optarg; break;
 		case 'H': o.half_life = optarg; break;
+		case 'R': o.random_tokens = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
