@@ -19,6 +19,12 @@ struct bench_opts {
 	const char *llama_bench; /* engine: a llama-bench to compare with (NULL: skip its rows) */
 	unsigned threads;        /* engine: threads (0: the CPUs this process may run on) */
 	const char *llama_bench_gpu; /* engine: a CUDA llama-bench for the device rows (NULL: skip) */
+	/* cachepolicy: greedy tokens to generate (0: 256), the prompt (ids "1,17,...", or a text
+	 * through the model's tokenizer; neither: the reference models' prompt ids), and the LRFU
+	 * half-lives in tokens ("16,64"; NULL: "16") */
+	uint32_t tokens;
+	bool random_tokens; /* cachepolicy: feed pseudo-random tokens, not the greedy ones */
+	const char *prompt_ids, *prompt, *half_life;
 };
 
 /* What the engine mode's process rows (worker.c) need from its in-process part. */
@@ -39,6 +45,8 @@ bool bench_selected(const struct bench_opts *o, const char *name);
 int bench_floor(const struct bench_opts *o);
 int bench_residency(const struct bench_opts *o);
 int bench_engine(const struct bench_opts *o);
+/* Issue 11's expert-cache policies on routing traces (bench/cachepolicy.c). */
+int bench_cachepolicy(const struct bench_opts *o);
 int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_ctx *ctx);
 
 /* Issue 11's rows (bench/postfetch.c): the same model through engines with a host device. */

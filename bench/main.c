@@ -58,6 +58,10 @@ static void usage(FILE *out)
 		     "       wf-bench engine [--json] [--model FILE] [--llama-bench PATH] [--threads N]\n"
 		     "                [--device SPEC [--llama-bench-gpu PATH]] [--dir DIR]\n"
 		     "                [--floor-root DIR] [--iterations N]\n"
+		     "       wf-bench cachepolicy [--json] [--model FILE] [--tokens N]\n"
+		     "                [--prompt-ids LIST | --prompt TEXT] [--half-life LIST]\n"
+		     "                [--random-tokens]\n"
+		     "                [--threads N] [--dir DIR]\n"
 		     "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 		     "                must be a disk file system for the cold figure)\n"
 		     "  --floor-root  where floors are made (default /dev/shm)\n"
@@ -70,6 +74,13 @@ static void usage(FILE *out)
 		     "  --llama-bench-gpu engine: a CUDA llama-bench (b10573) run with -ngl 99 and\n"
 		     "                every layer's experts on the CPU, against the dev cache row\n"
 		     "  --threads     engine: threads for both (default: the CPUs we may run on)\n"
+		     "  --tokens      cachepolicy: greedy tokens generated after the prompt (256)\n"
+		     "  --prompt-ids  cachepolicy: the prompt as token ids (default: the reference\n"
+		     "                models' 16 ids); --prompt TEXT: through the model's tokenizer\n"
+		     "  --half-life   cachepolicy: LRFU half-lives in tokens, comma-separated (16;\n"
+		     "                0: no decay, LFU)\n"
+		     "  --random-tokens cachepolicy: after the prompt, a fixed pseudo-random token\n"
+		     "                stream instead of greedy generation\n"
 		     "  --iterations  repetitions of each figure; engine: 1 also shortens the runs\n"
 		     "  wf-bench --version prints \"wf-bench VERSION\".\n");
 }
@@ -101,6 +112,11 @@ int main(int argc, char **argv)
 		{"llama-bench", required_argument, NULL, 'L'},
 		{"llama-bench-gpu", required_argument, NULL, 'G'},
 		{"threads", required_argument, NULL, 't'},
+		{"tokens", required_argument, NULL, 'T'},
+		{"prompt-ids", required_argument, NULL, 'P'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"half-life", required_argument, NULL, 'H'},
+		{"random-tokens", no_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -127,6 +143,19 @@ int main(int argc, char **argv)
 			o.threads = (unsigned)t;
 			break;
 		}
+		case 'T': {
+			uint64_t t;
+			if (wf_parse_uint(optarg, 65536, &t) < 0 || t < 1) {
+				fprintf(stderr, "wf-bench: --tokens '%s' is not 1..65536\n", optarg);
+				return 2;
+			}
+			o.tokens = (uint32_t)t;
+			break;
+		}
+		case 'P': o.prompt_ids = optarg; break;
+		case 'p': o.prompt = optarg; break;
+		case 'H': o.half_life = optarg; break;
+		case 'R': o.random_tokens = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -148,6 +177,8 @@ int main(int argc, char **argv)
 		return bench_residency(&o);
 	if (strcmp(mode, "engine") == 0)
 		return bench_engine(&o);
+	if (strcmp(mode, "cachepolicy") == 0)
+		return bench_cachepolicy(&o);
 	fprintf(stderr, "wf-bench: unknown mode '%s'\n", mode);
 	usage(stderr);
 	return 2;
