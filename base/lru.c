@@ -1,5 +1,7 @@
 #include "base/lru.h"
 
+#include <math.h>
+
 static bool evictable(const struct wf_lru_item *it)
 {
 	return !it->pinned && !it->busy;
@@ -89,5 +91,30 @@ size_t wf_lru_oldest(const struct wf_lru_item *items, size_t n)
 	for (size_t i = 0; i < n; i++)
 		if (evictable(&items[i]) && (best == n || older(items, i, best)))
 			best = i;
+	return best;
+}
+
+double wf_lrfu_value(const struct wf_lrfu_score *s, uint64_t now, double lambda)
+{
+	return s->crf * exp2(-lambda * (double)(now - s->stamp));
+}
+
+void wf_lrfu_touch(struct wf_lrfu_score *s, uint64_t now, double lambda)
+{
+	s->crf = wf_lrfu_value(s, now, lambda) + 1.0;
+	s->stamp = now;
+}
+
+size_t wf_lrfu_victim(const struct wf_lru_item *items, const double *value, size_t n)
+{
+	size_t best = n;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!evictable(&items[i]))
+			continue;
+		if (best == n || value[i] < value[best] ||
+		    (value[i] == value[best] && items[i].last_used < items[best].last_used))
+			best = i;
+	}
 	return best;
 }

@@ -2,10 +2,14 @@
  * more bytes fit under a budget. Pure arithmetic, no I/O, no allocation, no state: the caller
  * describes what it holds, applies the plan, and re-plans if the world moved meanwhile.
  *
- * Three budgets use it: the agent's host budget for floors (agent/floors.c), the worker's device
- * budget for weight sets (worker/manager.c), and the expert cache of the CUDA engine, whose items
- * are expert slices (one weight set each). One policy for all three means one set of tie-break,
- * over-size and "nothing movable" rules to reason about. */
+ * Two budgets use it: the agent's host budget for floors (agent/floors.c) and the worker's device
+ * budget for weight sets and engines (worker/manager.c). One policy for both means one set of
+ * tie-break, over-size and "nothing movable" rules to reason about.
+ *
+ * The engine's expert cache (engine/fetch.c) picks its victims with LRFU instead (below): its
+ * items are experts looked up by every layer of every token, and plain LRU evicts a layer's
+ * experts for the other layers' before the next token needs them whenever the cache holds less
+ * than one token's working set (docs/BENCHMARKS.md, "Expert cache policy"). */
 #ifndef WF_BASE_LRU_H
 #define WF_BASE_LRU_H
 
@@ -43,6 +47,22 @@ enum wf_lru_fit wf_lru_plan(const struct wf_lru_item *items, size_t n, uint64_t 
 /* The oldest evictable item's index, or n when none: for room the budget allows but the device
  * refuses (fragmentation), where the only plan is "one more". */
 size_t wf_lru_oldest(const struct wf_lru_item *items, size_t n);
+
+/* LRFU (Lee et al., 2001): each key's combined recency and frequency, a score that gains 1 per
+ * use and halves every 1/lambda stamps. lambda 0: no decay (LFU). */
+struct wf_lrfu_score {
+	double crf;     /* the score at `stamp` */
+	uint64_t stamp; /* of its last use */
+};
+
+/* The score at stamp now (>= s->stamp). */
+double wf_lrfu_value(const struct wf_lrfu_score *s, uint64_t now, double lambda);
+/* A use at stamp now: crf = value(now) + 1. */
+void wf_lrfu_touch(struct wf_lrfu_score *s, uint64_t now, double lambda);
+/* The victim among the evictable items (not pinned, not busy): the lowest value (the caller's
+ * scores at now; -INFINITY for an empty item, so empty ones go first), then the older
+ * last_used, then the lower index; n when none is evictable. */
+size_t wf_lrfu_victim(const struct wf_lru_item *items, const double *value, size_t n);
 
 #ifdef __cplusplus
 }

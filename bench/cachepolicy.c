@@ -22,9 +22,10 @@
  *                    every candidate is not cached at all (bypass). It bounds every policy
  *                    above, per-layer pools included: they are one of its choices.
  *    A miss when every slot is busy is not cached (the engine computes it from the floor).
- * 3. Check: the simulated global LRU at the engine cache's slot count must give the engine's own
- *    hit and miss counts (lru_sim_vs_engine_hits, ratio 1), so the simulator is the engine's rule
- *    and not a model of it. */
+ * 3. Check: the simulated policy the engine uses (global LRFU, half-life WF__FETCH_LRFU_HALF_LIFE)
+ *    at the engine cache's slot count must give the engine's own hit and miss counts
+ *    (policy_sim_vs_engine_hits, ratio 1), so the simulator is the engine's rule (base/lru.h's
+ *    functions, which both call) and not a model of it. */
 #include "anchors.h"
 #include "bench.h"
 #include "report.h"
@@ -122,16 +123,12 @@ struct sim_state {
 	const struct sim_trace *tr;
 	enum policy pol;
 	double lambda;
-	double *score;
-	uint64_t *seen;   /* group stamp of the score */
+	struct wf_lrfu_score *score; /* per key (base/lru.h, the engine's rule) */
+	double *value;    /* per slot of the pool being searched */
 	uint32_t *nxt;    /* per key: its next use (Belady) */
 	int32_t *slot_of; /* per key: slot in its pool, -1 */
 };
 
-static double decayed(const struct sim_state *s, uint32_t key, uint64_t now)
-{
-	return s->score[key] * exp2(-s->lambda * (double)(now - s->seen[key]));
-}
 
 /* The victim among p's non-busy slots, or p->n when all are busy. */
 static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t key,
@@ -139,6 +136,13 @@ static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t
 {
 	if (s->pol == POL_LRU)
 		return (uint32_t)wf_lru_oldest(p->lru, p->n);
+	if (s->pol == POL_LRFU) { /* base/lru.h's rule, as engine/fetch.c applies it */
+		for (uint32_t i = 0; i < p->n; i++)
+			s->value[i] = p->key[i] == UINT32_MAX
+			                  ? -INFINITY
+			                  : wf_lrfu_value(&s->score[p->key[i]], now, s->lambda);
+		return (uint32_t)wf_lrfu_victim(p->lru, s->value, p->n);
+	}
 	uint32_t best = p->n;
 	double best_v = 0;
 	for (uint32_t i = 0; i < p->n; i++) {
@@ -146,8 +150,7 @@ static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t
 			continue;
 		if (p->key[i] == UINT32_MAX)
 			return i; /* an empty slot first, as the engine takes one */
-		double v = s->pol == POL_LRFU ? decayed(s, p->key[i], now)
-		                              : -(double)s->nxt[p->key[i]];
+		const double v = -(double)s->nxt[p->key[i]];
 		if (best == p->n || v < best_v ||
 		    (v == best_v && p->lru[i].last_used < p->lru[best].last_used)) {
 			best = i;
@@ -172,10 +175,13 @@ static int simulate(const struct sim_trace *tr, enum policy pol, double half_lif
 	struct sim_result r = {0};
 	int rc = -ENOMEM;
 	s.score = calloc(n_keys, sizeof *s.score);
-	s.seen = calloc(n_keys, sizeof *s.seen);
+	uint32_t max_pool = 1;
+	for (uint32_t p = 0; p < n_pools; p++)
+		max_pool = pool_slots[p] > max_pool ? pool_slots[p] : max_pool;
+	s.value = calloc(max_pool, sizeof *s.value);
 	s.nxt = calloc(n_keys, sizeof *s.nxt);
 	s.slot_of = malloc(n_keys * sizeof *s.slot_of);
-	if (!pools || !s.score || !s.seen || !s.nxt || !s.slot_of)
+	if (!pools || !s.score || !s.value || !s.nxt || !s.slot_of)
 		goto out;
 	/* half-life in tokens, time in groups (n_layer a token); 0: no decay (LFU) */
 	s.lambda = half_life_tokens > 0 ? 1.0 / (half_life_tokens * tr->n_layer) : 0;
@@ -200,9 +206,8 @@ static int simulate(const struct sim_trace *tr, enum policy pol, double half_lif
 			p->lru[i].busy = false;
 		for (uint32_t j = 0; j < tr->k; j++) {
 			const uint32_t key = layer * tr->n_expert + tr->ids[(size_t)g * tr->k + j];
-			/* every policy keeps the frequency; only LRFU reads it */
-			s.score[key] = decayed(&s, key, now) + 1.0;
-			s.seen[key] = now;
+			/* every policy keeps the score; only LRFU reads it */
+			wf_lrfu_touch(&s.score[key], now, s.lambda);
 			s.nxt[key] = tr->next[(size_t)g * tr->k + j];
 			int32_t slot = s.slot_of[key];
 			if (slot < 0) {
@@ -231,7 +236,7 @@ out:
 	}
 	free(pools);
 	free(s.score);
-	free(s.seen);
+	free(s.value);
 	free(s.nxt);
 	free(s.slot_of);
 	return rc;
@@ -559,26 +564,28 @@ int bench_cachepolicy(const struct bench_opts *o)
 	/* The simulator against the engine's own count at the engine's slot count. */
 	{
 		struct sim_result s;
-		if (simulate(&tr, POL_LRU, 0, &engine_slots, 1, &s) < 0)
+		if (simulate(&tr, POL_LRFU, WF__FETCH_LRFU_HALF_LIFE, &engine_slots, 1, &s) < 0)
 			goto out;
 		char notes[400];
 		snprintf(notes, sizeof notes,
 		         "engine: host device, post-fetch, expert cache %u MiB = %u slots of %zu bytes; "
-		         "hits %llu misses %llu; simulated global LRU: hits %llu misses %llu",
+		         "hits %llu misses %llu; simulated global LRFU, half-life %g tokens (the "
+		         "engine's rule): hits %llu misses %llu",
 		         cache_mb, engine_slots, slot_bytes, (unsigned long long)st.fetch_hits,
-		         (unsigned long long)st.fetch_misses, (unsigned long long)s.hits,
+		         (unsigned long long)st.fetch_misses, WF__FETCH_LRFU_HALF_LIFE,
+		         (unsigned long long)s.hits,
 		         (unsigned long long)s.misses);
 		if (!st.fetch_hits) {
-			bench_skip("cachepolicy", "lru_sim_vs_engine_hits", notes);
+			bench_skip("cachepolicy", "policy_sim_vs_engine_hits", notes);
 		} else {
 			bench_report(&(struct bench_result){
-			    .bench = "cachepolicy", .metric = "lru_sim_vs_engine_hits",
+			    .bench = "cachepolicy", .metric = "policy_sim_vs_engine_hits",
 			    .value = (double)s.hits, .unit = "hits", .anchor = "the engine's fetch_hits",
 			    .anchor_value = (double)st.fetch_hits,
 			    .ratio = (double)s.hits / (double)st.fetch_hits, .notes = notes});
 		}
 		if (s.misses != st.fetch_misses)
-			fprintf(stderr, "wf-bench: simulated LRU misses %llu, the engine's %llu\n",
+			fprintf(stderr, "wf-bench: simulated LRFU misses %llu, the engine's %llu\n",
 			        (unsigned long long)s.misses, (unsigned long long)st.fetch_misses);
 	}
 

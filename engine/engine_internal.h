@@ -111,6 +111,9 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
                 float *scratch, float *out);
 
 /* ---- expert slots: the post-fetch scratchpad and the device expert cache (fetch.c) ---- */
+/* The cache's LRFU half-life in tokens (a middle value of those `wf-bench cachepolicy` tried;
+ * its simulator takes this constant to replay the engine's rule). */
+#define WF__FETCH_LRFU_HALF_LIFE 16.0
 struct wf__fetch_stats {
 	uint64_t hits, misses;     /* selected experts found in a cache slot, or not */
 	uint64_t resident;         /* selected experts of resident layers (never missed) */

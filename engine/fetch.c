@@ -3,9 +3,13 @@
  * (layer, expert), with the private copy streams and one event per slot.
  *
  * A step (one MoE layer of one decode) looks up each selected expert right after routing. A hit
- * (the cache kept it from an earlier step) needs no copy. A miss takes a free slot or the least
- * recently used one that this step does not use (base/lru.h, the project's one LRU rule) and
- * queues the copy from the floor there (post-fetch is the cache's miss path). Gate and up compute
+ * (the cache kept it from an earlier step) needs no copy. A miss takes a free slot or, among the
+ * slots this step does not use, the one whose expert has the lowest LRFU score (base/lru.h: uses
+ * decayed by half every WF__FETCH_LRFU_HALF_LIFE tokens), and queues the copy from the floor there
+ * (post-fetch is the cache's miss path). Why LRFU and not the budgets' LRU: with fewer slots than
+ * one token's working set (layers x experts used), LRU evicts each layer's experts for the other
+ * layers' just before the next token needs them, and hits nothing; measured on routing traces
+ * with `wf-bench cachepolicy` (docs/BENCHMARKS.md, "Expert cache policy"). Gate and up compute
  * meanwhile; then each expert asks for its slot (wf__fetch_ready): the blocking policy waits on
  * the slot's event, the non-blocking one takes it only if the copy has completed, else the CPU
  * computes that expert from the floor. Without a cache (expert_cache_mb 0) the slots are the
@@ -18,6 +22,7 @@
 #include "base/lru.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,6 +49,9 @@ struct wf__fetch {
 	struct slot *slots;
 	struct wf_lru_item *lru;       /* per slot, for base/lru.h */
 	int32_t *slot_of_key;          /* [n_layer * n_expert]: slot, -1 */
+	struct wf_lrfu_score *score;   /* [n_layer * n_expert]: kept when evicted */
+	double lambda;                 /* decay per step: 1 / (half-life x layers) */
+	double *value;                 /* per slot: its expert's score now, for a victim */
 	uint64_t n_keys;
 	uint64_t stamp;
 	struct wf_device_stream *streams[FETCH_STREAMS_DEDICATED];
@@ -121,7 +129,11 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 	f->ev = calloc(f->n_slots, sizeof(*f->ev));
 	f->ev_whole = calloc(f->n_slots, sizeof(*f->ev_whole));
 	f->slot_of_key = malloc(f->n_keys * sizeof(*f->slot_of_key));
-	if (!f->slots || !f->lru || !f->ev || !f->ev_whole || !f->slot_of_key) {
+	f->score = calloc(f->n_keys, sizeof(*f->score));
+	f->value = calloc(f->n_slots, sizeof(*f->value));
+	f->lambda = 1.0 / (WF__FETCH_LRFU_HALF_LIFE * (shape->n_layer ? shape->n_layer : 1));
+	if (!f->slots || !f->lru || !f->ev || !f->ev_whole || !f->slot_of_key || !f->score ||
+	    !f->value) {
 		rc = wf_diag_set(diag, -ENOMEM, "post-fetch");
 		goto fail;
 	}
@@ -175,6 +187,8 @@ void wf__fetch_destroy(struct wf__fetch *f)
 	free(f->ev);
 	free(f->ev_whole);
 	free(f->slot_of_key);
+	free(f->score);
+	free(f->value);
 	free(f);
 }
 
@@ -245,6 +259,7 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			ret_slot[i] = slot;
 			continue;
 		}
+		wf_lrfu_touch(&f->score[key], f->stamp, f->lambda);
 		if (slot >= 0 && !f->slots[slot].failed) {
 			f->st.hits++;
 			f->lru[slot].busy = true;
@@ -270,9 +285,13 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		if (!f->postfetch ||
 		    (f->s.max_transfers && f->step_copies >= f->s.max_transfers))
 			continue;
-		/* An empty slot first (never used: stamp 0), else the least recently used one
-		 * this step does not use. */
-		const size_t victim = wf_lru_oldest(f->lru, f->n_slots);
+		/* An empty slot first, else the lowest score among those this step does not
+		 * use. */
+		for (uint32_t v = 0; v < f->n_slots; v++)
+			f->value[v] = f->slots[v].key == NO_KEY
+			                  ? -INFINITY
+			                  : wf_lrfu_value(&f->score[f->slots[v].key], f->stamp, f->lambda);
+		const size_t victim = wf_lrfu_victim(f->lru, f->value, f->n_slots);
 		if (victim >= f->n_slots)
 			continue; /* every slot holds an expert of this step */
 		slot = (int32_t)victim;

@@ -3,6 +3,7 @@
 #include "base/lru.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 
 Test(lru, evicts_lru_unpinned_idle_only)
@@ -140,4 +141,33 @@ Test(lru, matches_repeated_minimum)
 			cr_assert_lt(freed - it[v[nv - 1]].bytes, need, "round %d: one too many",
 			             round);
 	}
+}
+
+/* LRFU: a use adds 1, the score halves every 1/lambda stamps; the victim is an empty item first,
+ * then the lowest score, then the older stamp, then the lower index, never a busy or pinned one. */
+Test(lru, lrfu_scores_decay_and_pick_the_coldest)
+{
+	struct wf_lrfu_score s = {0};
+	wf_lrfu_touch(&s, 10, 0.25);
+	cr_expect_float_eq(s.crf, 1.0, 1e-12);
+	cr_expect_float_eq(wf_lrfu_value(&s, 14, 0.25), 0.5, 1e-12, "one half-life later");
+	wf_lrfu_touch(&s, 14, 0.25);
+	cr_expect_float_eq(s.crf, 1.5, 1e-12);
+	cr_expect_eq(s.stamp, 14);
+	struct wf_lrfu_score lfu = {0};
+	wf_lrfu_touch(&lfu, 1, 0);
+	wf_lrfu_touch(&lfu, 900, 0);
+	cr_expect_float_eq(lfu.crf, 2.0, 1e-12, "lambda 0 is LFU: no decay");
+
+	struct wf_lru_item it[5] = {
+	    {.bytes = 1, .last_used = 5}, {.bytes = 1, .last_used = 3}, {.bytes = 1, .last_used = 4},
+	    {.bytes = 1, .last_used = 1, .busy = true}, {.bytes = 1, .last_used = 0, .pinned = true}};
+	double v[5] = {2.0, 1.0, 1.0, 0.1, 0.0};
+	cr_expect_eq(wf_lrfu_victim(it, v, 5), 1, "lowest score, the older of a tie");
+	v[2] = 0.5;
+	cr_expect_eq(wf_lrfu_victim(it, v, 5), 2, "lowest score");
+	v[0] = -INFINITY;
+	cr_expect_eq(wf_lrfu_victim(it, v, 5), 0, "an empty item first");
+	it[0].busy = it[1].busy = it[2].busy = true;
+	cr_expect_eq(wf_lrfu_victim(it, v, 5), 5, "nothing evictable: busy and pinned stay");
 }

@@ -99,8 +99,8 @@ Test(bench_cachepolicy, tiny_reference_trace, .fini = fini, .timeout = 30)
 	}
 
 	/* The simulator is the engine's rule: same hits at the engine's slot count. */
-	struct json_object *c = row(o, "lru_sim_vs_engine_hits");
-	cr_assert(c, "no lru_sim_vs_engine_hits row in:\n%s", o);
+	struct json_object *c = row(o, "policy_sim_vs_engine_hits");
+	cr_assert(c, "no policy_sim_vs_engine_hits row in:\n%s", o);
 	cr_expect(num(c, "anchor_value") > 0, "the engine hit nothing: %s", str(c, "notes"));
 	cr_expect_eq(num(c, "value"), num(c, "anchor_value"), "simulated %g hits, engine %g: %s",
 	             num(c, "value"), num(c, "anchor_value"), str(c, "notes"));
