@@ -2,11 +2,11 @@
  * serves the control API. See docs/man/wf-agent.md. */
 #include "agent/config.h"
 #include "agent/floors.h"
-#include "agent/notify.h"
 #include "agent/service.h"
 #include "agent/workers.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/notify.h"
 #include "base/units.h"
 #include "control/pub.h"
 #include "control/server.h"
