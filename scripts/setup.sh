@@ -18,6 +18,7 @@ PKGS=(
   procps util-linux                # pgrep, fallocate, flock for scripts
   go-md2man man-db                 # roff man pages from docs/man/*.md; man -w in the install test
   zsh                              # the zsh completion's test
+  systemd                          # deploy/systemd: systemd-analyze verify and security, sysusers
 )
 
 . "$(dirname "$0")/lib.sh"
