@@ -19,6 +19,7 @@ PKGS=(
   go-md2man man-db                 # roff man pages from docs/man/*.md; man -w in the install test
   zsh                              # the zsh completion's test
   systemd                          # deploy/systemd: systemd-analyze verify and security, sysusers
+  yamllint                         # deploy/k8s lint (its python3-yaml reads the manifests too)
 )
 
 . "$(dirname "$0")/lib.sh"
