@@ -38,3 +38,23 @@ install(FILES ${PROJECT_SOURCE_DIR}/completions/agentctl.bash
 install(FILES ${PROJECT_SOURCE_DIR}/completions/_agentctl
         DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions)
 install(FILES ${PROJECT_SOURCE_DIR}/docs/agent.json.example DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# systemd units, sysusers and tmpfiles (deploy/systemd, docs/DEPLOY.md), where Debian puts them:
+#   P/lib/systemd/system/{wf-agent.service,wf-worker@.service,dev-shm-weightfloor.mount}
+#   P/lib/sysusers.d/weightfloor.conf, P/lib/tmpfiles.d/weightfloor.conf
+#   SYSCONFDIR/weightfloor/agent.json (SYSCONFDIR: /etc for the prefix /usr, else P/etc, or
+#   -DCMAKE_INSTALL_SYSCONFDIR as given)
+# Done at install time (cmake/WfInstallDeploy.cmake), so that `cmake --install --prefix P` gets
+# units that start P's binaries with P's configuration.
+set(WF_SYSTEMD_UNITDIR "lib/systemd/system" CACHE STRING "systemd system units, relative to the prefix")
+set(WF_SYSUSERSDIR "lib/sysusers.d" CACHE STRING "sysusers.d, relative to the prefix")
+set(WF_TMPFILESDIR "lib/tmpfiles.d" CACHE STRING "tmpfiles.d, relative to the prefix")
+install(CODE "
+  set(WF_SRC \"${PROJECT_SOURCE_DIR}\")
+  set(WF_STAGE \"${PROJECT_BINARY_DIR}/deploy-stage\")
+  set(WF_BINDIR \"${CMAKE_INSTALL_BINDIR}\")
+  set(WF_SYSCONFDIR \"${CMAKE_INSTALL_SYSCONFDIR}\")
+  set(WF_SYSTEMD_UNITDIR \"${WF_SYSTEMD_UNITDIR}\")
+  set(WF_SYSUSERSDIR \"${WF_SYSUSERSDIR}\")
+  set(WF_TMPFILESDIR \"${WF_TMPFILESDIR}\")
+  include(\"${PROJECT_SOURCE_DIR}/cmake/WfInstallDeploy.cmake\")")

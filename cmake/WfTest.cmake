@@ -1,7 +1,10 @@
 # wf_add_test(NAME name LABELS l1 [l2] SOURCES s.c... [LIBS lib...] [TIMEOUT s] [SKIP_RC 77])
 # One Criterion executable per call, registered with CTest under the given labels. Tests find the
 # repository (test data lies in tests/data/) and the build tree through the environment.
-find_library(CRITERION_LIB criterion REQUIRED)
+# Only a build with tests needs Criterion (a container's build stage has none: -DWF_TESTS=OFF).
+if(WF_TESTS)
+  find_library(CRITERION_LIB criterion REQUIRED)
+endif()
 function(wf_add_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "LABELS;SOURCES;LIBS" ${ARGN})
   if(NOT WF_TESTS)

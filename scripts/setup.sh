@@ -20,6 +20,8 @@ PKGS=(
   zsh                              # the zsh completion's test
   libmicrohttpd-dev                # the daemons' /metrics, /healthz, /readyz
   prometheus                       # promtool and a real server for the metrics test
+  systemd                          # deploy/systemd: systemd-analyze verify and security, sysusers
+  yamllint                         # deploy/k8s lint (its python3-yaml reads the manifests too)
 )
 
 . "$(dirname "$0")/lib.sh"

@@ -3,6 +3,7 @@
  * See docs/man/wf-worker.md. */
 #include "base/error.h"
 #include "base/log.h"
+#include "base/notify.h"
 #include "base/units.h"
 #include "control/client.h"
 #include "control/server.h"
@@ -24,6 +25,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -50,6 +52,8 @@ struct opts {
 	size_t n_prefetch;
 	uid_t uids[64];
 	size_t n_uids;
+	gid_t gids[64]; /* --allow-gid: peers whose primary group is one of these */
+	size_t n_gids;
 	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
 	struct wf_gen_opts gen;     /* Generate's engines */
 	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
@@ -86,6 +90,8 @@ static void usage(FILE *out)
 		"  --staging-size SIZE   bytes each (default 8M)\n"
 		"  --alloc-max SIZE      split a model's device memory into allocations of at most SIZE\n"
 		"  --allow-uid UID       ipc peer allowed besides root and our uid (repeatable)\n"
+		"  --allow-gid GROUP     ipc peers of this primary group (name or gid) allowed too\n"
+		"                        (repeatable; e.g. the agent's group under systemd)\n"
 		"  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
 		"                        to a tls+tcp:// agent\n"
 		"  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
@@ -122,6 +128,26 @@ static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
 }
 
 /* A whole number in [min, max] for a flag (base/units.h's one parser). */
+/* --allow-gid: a group name (looked up now) or a number. */
+static int parse_gid_flag(const char *arg, gid_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(arg, &end, 10);
+	if (*arg && !*end && !errno && v < (gid_t)-1) {
+		*out = (gid_t)v;
+		return 0;
+	}
+	struct group gr, *res = NULL;
+	char buf[4096];
+	if (getgrnam_r(arg, &gr, buf, sizeof buf, &res) != 0 || !res) {
+		fprintf(stderr, "wf-worker: --allow-gid: no group '%s'\n", arg);
+		return 2;
+	}
+	*out = res->gr_gid;
+	return 0;
+}
+
 static int parse_uint_flag(const char *flag, const char *arg, uint64_t min, uint64_t max,
 			   uint64_t *out)
 {
@@ -151,7 +177,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
-	       O_ALLOCMAX, O_UID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
+	       O_ALLOCMAX, O_UID, O_GID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
 	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE, O_METRICS };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -172,6 +198,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"staging-size", required_argument, NULL, O_SSIZE},
 		{"alloc-max", required_argument, NULL, O_ALLOCMAX},
 		{"allow-uid", required_argument, NULL, O_UID},
+		{"allow-gid", required_argument, NULL, O_GID},
 		{"tls-cert", required_argument, NULL, O_TLS_CERT},
 		{"tls-key", required_argument, NULL, O_TLS_KEY},
 		{"tls-ca", required_argument, NULL, O_TLS_CA},
@@ -262,6 +289,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			if ((rc = parse_uint_flag("--allow-uid", optarg, 0, UINT32_MAX - 1, &v)))
 				return rc;
 			o->uids[o->n_uids++] = (uid_t)v;
+			break;
+		case O_GID:
+			if (o->n_gids == 64) {
+				fprintf(stderr, "wf-worker: --allow-gid: at most 64\n");
+				return 2;
+			}
+			if ((rc = parse_gid_flag(optarg, &o->gids[o->n_gids])))
+				return rc;
+			o->n_gids++;
 			break;
 		case O_CTX:
 			if ((rc = parse_uint_flag("--ctx", optarg, 1, 1u << 20, &v)))
@@ -930,6 +966,8 @@ int main(int argc, char **argv)
 		.listen = {.url = endpoint,
 		           .allowed_uids = o.uids,
 		           .n_allowed_uids = o.n_uids,
+		           .allowed_gids = o.gids,
+		           .n_allowed_gids = o.n_gids,
 		           .log = log_ctl,
 		           .tls = o.tls},
 		.handle = metrics ? wf_worker_metrics_handle : wf_worker_svc_handle,
@@ -953,6 +991,9 @@ int main(int argc, char **argv)
 	}
 	wf_log_info("worker '%s' serving %s (%s mode)", id, wf_ctl_server_url(srv),
 		    wf_cache_mode_name(co.mode));
+	/* Type=notify (wf-worker@.service): up once the endpoint answers. Models named by --pin
+	 * and --prefetch load afterwards, so a large one cannot run past the start timeout. */
+	wf_sd_notify("READY=1");
 	if (svc.agent) {
 		hb.svc = &svc;
 		atomic_store(&hb.beat_ms, mono_ms());
@@ -986,6 +1027,7 @@ int main(int argc, char **argv)
 			wf_log_info("signal %d: stopping", sig);
 		break;
 	}
+	wf_sd_notify("STOPPING=1");
 	exit_code = atomic_load(&hb.refused) ? 1 : 0;
 	if (http)
 		wf_http_server_set_ready(http, false, "stopping");

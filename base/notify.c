@@ -1,4 +1,4 @@
-#include "agent/notify.h"
+#include "base/notify.h"
 
 #include <errno.h>
 #include <stddef.h>
