@@ -53,8 +53,9 @@ struct wf_engine_config {
 	struct wf_device *device;
 	const struct wf_postfetch_settings *postfetch;
 	/* A device expert cache of this many MiB (0: none, the post-fetch scratchpad only): down
-	 * projections stay in device slots across steps and requests, least recently used evicted,
-	 * post-fetch filling the misses. Needs post-fetch. */
+	 * projections (whole experts in the device forward pass) stay in device slots across steps
+	 * and requests, the lowest LRFU score evicted (engine/fetch.c), post-fetch filling the
+	 * misses. Needs post-fetch. */
 	uint32_t expert_cache_mb;
 	/* Placement of the routed experts (llama.cpp's --cpu-moe / --n-cpu-moe N): false, the
 	 * default, keeps every layer's experts host-side in the floor (computed on the CPU or
