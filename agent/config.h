@@ -67,6 +67,7 @@ struct wf_agent_config {
 	struct wf_agent_model_cfg *models;
 	size_t n_models;
 	char *state_file; /* NULL: the default (wf_agent_config_state_path); "none": off */
+	char *log_format; /* "text" or "json"; NULL: text (--log-format wins) */
 };
 
 /* Fills defaults (no file). */
