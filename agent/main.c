@@ -297,7 +297,8 @@ static const char *residency_name(Weightfloor__V1__Residency r)
 {
 	const ProtobufCEnumValue *v =
 		protobuf_c_enum_descriptor_get_value(&weightfloor__v1__residency__descriptor, (int)r);
-	return v ? v->name : "RESIDENCY_?";
+	/* "RESIDENCY_DEVICE" -> "DEVICE", as the worker and agentctl print it */
+	return !v ? "?" : strncmp(v->name, "RESIDENCY_", 10) == 0 ? v->name + 10 : v->name;
 }
 
 static void log_request_failure(const Weightfloor__V1__Request *req, int rv,

@@ -166,9 +166,10 @@ static struct json_object *json_str(const char *s)
 	return o;
 }
 
+/* Optional fields: absent when NULL or empty (a client that gave no name). */
 static void add_str(struct json_object *o, const char *key, const char *v)
 {
-	if (v)
+	if (v && *v)
 		json_object_object_add(o, key, json_str(v));
 }
 
@@ -182,9 +183,9 @@ static void render_json(struct buf *b, enum wf_log_level level, const struct wf_
 	}
 	json_object_object_add(o, "ts", json_object_new_string(ts));
 	json_object_object_add(o, "level", json_object_new_string(level_name(level)));
-	add_str(o, "prog", log_prog);
+	json_object_object_add(o, "prog", json_str(log_prog));
 	json_object_object_add(o, "pid", json_object_new_int((int)getpid()));
-	add_str(o, "msg", msg);
+	json_object_object_add(o, "msg", json_str(msg));
 	if (f) {
 		add_str(o, "model", f->model);
 		add_str(o, "worker", f->worker);
@@ -209,12 +210,12 @@ static void render_text_fields(struct buf *b, const struct wf_log_fields *f)
 {
 	if (!f)
 		return;
-	if (f->worker) {
+	if (f->worker && *f->worker) {
 		put(b, "worker ", 7);
 		put_escaped(b, f->worker);
 		put(b, ": ", 2);
 	}
-	if (f->model) {
+	if (f->model && *f->model) {
 		put(b, "model ", 6);
 		put_escaped(b, f->model);
 		put(b, ": ", 2);
