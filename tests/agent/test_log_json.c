@@ -108,6 +108,8 @@ Test(log_json, agent_and_worker_write_only_json_lines_with_ids)
 	agt_spawn_worker(a, &wk, "w-log.0", NULL, NULL,
 			 (const char *const[]){"--log-format", "json", NULL});
 	agt_wait_worker_ready(&wk);
+	/* Serving is not registered yet: the agent logs the registration. */
+	free(wait_file(a->log, "\"worker\":\"w-log.0\",\"event\":\"worker\""));
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	Weightfloor__V1__Prefetch pf = WEIGHTFLOOR__V1__PREFETCH__INIT;
 	pf.model = "A";
