@@ -372,6 +372,26 @@ static void gen_protocol(struct str *out, const struct proto *pr, const char *co
 		out->p[--out->len] = 0;
 }
 
+static void proto_free(struct proto *pr)
+{
+	for (size_t i = 0; i < pr->n_items; i++) {
+		struct item *it = &pr->items[i];
+		for (size_t j = 0; j < it->n_decls; j++) {
+			struct decl *d = &it->decls[j];
+			free(d->name);
+			free(d->type);
+			free(d->number);
+			free(d->oneof);
+			free(d->doc.p);
+		}
+		free(it->decls);
+		free(it->name);
+		free(it->doc.p);
+		free(it->reserved.p);
+	}
+	free(pr->items);
+}
+
 /* ---- splicing ---- */
 
 /* doc with the lines between begin and end (markers kept) replaced by body. */
@@ -475,5 +495,8 @@ int main(int argc, char **argv)
 	free(doc);
 	free(new);
 	free(body.p);
+	proto_free(&pr);
+	for (size_t i = 0; i < n_files; i++)
+		free(files[i]);
 	return rc;
 }
