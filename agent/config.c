@@ -60,6 +60,7 @@ void wf_agent_config_fini(struct wf_agent_config *cfg)
 	free(cfg->io_backend);
 	free(cfg->state_file);
 	free(cfg->metrics);
+	free(cfg->log_format);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		free(cfg->models[i].name);
 		free(cfg->models[i].path);
@@ -332,6 +333,13 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->metrics, diag);
 			if (rc == 0)
 				rc = metrics_addr_check(cfg->metrics, diag);
+		} else if (strcmp(key, "log_format") == 0) {
+			const char *f = json_object_get_string(v);
+			if (!json_object_is_type(v, json_type_string) ||
+			    (strcmp(f, "text") && strcmp(f, "json")))
+				return wf_diag_set(diag, WF_EINVAL,
+						   "config: 'log_format' must be text or json");
+			rc = get_string(v, "log_format", &cfg->log_format, diag);
 		} else if (strcmp(key, "tls_cert") == 0)
 			rc = get_string(v, key, &cfg->tls_cert, diag);
 		else if (strcmp(key, "tls_key") == 0)
@@ -385,7 +393,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 {
 	*dst = *src;
 	dst->floor_dir = dst->group = dst->socket_url = dst->events_url = dst->io_backend = NULL;
-	dst->state_file = dst->metrics = NULL;
+	dst->state_file = dst->metrics = dst->log_format = NULL;
 	dst->tls_cert = dst->tls_key = dst->tls_ca = NULL;
 	dst->model_roots = NULL;
 	dst->allowed_uids = NULL;
@@ -405,6 +413,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	DUP(io_backend);
 	DUP(state_file);
 	DUP(metrics);
+	DUP(log_format);
 #undef DUP
 	if (dup_strv(src->model_roots, src->n_model_roots, &dst->model_roots) < 0)
 		goto oom;

@@ -70,6 +70,7 @@ struct wf_agent_config {
 	size_t n_models;
 	char *state_file; /* NULL: the default (wf_agent_config_state_path); "none": off */
 	char *metrics;    /* HTTP endpoint "HOST:PORT" (http/server.h); NULL: none */
+	char *log_format; /* "text" or "json"; NULL: text (--log-format wins) */
 };
 
 /* Fills defaults (no file). */

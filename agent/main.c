@@ -12,6 +12,7 @@
 #include "control/pub.h"
 #include "control/server.h"
 #include "http/server.h"
+#include "proto/request.h"
 #include "proto/status.h"
 
 #include <errno.h>
@@ -60,6 +61,7 @@ static void usage(FILE *out)
 		"      --metrics HOST:PORT  serve /metrics, /healthz and /readyz over HTTP there\n"
 		"                           (\":9400\": 127.0.0.1:9400; default: off)\n"
 		"      --check-config       validate the configuration and the models, then exit\n"
+		"      --log-format F       text (default; the journal's under systemd) or json\n"
 		"  -v, --verbose            debug logging\n"
 		"  -h, --help\n"
 		"      --version            print \"wf-agent VERSION\" and exit\n");
@@ -69,6 +71,7 @@ static void usage(FILE *out)
 struct overrides {
 	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
 	const char *metrics;
+	const char *log_format;
 	uint32_t janitor_ms;
 	const char *tls_cert, *tls_key, *tls_ca;
 	char **models;
@@ -99,7 +102,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 {
 	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
 	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
-	       O_VERSION, O_METRICS };
+	       O_VERSION, O_METRICS, O_LOG_FORMAT };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"floor-dir", required_argument, NULL, O_FLOOR},
@@ -119,6 +122,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		{"state-file", required_argument, NULL, O_STATE},
 		{"janitor-interval", required_argument, NULL, O_JANITOR},
 		{"metrics", required_argument, NULL, O_METRICS},
+		{"log-format", required_argument, NULL, O_LOG_FORMAT},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -136,6 +140,16 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		case O_IO: o->io_backend = optarg; break;
 		case O_STATE: o->state_file = optarg; break;
 		case O_METRICS: o->metrics = optarg; break;
+		case O_LOG_FORMAT: {
+			enum wf_log_format f;
+			if (wf_log_format_parse(optarg, &f) < 0) {
+				fprintf(stderr, "wf-agent: --log-format must be text or json, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			o->log_format = optarg;
+			break;
+		}
 		case O_JANITOR: {
 			char *end;
 			unsigned long v = strtoul(optarg, &end, 10);
@@ -297,6 +311,26 @@ static Weightfloor__V1__FloorState pb_state(enum wf_floor_state s)
 	return (Weightfloor__V1__FloorState)s; /* the enums share their numbers by design */
 }
 
+static const char *residency_name(Weightfloor__V1__Residency r)
+{
+	const ProtobufCEnumValue *v =
+		protobuf_c_enum_descriptor_get_value(&weightfloor__v1__residency__descriptor, (int)r);
+	/* "RESIDENCY_DEVICE" -> "DEVICE", as the worker and agentctl print it */
+	return !v ? "?" : strncmp(v->name, "RESIDENCY_", 10) == 0 ? v->name + 10 : v->name;
+}
+
+static void log_request_failure(const Weightfloor__V1__Request *req, int rv,
+				Weightfloor__V1__Status st, const char *message)
+{
+	struct wf_proto_request_desc rd;
+	wf_proto_request_describe(req, &rd);
+	wf_log_event(st == WEIGHTFLOOR__V1__STATUS__STATUS_INTERNAL ? WF_LOG_ERROR : WF_LOG_INFO,
+		     WF_LOG_F(.request_id = req->request_id, .client = req->client,
+			      .model = rd.model, .worker = rd.worker, .event = "request_failed",
+			      .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
+		     "%s: %s: %s", rd.kind, wf_proto_status_name(st), message);
+}
+
 static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 {
 	struct agent *a = ctx;
@@ -309,10 +343,11 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 	case WF_FLOOR_EV_STATE:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE;
 		if (ev->message && *ev->message)
-			wf_log_info("model %s: %s (%s)", ev->model, wf_floor_state_name(ev->state),
-				    ev->message);
+			wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = ev->model, .event = "floor_state"),
+				     "%s (%s)", wf_floor_state_name(ev->state), ev->message);
 		else
-			wf_log_info("model %s: %s", ev->model, wf_floor_state_name(ev->state));
+			wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = ev->model, .event = "floor_state"),
+				     "%s", wf_floor_state_name(ev->state));
 		break;
 	case WF_FLOOR_EV_PROGRESS:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS;
@@ -322,12 +357,15 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 		break;
 	case WF_FLOOR_EV_STALE:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE;
-		wf_log_warn("model %s: %s", ev->model, ev->message ? ev->message : "stale floor");
+		wf_log_event(WF_LOG_WARN, WF_LOG_F(.model = ev->model, .event = "stale"), "%s",
+			     ev->message ? ev->message : "stale floor");
 		break;
 	case WF_FLOOR_EV_ERROR:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
 		e.code = wf_proto_status_from_err(ev->code);
-		wf_log_error("model %s: %s", ev->model, ev->message ? ev->message : "");
+		wf_log_event(WF_LOG_ERROR,
+			     WF_LOG_F(.model = ev->model, .event = "floor_error", .code = ev->code),
+			     "%s", ev->message ? ev->message : wf_strerror(ev->code));
 		break;
 	}
 	if (a->pub)
@@ -337,7 +375,7 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 static void on_worker_event(void *ctx, const char *worker_id, const char *message)
 {
 	struct agent *a = ctx;
-	wf_log_info("worker %s: %s", worker_id, message);
+	wf_log_event(WF_LOG_INFO, WF_LOG_F(.worker = worker_id, .event = "worker"), "%s", message);
 	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
 	e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER;
 	e.worker_id = (char *)worker_id;
@@ -357,6 +395,10 @@ static void on_worker_residency(void *ctx, const char *worker_id,
 	e.model = c->model;
 	e.residency = c->state;
 	e.message = c->message;
+	wf_log_event(WF_LOG_INFO,
+		     WF_LOG_F(.worker = worker_id, .model = c->model, .event = "residency"), "%s%s%s",
+		     residency_name(c->state), c->message && *c->message ? ": " : "",
+		     c->message ? c->message : "");
 	if (c->time_unix_ms > 0)
 		e.time_unix_ms = c->time_unix_ms;
 	if (a->pub)
@@ -382,6 +424,20 @@ static void *stop_deadline(void *arg)
  * through the agent (one long poll each) get threads of their own on top. */
 #define AGENT_REQUEST_THREADS 8
 #define AGENT_GENERATION_THREADS 32
+
+/* One line per failed request, with its id, client, kind, model and worker, so that a client's
+ * error can be found in the agent's log (the request id is the one the client chose). Relays
+ * to workers are included: the worker logs its side under the agent's own request id. */
+static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
+			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	int rv = wf_agent_service_handle(ctx, req, reply, call);
+	Weightfloor__V1__Status st = rv < 0 ? wf_proto_status_from_err(rv) : reply->code;
+	if (rv < 0 || st != WEIGHTFLOOR__V1__STATUS__STATUS_OK)
+		log_request_failure(req, rv, st, reply->message && *reply->message ? reply->message
+									      : wf_strerror(rv));
+	return rv;
+}
 
 /* The control library's lines (listener replaced, peers turned away) into the agent's log. */
 static void log_ctl(void *arg, int level, const char *line)
@@ -420,7 +476,7 @@ static int start_services(struct agent *a)
 	struct wf_ctl_server_opts so = {
 		.listen = lo,
 		.max_request_size = a->cfg.max_message,
-		.handle = a->metrics ? wf_agent_metrics_handle : wf_agent_service_handle,
+		.handle = a->metrics ? wf_agent_metrics_handle : handle_logged,
 		.ctx = a->metrics ? (void *)a->metrics : (void *)&a->svc,
 		.nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
 	};
@@ -475,6 +531,9 @@ int main(int argc, char **argv)
 	if (rc)
 		return rc;
 	wf_log_init("wf-agent", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
+	enum wf_log_format log_format;
+	if (o.log_format && wf_log_format_parse(o.log_format, &log_format) == 0)
+		wf_log_set_format(log_format);
 
 	int ready_fd = -1;
 	if (o.daemonize && !o.check && (rc = daemonize(&ready_fd)) < 0) {
@@ -497,6 +556,11 @@ int main(int argc, char **argv)
 	struct wf_diag d = {{0}};
 	if (build_config(&a, &o) < 0)
 		goto out;
+	/* The flag was applied at once (so that errors in the file are logged in its format); the
+	 * file's key counts only without it. */
+	if (!o.log_format && a.cfg.log_format &&
+	    wf_log_format_parse(a.cfg.log_format, &log_format) == 0)
+		wf_log_set_format(log_format);
 
 	/* The HTTP endpoint comes up first, not ready, so that probes see "starting" (and
 	 * /healthz) while floors are re-adopted, which may take a while. */
@@ -575,7 +639,7 @@ int main(int argc, char **argv)
 	a.svc.worker_handle_ctx = a.workers;
 	if (a.metrics) {
 		wf_agent_metrics_bind(a.metrics, a.floors, a.workers);
-		wf_agent_metrics_wrap(a.metrics, wf_agent_service_handle, &a.svc);
+		wf_agent_metrics_wrap(a.metrics, handle_logged, &a.svc);
 	}
 	a.svc.floors = a.floors;
 	a.svc.cfg = &a.cfg;

@@ -283,8 +283,11 @@ static void on_resv_evict(void *ctx, uint32_t resv, const char *why)
 	pthread_mutex_unlock(&g->mu);
 	if (!gm)
 		return;
-	wf_log_info("model %s: engine evicted (%s): %" PRIu64 " device bytes freed; the next "
-		    "generation builds it again", gm->name, why, gm->device_bytes);
+	wf_log_event(WF_LOG_INFO,
+		     WF_LOG_F(.worker = g->svc->worker_id, .model = gm->name,
+			      .event = "engine_evicted"),
+		     "engine evicted (%s): %" PRIu64 " device bytes freed; the next generation "
+		     "builds it again", why, gm->device_bytes);
 	gmodel_free_heavy(gm);
 	pthread_mutex_lock(&g->mu);
 	bool keep = gm_used_locked(g, gm) && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX;
@@ -504,8 +507,8 @@ lost:
 
 /* The engine event: one line per finished generation, with the engine's figures so far (the
  * post-fetch ones only where post-fetch ran). */
-static void log_engine_event(const char *model, uint64_t id, const struct wf_sched_result *res,
-			     const struct wf_gen_metrics *m)
+static void log_engine_event(const char *worker, const char *model, uint64_t id,
+			     const struct wf_sched_result *res, const struct wf_gen_metrics *m)
 {
 	char rate[32], fetch[256] = "";
 	if (m->decode_tokens_per_s >= 0 && res->n_gen > 1)
@@ -519,8 +522,11 @@ static void log_engine_event(const char *model, uint64_t id, const struct wf_sch
 			 m->fetch_bytes_per_token, m->fetch_overlap * 100.0,
 			 m->fallback_rate * 100.0, m->scratchpad_bytes,
 			 m->cache_hit_rate * 100.0);
-	wf_log_info("model %s: generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", model,
-		    id, res->n_prompt, res->n_gen, rate, fetch);
+	wf_log_event(WF_LOG_INFO,
+		     WF_LOG_F(.worker = worker, .model = model, .generation = id,
+			      .event = "generation_done"),
+		     "generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", id, res->n_prompt,
+		     res->n_gen, rate, fetch);
 }
 
 static void on_done(void *arg, const struct wf_sched_result *res)
@@ -548,7 +554,7 @@ static void on_done(void *arg, const struct wf_sched_result *res)
 	x->done_at = now_s();
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
-	log_engine_event(model, id, res, &m);
+	log_engine_event(g->svc->worker_id, model, id, res, &m);
 }
 
 static void gen_free(struct gen *x)

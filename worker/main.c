@@ -13,6 +13,7 @@
 #include "http/server.h"
 #include "worker/eval.h"
 #include "model/model.h"
+#include "proto/request.h"
 #include "proto/status.h"
 #include "worker/cache.h"
 #include "worker/generate.h"
@@ -26,6 +27,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -63,6 +65,7 @@ struct opts {
 	uint32_t n_cpu_moe;
 	bool dense_on_device;   /* --dense-on-device (implied on a GPU) */
 	bool verbose;
+	int log_format; /* enum wf_log_format; -1: not given */
 };
 
 static void usage(FILE *out)
@@ -114,6 +117,7 @@ static void usage(FILE *out)
 		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
 		"  --metrics HOST:PORT   serve /metrics, /healthz and /readyz over HTTP there\n"
 		"                        (\":9401\": 127.0.0.1:9401; default: off)\n"
+		"  --log-format F        text (default; the journal's under systemd) or json\n"
 		"  -v, --verbose\n"
 		"  --version             print \"wf-worker VERSION\" and exit\n");
 }
@@ -178,7 +182,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
 	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
 	       O_ALLOCMAX, O_UID, O_GID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE, O_METRICS };
+	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE, O_METRICS,
+	       O_LOG_FORMAT };
 	static const struct option lo[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"id", required_argument, NULL, O_ID},
@@ -211,6 +216,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{"cpu-moe", no_argument, NULL, O_CPU_MOE},
 		{"dense-on-device", no_argument, NULL, O_DENSE},
 		{"metrics", required_argument, NULL, O_METRICS},
+		{"log-format", required_argument, NULL, O_LOG_FORMAT},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, O_VERSION},
@@ -352,6 +358,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->dense_on_device = true;
 			o->postfetch_asked = true;
 			break;
+		case O_LOG_FORMAT: {
+			enum wf_log_format f;
+			if (wf_log_format_parse(optarg, &f) < 0) {
+				fprintf(stderr, "wf-worker: --log-format must be text or json, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			o->log_format = (int)f;
+			break;
+		}
 		case 'v': o->verbose = true; break;
 		case 'h': usage(stdout); exit(0);
 		case O_VERSION: printf("wf-worker %s\n", WF_VERSION); exit(0);
@@ -630,6 +646,9 @@ static void *reporter_main(void *arg)
 	return NULL;
 }
 
+/* This worker's id, for the fields of its event lines; set once, before any thread logs. */
+static const char *log_worker;
+
 static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 {
 	struct reporter *r = ctx;
@@ -637,7 +656,9 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	wf_worker_metrics_cache_event(r ? r->metrics : NULL, ev);
 	switch (ev->type) {
 	case WF_CACHE_EVENT_RESIDENCY:
-		wf_log_info("model %s: %s%s", ev->name, wf_residency_name(ev->state),
+		wf_log_event(WF_LOG_INFO,
+			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "residency"),
+			     "%s%s", wf_residency_name(ev->state),
 			    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
 					      "everything else)"
 					    : "");
@@ -658,8 +679,10 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 			      msg);
 		break;
 	case WF_CACHE_EVENT_LOAD_FAILED:
-		wf_log_error("model %s: load failed: %s", ev->name,
-			     ev->msg ? ev->msg : wf_strerror(ev->error));
+		wf_log_event(WF_LOG_ERROR,
+			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "load_failed",
+				      .code = ev->error),
+			     "load failed: %s", ev->msg ? ev->msg : wf_strerror(ev->error));
 		if (!r)
 			break;
 		snprintf(msg, sizeof msg, "load failed: %s",
@@ -667,7 +690,9 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 		reporter_push(r, ev->name, ev->state, 0, msg);
 		break;
 	case WF_CACHE_EVENT_EVICTED:
-		wf_log_info("model %s: evicted (%s)", ev->name, ev->msg ? ev->msg : "command");
+		wf_log_event(WF_LOG_INFO,
+			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "evicted"),
+			     "evicted (%s)", ev->msg ? ev->msg : "command");
 		if (!r)
 			break;
 		/* The cache follows with the RESIDENCY event of the new state: the reason rides on
@@ -718,6 +743,36 @@ static bool worker_live(void *ctx, char *reason, size_t len)
 		return false;
 	}
 	return true;
+}
+
+/* One line per failed request (id, client, kind, model) and one per generation started (its id
+ * next to the request's, so the "generation N done" line can be traced to the request). */
+static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
+			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	int rv = wf_worker_svc_handle(ctx, req, reply, call);
+	Weightfloor__V1__Status st = rv < 0 ? wf_proto_status_from_err(rv) : reply->code;
+	struct wf_proto_request_desc rd;
+	wf_proto_request_describe(req, &rd);
+	if (rv < 0 || st != WEIGHTFLOOR__V1__STATUS__STATUS_OK) {
+		wf_log_event(st == WEIGHTFLOOR__V1__STATUS__STATUS_INTERNAL ? WF_LOG_ERROR
+									       : WF_LOG_INFO,
+			     WF_LOG_F(.worker = log_worker, .model = rd.model,
+				      .request_id = req->request_id, .client = req->client,
+				      .event = "request_failed",
+				      .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
+			     "%s: %s: %s", rd.kind, wf_proto_status_name(st),
+			     reply->message && *reply->message ? reply->message : wf_strerror(rv));
+	} else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE &&
+		   reply->body_case == WEIGHTFLOOR__V1__REPLY__BODY_GENERATE && reply->generate) {
+		wf_log_event(WF_LOG_INFO,
+			     WF_LOG_F(.worker = log_worker, .model = rd.model,
+				      .request_id = req->request_id, .client = req->client,
+				      .generation = reply->generate->generation_id,
+				      .event = "generation_started"),
+			     "generation %" PRIu64 " started", reply->generate->generation_id);
+	}
+	return rv;
 }
 
 /* The control library's lines (listener replaced, peers turned away) into the worker's log. */
@@ -796,7 +851,8 @@ int main(int argc, char **argv)
 			 .mode = "self",
 			 .load_mode = "auto",
 			 .weight_fraction = -1,
-			 .wiggle = -1};
+			 .wiggle = -1,
+			 .log_format = -1};
 	/* Post-fetch: the defaults, the WF_POSTFETCH_* variables over them, the flags over those. */
 	wf_postfetch_settings_default(&o.postfetch);
 	{
@@ -818,6 +874,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	wf_log_init("wf-worker", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
+	if (o.log_format >= 0)
+		wf_log_set_format((enum wf_log_format)o.log_format);
 
 	sigset_t sigs;
 	sigemptyset(&sigs);
@@ -911,6 +969,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	svc.worker_id = id;
+	log_worker = id;
 	svc.endpoint = endpoint;
 	svc.dev = dev;
 	svc.cache = cache;
@@ -970,11 +1029,11 @@ int main(int argc, char **argv)
 		           .n_allowed_gids = o.n_gids,
 		           .log = log_ctl,
 		           .tls = o.tls},
-		.handle = metrics ? wf_worker_metrics_handle : wf_worker_svc_handle,
+		.handle = metrics ? wf_worker_metrics_handle : handle_logged,
 		.ctx = metrics ? (void *)metrics : (void *)&svc,
 	};
 	if (metrics) {
-		wf_worker_metrics_wrap(metrics, wf_worker_svc_handle, &svc);
+		wf_worker_metrics_wrap(metrics, handle_logged, &svc);
 		wf_worker_metrics_bind(metrics, &svc);
 	}
 	if ((rc = wf_ctl_ipc_dir_ensure(endpoint, (gid_t)-1)) < 0) {
