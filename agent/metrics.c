@@ -2,6 +2,7 @@
 #include "agent/metrics.h"
 
 #include "base/error.h"
+#include "control/reqmetrics.h"
 #include "proto/status.h"
 
 #include <errno.h>
@@ -15,10 +16,8 @@ struct wf_agent_metrics {
 	struct wf_metrics *reg;
 	_Atomic(struct wf_floors *) floors;
 	_Atomic(struct wf_workers *) workers;
-	wf_ctl_handle_fn inner;
-	void *inner_ctx;
 	/* events */
-	struct wf_metric *requests, *request_seconds, *errors;
+	struct wf_ctl_reqmetrics req; /* control requests, and errors_total */
 	struct wf_metric *materializations, *materialize_seconds, *materialized_bytes;
 	/* scrape time */
 	struct wf_metric *info, *floors_by_state, *floor_state, *floor_bytes, *floor_resident,
@@ -159,16 +158,6 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	} defs[] = {
 		{&am->info, G, "weightfloor_agent_info", "The agent's version (value 1).",
 		 (const char *const[]){"version", NULL}},
-		{&am->requests, C, "weightfloor_requests_total",
-		 "Control requests answered, by kind (the request's body) and reply status.",
-		 (const char *const[]){"kind", "status", NULL}},
-		{&am->request_seconds, H, "weightfloor_request_duration_seconds",
-		 "Time from a request's arrival to its reply, by kind.",
-		 (const char *const[]){"kind", NULL}},
-		{&am->errors, C, "weightfloor_errors_total",
-		 "Errors by status code: request replies other than OK, and failures of "
-		 "asynchronous floor work.",
-		 (const char *const[]){"code", "source", NULL}},
 		{&am->materializations, C, "weightfloor_materializations_total",
 		 "Materializations ended: ok (this agent copied the files), ready (another "
 		 "process had made the floor), failed.",
@@ -222,6 +211,10 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 				    defs[i].t == H ? sec : NULL, defs[i].t == H ? nsec : 0,
 				    defs[i].m);
 	if (rc == 0)
+		rc = wf_ctl_reqmetrics_init(&am->req, am->reg,
+		                            "Errors by status code: request replies other than OK, "
+		                            "and failures of asynchronous floor work.");
+	if (rc == 0)
 		rc = wf_metrics_collector_add(am->reg, collect, am);
 	if (rc == 0)
 		rc = wf_metric_set(am->info, (const char *[]){WF_VERSION}, 1);
@@ -259,7 +252,7 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
 		return;
 	if (ev->kind == WF_FLOOR_EV_ERROR) {
 		const char *l[] = {wf_proto_status_name(wf_proto_status_from_err(ev->code)), "floor"};
-		wf_metric_add(am->errors, l, 1);
+		wf_metric_add(am->req.errors, l, 1);
 		return;
 	}
 	if (ev->kind != WF_FLOOR_EV_STATE || ev->seconds <= 0)
@@ -276,43 +269,13 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
 
 void wf_agent_metrics_wrap(struct wf_agent_metrics *am, wf_ctl_handle_fn inner, void *inner_ctx)
 {
-	am->inner = inner;
-	am->inner_ctx = inner_ctx;
-}
-
-/* The request's kind: its body's field name ("ensure_floor"), "none" without one, "unknown"
- * for a number this build does not know. */
-static const char *request_kind(const Weightfloor__V1__Request *req)
-{
-	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY__NOT_SET)
-		return "none";
-	const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(
-		&weightfloor__v1__request__descriptor, (unsigned)req->body_case);
-	return fd ? fd->name : "unknown";
-}
-
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	wf_ctl_reqmetrics_wrap(&am->req, inner, inner_ctx);
 }
 
 int wf_agent_metrics_handle(void *ctx, const Weightfloor__V1__Request *req,
-			    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                            Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
-	struct wf_agent_metrics *am = ctx;
-	double t0 = mono_s();
-	int rc = am->inner(am->inner_ctx, req, reply, call);
-	double dt = mono_s() - t0;
-	const char *kind = request_kind(req);
-	Weightfloor__V1__Status st = rc < 0 ? wf_proto_status_from_err(rc) : reply->code;
-	const char *status = wf_proto_status_name(st);
-	wf_metric_add(am->requests, (const char *[]){kind, status}, 1);
-	wf_metric_observe(am->request_seconds, (const char *[]){kind}, dt);
-	if (st != WEIGHTFLOOR__V1__STATUS__STATUS_OK)
-		wf_metric_add(am->errors, (const char *[]){status, "request"}, 1);
-	return rc;
+	return wf_ctl_reqmetrics_handle(&((struct wf_agent_metrics *)ctx)->req, req, reply, call);
 }
 
 bool wf_agent_metrics_live(void *ctx, char *reason, size_t len)

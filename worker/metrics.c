@@ -2,6 +2,7 @@
 #include "worker/metrics.h"
 
 #include "device/device.h"
+#include "control/reqmetrics.h"
 #include "proto/status.h"
 #include "worker/generate.h"
 #include "worker/service.h"
@@ -16,10 +17,9 @@
 struct wf_worker_metrics {
 	struct wf_metrics *reg;
 	_Atomic(struct wf_worker_svc *) svc;
-	wf_ctl_handle_fn inner;
-	void *inner_ctx;
 	/* events */
-	struct wf_metric *requests, *request_seconds, *errors, *loads, *load_seconds, *loaded_bytes;
+	struct wf_ctl_reqmetrics req; /* control requests, and errors_total */
+	struct wf_metric *loads, *load_seconds, *loaded_bytes;
 	/* scrape time: the worker and its device */
 	struct wf_metric *info, *evictions, *lru_evictions, *mem_total, *mem_free, *arena, *pool,
 		*budget, *resident, *pinned, *reserved, *overcommit, *over_budget;
@@ -130,15 +130,6 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 		{&wm->info, G, "weightfloor_worker_info",
 		 "The worker's id, device and residency mode (value 1).",
 		 (const char *const[]){"worker", "device", "mode", NULL}},
-		{&wm->requests, C, "weightfloor_requests_total",
-		 "Control requests answered, by kind (the request's body) and reply status.",
-		 (const char *const[]){"kind", "status", NULL}},
-		{&wm->request_seconds, H, "weightfloor_request_duration_seconds",
-		 "Time from a request's arrival to its reply, by kind.",
-		 (const char *const[]){"kind", NULL}},
-		{&wm->errors, C, "weightfloor_errors_total",
-		 "Errors by status code: request replies other than OK, and failed loads.",
-		 (const char *const[]){"code", "source", NULL}},
 		{&wm->loads, C, "weightfloor_loads_total",
 		 "Loads of weights to the device that ended, by result (ok, failed).",
 		 (const char *const[]){"result", NULL}},
@@ -209,6 +200,9 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 				    defs[i].t == H ? wf_metrics_seconds_buckets : NULL,
 				    defs[i].t == H ? wf_metrics_seconds_buckets_n : 0, defs[i].m);
 	if (rc == 0)
+		rc = wf_ctl_reqmetrics_init(&wm->req, wm->reg,
+		                            "Errors by status code: request replies other than OK, and failed loads.");
+	if (rc == 0)
 		rc = wf_metrics_collector_add(wm->reg, collect, wm);
 	if (rc < 0) {
 		wf_worker_metrics_destroy(wm);
@@ -242,7 +236,7 @@ void wf_worker_metrics_cache_event(struct wf_worker_metrics *wm, const struct wf
 		return;
 	if (ev->type == WF_CACHE_EVENT_LOAD_FAILED) {
 		wf_metric_add(wm->loads, (const char *[]){"failed"}, 1);
-		wf_metric_add(wm->errors,
+		wf_metric_add(wm->req.errors,
 			      (const char *[]){wf_proto_status_name(wf_proto_status_from_err(
 						       ev->error < 0 ? ev->error : -EIO)),
 					       "load"},
@@ -258,39 +252,11 @@ void wf_worker_metrics_cache_event(struct wf_worker_metrics *wm, const struct wf
 
 void wf_worker_metrics_wrap(struct wf_worker_metrics *wm, wf_ctl_handle_fn inner, void *inner_ctx)
 {
-	wm->inner = inner;
-	wm->inner_ctx = inner_ctx;
-}
-
-static const char *request_kind(const Weightfloor__V1__Request *req)
-{
-	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY__NOT_SET)
-		return "none";
-	const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(
-		&weightfloor__v1__request__descriptor, (unsigned)req->body_case);
-	return fd ? fd->name : "unknown";
-}
-
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	wf_ctl_reqmetrics_wrap(&wm->req, inner, inner_ctx);
 }
 
 int wf_worker_metrics_handle(void *ctx, const Weightfloor__V1__Request *req,
-			     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                             Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
-	struct wf_worker_metrics *wm = ctx;
-	double t0 = mono_s();
-	int rc = wm->inner(wm->inner_ctx, req, reply, call);
-	double dt = mono_s() - t0;
-	const char *kind = request_kind(req);
-	Weightfloor__V1__Status st = rc < 0 ? wf_proto_status_from_err(rc) : reply->code;
-	const char *status = wf_proto_status_name(st);
-	wf_metric_add(wm->requests, (const char *[]){kind, status}, 1);
-	wf_metric_observe(wm->request_seconds, (const char *[]){kind}, dt);
-	if (st != WEIGHTFLOOR__V1__STATUS__STATUS_OK)
-		wf_metric_add(wm->errors, (const char *[]){status, "request"}, 1);
-	return rc;
+	return wf_ctl_reqmetrics_handle(&((struct wf_worker_metrics *)ctx)->req, req, reply, call);
 }
