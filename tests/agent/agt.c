@@ -720,6 +720,28 @@ Weightfloor__V1__Reply *agt_worker_status(const char *url, int timeout_ms, int *
 	return r;
 }
 
+void agt_wait_worker_registered(struct agt *a, struct agt_worker *w, const char *id)
+{
+	char *quoted = agt_printf("\"%s\"", id);
+	int64_t end = agt_now_ms() + 20000;
+	while (agt_now_ms() < end) {
+		char *out = NULL, *err = NULL;
+		int rc = agt_ctl(a, &out, &err, (const char *[]){"workers", "--json", NULL});
+		bool ok = rc == 0 && out && strstr(out, quoted);
+		free(out);
+		free(err);
+		if (ok) {
+			free(quoted);
+			return;
+		}
+		int st;
+		cr_assert_neq(waitpid(w->pid, &st, WNOHANG), w->pid, "wf-worker %s exited:\n%s", id,
+		              agt_worker_log(w));
+		agt_sleep_ms(50);
+	}
+	cr_assert_fail("worker %s never registered with the agent:\n%s", id, agt_worker_log(w));
+}
+
 void agt_wait_worker_ready(struct agt_worker *w)
 {
 	int64_t end = agt_now_ms() + 20000;

@@ -89,6 +89,10 @@ Weightfloor__V1__Reply *agt_worker_status(const char *url, int timeout_ms, int *
 /* Waits until the worker answers WorkerStatus OK; asserts, with its log, within 20 s or when it
  * exits first. */
 void agt_wait_worker_ready(struct agt_worker *w);
+/* Waits (20 s at most) until the agent lists worker w under id (`agentctl workers --json`):
+ * a request relayed through the agent before that finds no worker. Fails the test with the
+ * worker's log if it exits or never registers. */
+void agt_wait_worker_registered(struct agt *a, struct agt_worker *w, const char *id);
 
 /* One request to the running agent; asserts that a reply came. */
 Weightfloor__V1__Reply *agt_call(struct agt *a, Weightfloor__V1__Request *req, int timeout_ms);

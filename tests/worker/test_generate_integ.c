@@ -54,7 +54,7 @@ static struct agt *start(struct ref *ref, struct agt_worker *w, const char *cons
 	char *marg = agt_printf("tiny=%s", ref->gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	agt_spawn_worker(a, w, "w1", NULL, NULL, worker_args);
-	agt_wait_worker_ready(w);
+	agt_wait_worker_registered(a, w, "w1"); /* the Generates go through the agent */
 	free(marg);
 	return a;
 }

@@ -33,22 +33,6 @@ static char *final_worker(char *out)
 	return found;
 }
 
-static void wait_worker_registered(struct agt *a, const char *id)
-{
-	int64_t end = agt_now_ms() + 20000;
-	while (agt_now_ms() < end) {
-		char *out = NULL, *err = NULL;
-		int rc = agt_ctl(a, &out, &err, (const char *[]){"workers", "--json", NULL});
-		bool ok = rc == 0 && out && strstr(out, id);
-		free(out);
-		free(err);
-		if (ok)
-			return;
-		agt_sleep_ms(100);
-	}
-	cr_assert_fail("worker %s never registered", id);
-}
-
 Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 {
 	char prompt[1024];
@@ -59,8 +43,8 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 	struct agt_worker w1, w2;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	agt_spawn_worker(a, &w2, "w2", NULL, NULL, (const char *[]){"--threads", "1", NULL});
-	wait_worker_registered(a, "w1");
-	wait_worker_registered(a, "w2");
+	agt_wait_worker_registered(a, &w1, "w1");
+	agt_wait_worker_registered(a, &w2, "w2");
 
 	/* Nobody holds the model yet: the agent still picks a (self-managed) worker. */
 	char *out = NULL, *err = NULL;
@@ -114,7 +98,7 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
-	wait_worker_registered(a, "w1");
+	agt_wait_worker_registered(a, &w1, "w1");
 	/* Five clients at once, each following a 48-token generation (ignoring EOS) through the
 	 * agent: with 2 relays per worker the third would be refused with UNAVAILABLE. */
 	enum { N = 5 };
@@ -158,7 +142,7 @@ Test(generate_route, disk_residency_drops_the_engine)
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL,
 	                 (const char *[]){"--threads", "1", "--mode", "external", NULL});
-	wait_worker_registered(a, "w1");
+	agt_wait_worker_registered(a, &w1, "w1");
 	const char *gen[] = {"generate", "tiny", "--prompt-ids", prompt, "--max-tokens", "2",
 	                     "--temp", "0", NULL};
 	char *out = NULL, *err = NULL;
@@ -224,7 +208,7 @@ Test(generate_route, unsupported_model_refused_and_the_other_served)
 	agt_start(a, NULL, (const char *[]){"--model", marg, "--model", barg, NULL});
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
-	wait_worker_registered(a, "w1");
+	agt_wait_worker_registered(a, &w1, "w1");
 	char *out = NULL, *err = NULL;
 	int rc = agt_ctl(a, &out, &err,
 	                 (const char *[]){"generate", "odd", "--prompt-ids", prompt, "--max-tokens",

@@ -51,23 +51,6 @@ static json_object *find_worker(json_object *list, const char *id)
 	return NULL;
 }
 
-static void wait_worker(struct agt *a, struct agt_worker *w, const char *id)
-{
-	int64_t end = agt_now_ms() + 20000;
-	while (agt_now_ms() < end) {
-		json_object *o = workers_json(a);
-		bool ok = find_worker(o, id) != NULL;
-		json_object_put(o);
-		if (ok)
-			return;
-		int st;
-		cr_assert_neq(waitpid(w->pid, &st, WNOHANG), w->pid, "wf-worker %s exited:\n%s", id,
-		              agt_worker_log(w));
-		agt_sleep_ms(100);
-	}
-	cr_assert_fail("worker %s never became reachable:\n%s", id, agt_worker_log(w));
-}
-
 /* Greedy ids of one generation on worker id. */
 static void generate(struct agt *a, struct agt_worker *w, const char *id, const char *prompt,
                      int32_t *ids)
@@ -141,9 +124,9 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	agt_spawn_worker(a, &wdev, "wdev", NULL, "host:mem=256Mi,bw=1G",
 	                 (const char *[]){"--threads", "1", "--dense-on-device", "--expert-cache-mb",
 	                                  "8", "--n-cpu-moe", "2", "--metrics", maddr, NULL});
-	wait_worker(a, &wpf, "wpf");
-	wait_worker(a, &wcpu, "wcpu");
-	wait_worker(a, &wdev, "wdev");
+	agt_wait_worker_registered(a, &wpf, "wpf");
+	agt_wait_worker_registered(a, &wcpu, "wcpu");
+	agt_wait_worker_registered(a, &wdev, "wdev");
 
 	int32_t ids_pf[N_GEN], ids_cpu[N_GEN];
 	generate(a, &wpf, "wpf", prompt, ids_pf);
