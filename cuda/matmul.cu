@@ -24,8 +24,11 @@
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define MV_WARPS 4 /* weight rows per mat-vec block */
@@ -45,11 +48,72 @@ struct wf__cuda_mm {
 	int64_t xh_halves;
 };
 
+/* cuBLAS, loaded by the first CUDA engine context that needs it, not at process start: mapping
+ * libcublas relocates about 95 MB of private memory into every process that links it (measured:
+ * a process's Anonymous bytes before and after loading it), so a worker on the host device, or
+ * one that never builds a CUDA engine, would carry it for nothing. The configured library's
+ * path first, then its soname through the run path. */
+static struct {
+	decltype(&cublasCreate_v2) create;
+	decltype(&cublasDestroy_v2) destroy;
+	decltype(&cublasSetStream_v2) set_stream;
+	decltype(&cublasSetMathMode) set_math_mode;
+	/* The C symbol; C++ overloads the name in the header. */
+	cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+	                          const void *, const void *, cudaDataType, int, const void *,
+	                          cudaDataType, int, const void *, void *, cudaDataType, int,
+	                          cublasComputeType_t, cublasGemmAlgo_t);
+	decltype(&cublasGetStatusName) status_name;
+	decltype(&cublasGetStatusString) status_string;
+} blas;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static char blas_error[512];
+
+static void blas_load(void)
+{
+	const char *const paths[] = {WF_CUBLAS_PATH, WF_CUBLAS_SONAME};
+	void *h = NULL;
+	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]) && !h; i++)
+		h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(blas_error, sizeof blas_error, "cannot load cuBLAS (%s): %s",
+		         WF_CUBLAS_SONAME, dlerror());
+		return;
+	}
+	const struct {
+		void **fn;
+		const char *name;
+	} syms[] = {
+	    {(void **)&blas.destroy, "cublasDestroy_v2"},
+	    {(void **)&blas.set_stream, "cublasSetStream_v2"},
+	    {(void **)&blas.set_math_mode, "cublasSetMathMode"},
+	    {(void **)&blas.gemm_ex, "cublasGemmEx"},
+	    {(void **)&blas.status_name, "cublasGetStatusName"},
+	    {(void **)&blas.status_string, "cublasGetStatusString"},
+	    {(void **)&blas.create, "cublasCreate_v2"}, /* last: set means all are */
+	};
+	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		*syms[i].fn = dlsym(h, syms[i].name);
+		if (!*syms[i].fn) {
+			snprintf(blas_error, sizeof blas_error, "cuBLAS (%s) lacks %s",
+			         WF_CUBLAS_SONAME, syms[i].name);
+			blas.create = NULL;
+			return;
+		}
+	}
+}
+
+int wf__cuda_blas_load(struct wf_diag *diag)
+{
+	pthread_once(&blas_once, blas_load);
+	return blas.create ? 0 : wf_diag_set(diag, WF_EUNSUPPORTED, "%s", blas_error);
+}
+
 static int blas_fail(cublasStatus_t st, struct wf_diag *diag, const char *what)
 {
 	(void)cudaGetLastError();
 	return wf_diag_set(diag, st == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : WF_EDEVICE,
-	                   "%s: %s (%s)", what, cublasGetStatusName(st), cublasGetStatusString(st));
+	                   "%s: %s (%s)", what, blas.status_name(st), blas.status_string(st));
 }
 
 /* Blocks for an elementwise grid-stride kernel over total items: enough to fill the GPU a few
@@ -321,7 +385,7 @@ void wf__cuda_mm_destroy(struct wf__cuda_mm *mm)
 	if (!mm)
 		return;
 	if (mm->blas)
-		(void)cublasDestroy(mm->blas);
+		(void)blas.destroy(mm->blas);
 	(void)wf_device_mem_free(mm->dev, mm->wh, NULL);
 	(void)wf_device_mem_free(mm->dev, mm->xh, NULL);
 	free(mm);
@@ -337,17 +401,19 @@ int wf__cuda_mm_create(struct wf__cuda_engine_ctx *c, struct wf_diag *diag)
 	if (!mm)
 		return wf_diag_set(diag, -ENOMEM, "CUDA matmul context");
 	mm->dev = c->dev;
-	st = cublasCreate(&mm->blas);
+	if ((rc = wf__cuda_blas_load(diag)) < 0)
+		goto fail;
+	st = blas.create(&mm->blas);
 	if (st != CUBLAS_STATUS_SUCCESS) {
 		mm->blas = NULL;
 		rc = blas_fail(st, diag, "cublasCreate");
 		goto fail;
 	}
-	st = cublasSetStream(mm->blas, c->stream);
+	st = blas.set_stream(mm->blas, c->stream);
 	/* The default math mode lets cuBLAS use tensor cores for F16 inputs (the old
 	 * CUBLAS_TENSOR_OP_MATH is deprecated); accumulation stays float (CUBLAS_COMPUTE_32F). */
 	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasSetMathMode(mm->blas, CUBLAS_DEFAULT_MATH);
+		st = blas.set_math_mode(mm->blas, CUBLAS_DEFAULT_MATH);
 	if (st != CUBLAS_STATUS_SUCCESS) {
 		rc = blas_fail(st, diag, "cuBLAS stream and math mode");
 		goto fail;
@@ -421,7 +487,7 @@ int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float
 		/* Column-major: W's rows are the columns of an ne0 x m matrix (lda ne0), x's the
 		 * columns of ne0 x n (ldb ne0), and y's rows the columns of ne1 x n (ldc y_stride),
 		 * so y^T[i0 .. i0+m) = W^T-op(A) * x^T. */
-		cublasStatus_t st = cublasGemmEx(mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n,
+		cublasStatus_t st = blas.gemm_ex(mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n,
 		                                 (int)ne0, &one, mm->wh, CUDA_R_16F, (int)ne0, mm->xh,
 		                                 CUDA_R_16F, (int)ne0, &zero, y + i0, CUDA_R_32F,
 		                                 (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);

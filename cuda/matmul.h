@@ -14,6 +14,9 @@
 extern "C" {
 #endif
 
+/* Loads cuBLAS (once per process; the mm workspace does it at create): 0, or WF_EUNSUPPORTED
+ * with the loader's message when the library or a function is missing. */
+int wf__cuda_blas_load(struct wf_diag *diag);
 int wf__cuda_mm_create(struct wf__cuda_engine_ctx *c, struct wf_diag *diag);
 void wf__cuda_mm_destroy(struct wf__cuda_mm *mm);
 bool wf__cuda_supports(enum wf_dtype type);

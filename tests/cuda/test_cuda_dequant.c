@@ -17,6 +17,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,4 +146,28 @@ Test(cuda_dequant, matvec_lanes_match_reference)
 	struct wf_engine_dev_matrix bad = {NULL, WF_DTYPE_Q8_K, 256, 1, 292};
 	float x[256] = {0}, y[1];
 	cr_assert_eq(wf__cuda_matvec_host(&bad, x, 256, 1, y, 1), WF_EUNSUPPORTED);
+}
+
+static bool cublas_mapped(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[1024];
+	bool found = false;
+	cr_assert_not_null(f);
+	while (!found && fgets(line, sizeof line, f))
+		found = strstr(line, "libcublas") != NULL;
+	fclose(f);
+	return found;
+}
+
+/* cuBLAS is loaded by the first CUDA engine context, not at start: linking it would relocate
+ * ~95 MB of private memory into every process (a worker on the host device included). It loads
+ * without a GPU, and its functions resolve. */
+Test(cuda_blas, loaded_on_demand_only)
+{
+	cr_assert(!cublas_mapped(), "libcublas is mapped before anything asked for it");
+	struct wf_diag d = {0};
+	cr_assert_eq(wf__cuda_blas_load(&d), 0, "%s", d.msg);
+	cr_assert(cublas_mapped());
+	cr_assert_eq(wf__cuda_blas_load(&d), 0, "loading twice is a no-op");
 }
