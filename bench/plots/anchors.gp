@@ -19,8 +19,9 @@ set datafile commentschars "#"
 
 set multiplot title ttl font ",11"
 set lmargin lm
-set rmargin 8
-set xrange [-0.6:n-0.4]
+set rmargin 3
+# Room right of the last row for its goal's label.
+set xrange [-0.6:n + 0.2]
 set style fill solid 0.85 border -1
 set grid ytics lc rgb "#d0d0d0"
 

@@ -38,8 +38,10 @@ plot_one() {
 	m="$data/$name.meta"
 	[ -f "$m" ] || { echo "plots: $name: no $m (command, commit, date, machine)" >&2; return 1; }
 	cmd=$(meta command "$m"); commit=$(meta commit "$m"); date=$(meta date "$m"); machine=$(meta machine "$m")
-	[ -n "$cmd" ] && [ -n "$commit" ] && [ -n "$date" ] && [ -n "$machine" ] ||
-		{ echo "plots: $name: $m lacks command, commit, date or machine" >&2; return 1; }
+	if [ -z "$cmd" ] || [ -z "$commit" ] || [ -z "$date" ] || [ -z "$machine" ]; then
+		echo "plots: $name: $m lacks command, commit, date or machine" >&2
+		return 1
+	fi
 	rows="$tmp/$name.tsv"
 	awk -f "$here/rows.awk" "$jsonl" >"$rows" || { echo "plots: $name: cannot read $jsonl" >&2; return 1; }
 	png="$out/$name.png"
