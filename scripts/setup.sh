@@ -14,6 +14,7 @@ PKGS=(
   libxxhash-dev                    # xxh3 digests and checksums
   libjson-c-dev                    # safetensors headers, config, reference manifests
   fio                              # benchmark anchor
+  gnuplot-nox                      # docs/plots: bench/plots/plots.sh draws BENCHMARKS.md's PNGs
   openssl                          # the TLS transport test makes its own certificates
   procps util-linux                # pgrep, fallocate, flock for scripts
   go-md2man man-db                 # roff man pages from docs/man/*.md; man -w in the install test
