@@ -8,7 +8,7 @@
  *   postfetch_overlap         the fraction of the copy time hidden under compute (post-fetch row).
  * On the host device the fetched experts are computed by the same CPU kernels, so these rows
  * measure what the copies and their waits cost, not what a GPU would gain: the GPU figures come
- * from `--device cuda:0` once the CUDA engine exists. */
+ * from the device table (engine_dev.c) with `--device cuda:0`. */
 #include "bench.h"
 #include "report.h"
 
