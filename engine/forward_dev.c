@@ -10,15 +10,17 @@
  *              selected expert's down projection (or find it in the expert cache) while the CPU
  *              computes gate and up from the floor; each down projection then runs on the device
  *              from its slot, or on the CPU from the floor when the slot is not there (no
- *              post-fetch, a failed copy, or the non-blocking policy and a copy not done). The
- *              partial results land in one device buffer, one row per (token, expert), and are
- *              summed in llama.cpp's order there, so the output does not depend on where each
- *              expert ran.
+ *              post-fetch, a failed copy, or the non-blocking policy and a copy not done). With
+ *              an expert cache the slots hold experts whole: a hit runs gate, up and down on the
+ *              device. The partial results land in one device buffer, one row per (token,
+ *              expert), and are summed in llama.cpp's order there, so the output does not
+ *              depend on where each expert ran.
  *
  * Split execution: the device ops are asynchronous on CUDA, so the device computes the resident
- * layers' experts and the fetched down projections while the host thread goes on with the CPU's
- * share; the host device's ops compute when called (its "device" is this CPU), which keeps every
- * path and its bookkeeping under test in CI with the CPU engine's results bit for bit.
+ * layers' experts, the cache's whole hits and the fetched down projections (grouped products,
+ * one call per matrix) while the host thread goes on with the CPU's share; the host device's ops
+ * compute when called (its "device" is this CPU), which keeps every path and its bookkeeping
+ * under test in CI with the CPU engine's results bit for bit.
  *
  * Synchronisation: one host wait per MoE layer (the router's choices, and the normalized input
  * for the CPU's experts, come back), one per slice for the logits. The pinned buffers that carry
