@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define CONNECTION_LIMIT     32
@@ -59,7 +60,10 @@ int wf_http_addr_parse(const char *spec, struct sockaddr_storage *ret_addr, sock
 						    "([::1]:9400)",
 				   spec);
 	}
-	if (!host[0])
+	/* No host, or "localhost", is the IPv4 loopback without asking the resolver: a minimal
+	 * root (a container, a fresh chroot) may have no /etc/hosts, and RFC 6761 lets localhost
+	 * mean loopback by definition. */
+	if (!host[0] || strcasecmp(host, "localhost") == 0)
 		snprintf(host, sizeof host, "127.0.0.1");
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
 				 .ai_flags = AI_NUMERICSERV};

@@ -36,7 +36,9 @@ Test(http_server, addresses)
 	cr_assert_eq(wf_http_addr_parse("[::1]:65535", &ss, &sl, &d), 0);
 	cr_assert_eq(ss.ss_family, AF_INET6);
 	cr_assert_eq(port_of(&ss), 65535);
-	cr_assert_eq(wf_http_addr_parse("localhost:1", &ss, &sl, &d), 0);
+	cr_assert_eq(wf_http_addr_parse("localhost:1", &ss, &sl, &d), 0); /* no resolver needed */
+	cr_assert_eq(ss.ss_family, AF_INET);
+	cr_assert_eq(((struct sockaddr_in *)&ss)->sin_addr.s_addr, htonl(INADDR_LOOPBACK));
 	const char *bad[] = {"9400", ":", ":65536", ":-1", ":+1", ":12x", "::1:80", "[::1:80",
 			     "127.0.0.1:", ""};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
