@@ -278,6 +278,24 @@ struct row_bytes_fn {
 	}
 };
 
+/* Calls f.go<T, N>() with the activation row count n (1..MV_MAX_N) as a template argument, so
+ * the mat-vec's accumulators stay in registers: the one switch for the kernel and its host twin. */
+template <enum wf_dtype T, class F> static int with_rows(F &f, uint32_t n)
+{
+	switch (n) {
+	case 1: f.template go<T, 1>(); break;
+	case 2: f.template go<T, 2>(); break;
+	case 3: f.template go<T, 3>(); break;
+	case 4: f.template go<T, 4>(); break;
+	case 5: f.template go<T, 5>(); break;
+	case 6: f.template go<T, 6>(); break;
+	case 7: f.template go<T, 7>(); break;
+	case 8: f.template go<T, 8>(); break;
+	default: return WF_EINVAL;
+	}
+	return 0;
+}
+
 struct mv_launch_fn {
 	const uint8_t *w;
 	size_t row_size;
@@ -296,18 +314,7 @@ struct mv_launch_fn {
 	}
 	template <enum wf_dtype T> int operator()()
 	{
-		switch (n) {
-		case 1: go<T, 1>(); break;
-		case 2: go<T, 2>(); break;
-		case 3: go<T, 3>(); break;
-		case 4: go<T, 4>(); break;
-		case 5: go<T, 5>(); break;
-		case 6: go<T, 6>(); break;
-		case 7: go<T, 7>(); break;
-		case 8: go<T, 8>(); break;
-		default: return WF_EINVAL;
-		}
-		return 0;
+		return with_rows<T>(*this, n);
 	}
 };
 
@@ -590,18 +597,7 @@ struct host_mv_fn {
 	}
 	template <enum wf_dtype T> int operator()()
 	{
-		switch (n) {
-		case 1: go<T, 1>(); break;
-		case 2: go<T, 2>(); break;
-		case 3: go<T, 3>(); break;
-		case 4: go<T, 4>(); break;
-		case 5: go<T, 5>(); break;
-		case 6: go<T, 6>(); break;
-		case 7: go<T, 7>(); break;
-		case 8: go<T, 8>(); break;
-		default: return WF_EINVAL;
-		}
-		return 0;
+		return with_rows<T>(*this, n);
 	}
 };
 
