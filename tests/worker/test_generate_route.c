@@ -33,13 +33,22 @@ static char *final_worker(char *out)
 	return found;
 }
 
-Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
+/* An agent serving the strict F32 reference model as "tiny"; prompt gets its prompt ids. */
+static struct agt *start_agent(char *prompt, size_t len)
 {
-	char prompt[1024];
-	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
+	char *gguf = wref_model("mixtral-tiny-f32", prompt, len);
 	struct agt *a = agt_new("wf-route");
 	char *marg = agt_printf("tiny=%s", gguf);
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	free(marg);
+	free(gguf);
+	return a;
+}
+
+Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
+{
+	char prompt[1024];
+	struct agt *a = start_agent(prompt, sizeof prompt);
 	struct agt_worker w1, w2;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	agt_spawn_worker(a, &w2, "w2", NULL, NULL, (const char *[]){"--threads", "1", NULL});
@@ -85,17 +94,12 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 	                 chosen, other);
 	free(chosen);
 	free(first);
-	free(marg);
-	free(gguf);
 }
 
 Test(generate_route, more_generations_than_residency_relays_at_once)
 {
 	char prompt[1024];
-	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
-	struct agt *a = agt_new("wf-route");
-	char *marg = agt_printf("tiny=%s", gguf);
-	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct agt *a = start_agent(prompt, sizeof prompt);
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	agt_wait_worker_registered(a, &w1, "w1");
@@ -125,8 +129,6 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 	}
 	cr_expect_eq(failed, 0, "%d of %d concurrent generations failed; worker log:\n%s", failed, N,
 	             agt_worker_log(&w1));
-	free(marg);
-	free(gguf);
 }
 
 /* External residency: a model the control plane sends back to disk loses its engine, so the
@@ -135,10 +137,7 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 Test(generate_route, disk_residency_drops_the_engine)
 {
 	char prompt[1024];
-	char *gguf = wref_model("mixtral-tiny-f32", prompt, sizeof prompt);
-	struct agt *a = agt_new("wf-route");
-	char *marg = agt_printf("tiny=%s", gguf);
-	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
+	struct agt *a = start_agent(prompt, sizeof prompt);
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL,
 	                 (const char *[]){"--threads", "1", "--mode", "external", NULL});
@@ -168,8 +167,6 @@ Test(generate_route, disk_residency_drops_the_engine)
 	cr_expect(err && strstr(err, "NOT_RESIDENT"), "%s", err ? err : "");
 	free(out);
 	free(err);
-	free(marg);
-	free(gguf);
 }
 
 /* Copies the reference model with its general.architecture value rewritten to ARCH (same
