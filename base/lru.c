@@ -105,6 +105,11 @@ void wf_lrfu_touch(struct wf_lrfu_score *s, uint64_t now, double lambda)
 	s->stamp = now;
 }
 
+double wf_lrfu_rank(const struct wf_lrfu_score *s, double lambda)
+{
+	return s->crf > 0 ? log2(s->crf) + lambda * (double)s->stamp : -INFINITY;
+}
+
 size_t wf_lrfu_victim(const struct wf_lru_item *items, const double *value, size_t n)
 {
 	size_t best = n;

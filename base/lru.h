@@ -59,9 +59,14 @@ struct wf_lrfu_score {
 double wf_lrfu_value(const struct wf_lrfu_score *s, uint64_t now, double lambda);
 /* A use at stamp now: crf = value(now) + 1. */
 void wf_lrfu_touch(struct wf_lrfu_score *s, uint64_t now, double lambda);
+/* A score's rank: log2(crf) + lambda * stamp (-INFINITY for crf 0). Ranks order scores as their
+ * values at any one time do (the value's log2 is the rank less lambda * now, a term common to
+ * all), and a rank changes only when its key is used: a cache keeps one per slot and never
+ * decays the others. */
+double wf_lrfu_rank(const struct wf_lrfu_score *s, double lambda);
 /* The victim among the evictable items (not pinned, not busy): the lowest value (the caller's
- * scores at now; -INFINITY for an empty item, so empty ones go first), then the older
- * last_used, then the lower index; n when none is evictable. */
+ * ranks, or values at one time; -INFINITY for an empty item, so empty ones go first), then the
+ * older last_used, then the lower index; n when none is evictable. */
 size_t wf_lrfu_victim(const struct wf_lru_item *items, const double *value, size_t n);
 
 #ifdef __cplusplus

@@ -131,8 +131,7 @@ struct sim_state {
 
 
 /* The victim among p's non-busy slots, or p->n when all are busy. */
-static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t key,
-                       uint64_t now)
+static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t key)
 {
 	if (s->pol == POL_LRU)
 		return (uint32_t)wf_lru_oldest(p->lru, p->n);
@@ -140,7 +139,7 @@ static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t
 		for (uint32_t i = 0; i < p->n; i++)
 			s->value[i] = p->key[i] == UINT32_MAX
 			                  ? -INFINITY
-			                  : wf_lrfu_value(&s->score[p->key[i]], now, s->lambda);
+			                  : wf_lrfu_rank(&s->score[p->key[i]], s->lambda);
 		return (uint32_t)wf_lrfu_victim(p->lru, s->value, p->n);
 	}
 	uint32_t best = p->n;
@@ -212,7 +211,7 @@ static int simulate(const struct sim_trace *tr, enum policy pol, double half_lif
 			int32_t slot = s.slot_of[key];
 			if (slot < 0) {
 				r.misses++;
-				const uint32_t v = victim(&s, p, key, now);
+				const uint32_t v = victim(&s, p, key);
 				if (v >= p->n)
 					continue; /* every slot holds an expert of this step */
 				if (p->key[v] != UINT32_MAX)

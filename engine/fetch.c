@@ -51,7 +51,7 @@ struct wf__fetch {
 	int32_t *slot_of_key;          /* [n_layer * n_expert]: slot, -1 */
 	struct wf_lrfu_score *score;   /* [n_layer * n_expert]: kept when evicted */
 	double lambda;                 /* decay per step: 1 / (half-life x layers) */
-	double *value;                 /* per slot: its expert's score now, for a victim */
+	double *value;                 /* per slot: its expert's LRFU rank, -INFINITY empty */
 	uint64_t n_keys;
 	uint64_t stamp;
 	struct wf_device_stream *streams[FETCH_STREAMS_DEDICATED];
@@ -141,6 +141,7 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		f->slot_of_key[k] = -1;
 	for (uint32_t i = 0; i < f->n_slots; i++) {
 		f->slots[i].key = NO_KEY;
+		f->value[i] = -INFINITY;
 		f->lru[i].bytes = f->slot_bytes;
 		f->lru[i].pinned = i < f->n_resident;
 	}
@@ -219,6 +220,7 @@ static void forget(struct wf__fetch *f, uint32_t slot)
 	if (f->slots[slot].key != NO_KEY)
 		f->slot_of_key[f->slots[slot].key] = -1;
 	f->slots[slot].key = NO_KEY;
+	f->value[slot] = -INFINITY;
 }
 
 /* Queues the copy of src (bytes) into a slot at off, then records ev (when not NULL) on the
@@ -260,6 +262,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			continue;
 		}
 		wf_lrfu_touch(&f->score[key], f->stamp, f->lambda);
+		if (slot >= 0)
+			f->value[slot] = wf_lrfu_rank(&f->score[key], f->lambda);
 		if (slot >= 0 && !f->slots[slot].failed) {
 			f->st.hits++;
 			f->lru[slot].busy = true;
@@ -285,12 +289,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		if (!f->postfetch ||
 		    (f->s.max_transfers && f->step_copies >= f->s.max_transfers))
 			continue;
-		/* An empty slot first, else the lowest score among those this step does not
-		 * use. */
-		for (uint32_t v = 0; v < f->n_slots; v++)
-			f->value[v] = f->slots[v].key == NO_KEY
-			                  ? -INFINITY
-			                  : wf_lrfu_value(&f->score[f->slots[v].key], f->stamp, f->lambda);
+		/* An empty slot first, else the lowest rank among those this step does not use
+		 * (ranks change only with their key's use: nothing to decay here). */
 		const size_t victim = wf_lrfu_victim(f->lru, f->value, f->n_slots);
 		if (victim >= f->n_slots)
 			continue; /* every slot holds an expert of this step */
@@ -313,6 +313,7 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		}
 		sl->key = key;
 		f->slot_of_key[key] = slot;
+		f->value[slot] = wf_lrfu_rank(&f->score[key], f->lambda);
 		f->last_slot[slot % f->n_streams] = slot;
 		f->st.experts++;
 		f->st.bytes += src[i].d_bytes;

@@ -171,3 +171,27 @@ Test(lru, lrfu_scores_decay_and_pick_the_coldest)
 	it[0].busy = it[1].busy = it[2].busy = true;
 	cr_expect_eq(wf_lrfu_victim(it, v, 5), 5, "nothing evictable: busy and pinned stay");
 }
+
+/* Ranks order scores as their values at any one time do, so a cache compares ranks that change
+ * only on use instead of decaying every score at every miss. */
+Test(lru, lrfu_ranks_order_as_values_do)
+{
+	const double lambda = 1.0 / 48.0;
+	struct wf_lrfu_score s[64] = {{0}};
+	unsigned seed = 7;
+	for (uint64_t now = 1; now <= 4000; now++) {
+		seed = seed * 1103515245u + 12345u;
+		wf_lrfu_touch(&s[(seed >> 16) % 64], now, lambda);
+	}
+	const uint64_t now = 4100;
+	for (int i = 0; i < 64; i++)
+		for (int j = 0; j < 64; j++) {
+			const double vi = wf_lrfu_value(&s[i], now, lambda),
+			             vj = wf_lrfu_value(&s[j], now, lambda);
+			if (fabs(vi - vj) > 1e-9 * (vi + vj))
+				cr_assert_eq(vi < vj, wf_lrfu_rank(&s[i], lambda) < wf_lrfu_rank(&s[j], lambda),
+				             "scores %d and %d", i, j);
+		}
+	struct wf_lrfu_score never = {0};
+	cr_expect(isinf(wf_lrfu_rank(&never, lambda)) && wf_lrfu_rank(&never, lambda) < 0);
+}
