@@ -109,8 +109,8 @@ static int get_size(struct json_object *v, const char *key, uint64_t *out, struc
 		uint64_t b;
 		int rc = wf_parse_size(json_object_get_string(v), &b);
 		if (rc < 0)
-			return wf_diag_set(diag, rc, "config: '%s': '%s' is not a size (e.g. 64G)", key,
-					   json_object_get_string(v));
+			return wf_diag_set(diag, rc, "config: '%s': '%s' is not a size (e.g. 64G)",
+			                   key, json_object_get_string(v));
 		*out = b;
 		return 0;
 	}
@@ -118,14 +118,14 @@ static int get_size(struct json_object *v, const char *key, uint64_t *out, struc
 }
 
 static int get_u32(struct json_object *v, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
-		   struct wf_diag *diag)
+                   struct wf_diag *diag)
 {
 	if (!json_object_is_type(v, json_type_int))
 		return wf_diag_set(diag, WF_EINVAL, "config: '%s' must be an integer", key);
 	int64_t i = json_object_get_int64(v);
 	if (i < lo || i > hi)
 		return wf_diag_set(diag, WF_EINVAL, "config: '%s' = %lld outside [%u, %u]", key,
-				   (long long)i, lo, hi);
+		                   (long long)i, lo, hi);
 	*out = (uint32_t)i;
 	return 0;
 }
@@ -139,7 +139,7 @@ static int get_bool(struct json_object *v, const char *key, bool *out, struct wf
 }
 
 static int get_ids(struct json_object *v, const char *key, uint32_t **out, size_t *n_out,
-		   struct wf_diag *diag)
+                   struct wf_diag *diag)
 {
 	if (!json_object_is_type(v, json_type_array))
 		return wf_diag_set(diag, WF_EINVAL, "config: '%s' must be an array of ids", key);
@@ -150,7 +150,8 @@ static int get_ids(struct json_object *v, const char *key, uint32_t **out, size_
 	if (!ids)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		int rc = get_u32(json_object_array_get_idx(v, i), key, 0, UINT32_MAX - 1, &ids[i], diag);
+		int rc =
+		    get_u32(json_object_array_get_idx(v, i), key, 0, UINT32_MAX - 1, &ids[i], diag);
 		if (rc < 0) {
 			free(ids);
 			return rc;
@@ -173,17 +174,19 @@ static int parse_io(struct wf_agent_config *cfg, struct json_object *io, struct 
 			const char *s = json_object_get_string(v);
 			if (!json_object_is_type(v, json_type_string) ||
 			    (strcmp(s, "auto") && strcmp(s, "uring") && strcmp(s, "pread")))
-				return wf_diag_set(diag, WF_EINVAL,
-						   "config: 'io.backend' must be auto, uring or pread");
+				return wf_diag_set(
+				    diag, WF_EINVAL,
+				    "config: 'io.backend' must be auto, uring or pread");
 			rc = get_string(v, "io.backend", &cfg->io_backend, diag);
 		} else if (strcmp(key, "queue_depth") == 0) {
 			rc = get_u32(v, "io.queue_depth", 1, 4096, &cfg->io_queue_depth, diag);
 		} else if (strcmp(key, "chunk") == 0) {
 			rc = get_size(v, "io.chunk", &cfg->io_chunk, diag);
 			if (rc == 0 && (cfg->io_chunk < 4096 || cfg->io_chunk > (256u << 20) ||
-					cfg->io_chunk % 4096))
-				rc = wf_diag_set(diag, WF_EINVAL,
-						 "config: 'io.chunk' must be a multiple of 4K in [4K, 256M]");
+			                cfg->io_chunk % 4096))
+				rc = wf_diag_set(
+				    diag, WF_EINVAL,
+				    "config: 'io.chunk' must be a multiple of 4K in [4K, 256M]");
 		} else if (strcmp(key, "parallel_files") == 0) {
 			rc = get_u32(v, "io.parallel_files", 1, 256, &cfg->io_parallel_files, diag);
 		} else {
@@ -216,7 +219,7 @@ static int parse_models(struct wf_agent_config *cfg, struct json_object *arr, st
 	size_t n = json_object_array_length(arr);
 	if (n > WF_AGENT_MAX_MODELS)
 		return wf_diag_set(diag, WF_ELIMIT, "config: more than %d models",
-				   WF_AGENT_MAX_MODELS);
+		                   WF_AGENT_MAX_MODELS);
 	struct wf_agent_model_cfg *models = calloc(n ? n : 1, sizeof(*models));
 	if (!models)
 		return -ENOMEM;
@@ -226,7 +229,8 @@ static int parse_models(struct wf_agent_config *cfg, struct json_object *arr, st
 		struct json_object *m = json_object_array_get_idx(arr, i);
 		struct wf_agent_model_cfg *mc = &models[i];
 		if (!json_object_is_type(m, json_type_object)) {
-			rc = wf_diag_set(diag, WF_EINVAL, "config: models[%zu] must be an object", i);
+			rc = wf_diag_set(diag, WF_EINVAL, "config: models[%zu] must be an object",
+			                 i);
 			goto err;
 		}
 		json_object_object_foreach(m, key, v)
@@ -240,26 +244,26 @@ static int parse_models(struct wf_agent_config *cfg, struct json_object *arr, st
 			else if (strcmp(key, "preload") == 0)
 				rc = get_bool(v, "models[].preload", &mc->preload, diag);
 			else
-				rc = wf_diag_set(diag, WF_EINVAL, "config: unknown key 'models[%zu].%s'",
-						 i, key);
+				rc = wf_diag_set(diag, WF_EINVAL,
+				                 "config: unknown key 'models[%zu].%s'", i, key);
 			if (rc < 0)
 				goto err;
 		}
 		if (!mc->name || !mc->path) {
-			rc = wf_diag_set(diag, WF_EINVAL, "config: models[%zu] needs 'name' and 'path'",
-					 i);
+			rc = wf_diag_set(diag, WF_EINVAL,
+			                 "config: models[%zu] needs 'name' and 'path'", i);
 			goto err;
 		}
 		if (!valid_model_name(mc->name)) {
-			rc = wf_diag_set(diag, WF_EINVAL,
-					 "config: model name '%s' must be 1-128 of [A-Za-z0-9._:/-]",
-					 mc->name);
+			rc = wf_diag_set(
+			    diag, WF_EINVAL,
+			    "config: model name '%s' must be 1-128 of [A-Za-z0-9._:/-]", mc->name);
 			goto err;
 		}
 		for (size_t j = 0; j < i; j++) {
 			if (strcmp(models[j].name, mc->name) == 0) {
 				rc = wf_diag_set(diag, WF_EINVAL, "config: model '%s' listed twice",
-						 mc->name);
+				                 mc->name);
 				goto err;
 			}
 		}
@@ -284,7 +288,8 @@ err:
 static int parse_roots(struct wf_agent_config *cfg, struct json_object *arr, struct wf_diag *diag)
 {
 	if (!json_object_is_type(arr, json_type_array))
-		return wf_diag_set(diag, WF_EINVAL, "config: 'model_roots' must be an array of paths");
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "config: 'model_roots' must be an array of paths");
 	size_t n = json_object_array_length(arr);
 	if (n > 256)
 		return wf_diag_set(diag, WF_ELIMIT, "config: too many model_roots");
@@ -292,10 +297,11 @@ static int parse_roots(struct wf_agent_config *cfg, struct json_object *arr, str
 	if (!roots)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		int rc = get_string(json_object_array_get_idx(arr, i), "model_roots[]", &roots[i], diag);
+		int rc =
+		    get_string(json_object_array_get_idx(arr, i), "model_roots[]", &roots[i], diag);
 		if (rc == 0 && roots[i][0] != '/')
 			rc = wf_diag_set(diag, WF_EINVAL, "config: model root '%s' is not absolute",
-					 roots[i]);
+			                 roots[i]);
 		if (rc < 0) {
 			free_strv(roots, n);
 			return rc;
@@ -338,7 +344,7 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			if (!json_object_is_type(v, json_type_string) ||
 			    (strcmp(f, "text") && strcmp(f, "json")))
 				return wf_diag_set(diag, WF_EINVAL,
-						   "config: 'log_format' must be text or json");
+				                   "config: 'log_format' must be text or json");
 			rc = get_string(v, "log_format", &cfg->log_format, diag);
 		} else if (strcmp(key, "tls_cert") == 0)
 			rc = get_string(v, key, &cfg->tls_cert, diag);
@@ -347,13 +353,16 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 		else if (strcmp(key, "tls_ca") == 0)
 			rc = get_string(v, key, &cfg->tls_ca, diag);
 		else if (strcmp(key, "allowed_uids") == 0)
-			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_uids, &cfg->n_allowed_uids, diag);
+			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_uids, &cfg->n_allowed_uids,
+			             diag);
 		else if (strcmp(key, "allowed_gids") == 0)
-			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_gids, &cfg->n_allowed_gids, diag);
+			rc = get_ids(v, key, (uint32_t **)&cfg->allowed_gids, &cfg->n_allowed_gids,
+			             diag);
 		else if (strcmp(key, "max_message") == 0) {
 			rc = get_size(v, key, &cfg->max_message, diag);
 			if (rc == 0 && (cfg->max_message < 4096 || cfg->max_message > (1u << 30)))
-				rc = wf_diag_set(diag, WF_EINVAL, "config: 'max_message' must be in [4K, 1G]");
+				rc = wf_diag_set(diag, WF_EINVAL,
+				                 "config: 'max_message' must be in [4K, 1G]");
 		} else if (strcmp(key, "io") == 0)
 			rc = parse_io(cfg, v, diag);
 		else if (strcmp(key, "models") == 0)
@@ -365,11 +374,11 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 	}
 	if (cfg->floor_dir[0] != '/')
 		return wf_diag_set(diag, WF_EINVAL, "config: floor_dir '%s' is not absolute",
-				   cfg->floor_dir);
+		                   cfg->floor_dir);
 	if (cfg->state_file && cfg->state_file[0] != '/' && strcmp(cfg->state_file, "none") != 0)
 		return wf_diag_set(diag, WF_EINVAL,
-				   "config: state_file '%s' is neither absolute nor \"none\"",
-				   cfg->state_file);
+		                   "config: state_file '%s' is neither absolute nor \"none\"",
+		                   cfg->state_file);
 	return 0;
 }
 
@@ -447,10 +456,11 @@ oom:
 }
 
 int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t len,
-			  struct wf_diag *diag)
+                          struct wf_diag *diag)
 {
 	if (len > MAX_CONFIG_BYTES)
-		return wf_diag_set(diag, WF_ELIMIT, "config: larger than %u bytes", MAX_CONFIG_BYTES);
+		return wf_diag_set(diag, WF_ELIMIT, "config: larger than %u bytes",
+		                   MAX_CONFIG_BYTES);
 	struct json_tokener *tok = json_tokener_new();
 	if (!tok)
 		return -ENOMEM;
@@ -461,14 +471,15 @@ int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t 
 	if (!root || jerr != json_tokener_success) {
 		json_object_put(root);
 		return wf_diag_set(diag, WF_EFORMAT, "config: invalid JSON at byte %zu: %s", used,
-				   jerr == json_tokener_continue ? "unexpected end of input"
-								 : json_tokener_error_desc(jerr));
+		                   jerr == json_tokener_continue ? "unexpected end of input"
+		                                                 : json_tokener_error_desc(jerr));
 	}
 	for (; used < len; used++) {
-		if (json[used] != ' ' && json[used] != '\n' && json[used] != '\t' && json[used] != '\r') {
+		if (json[used] != ' ' && json[used] != '\n' && json[used] != '\t' &&
+		    json[used] != '\r') {
 			json_object_put(root);
-			return wf_diag_set(diag, WF_EFORMAT, "config: trailing bytes after JSON at %zu",
-					   used);
+			return wf_diag_set(diag, WF_EFORMAT,
+			                   "config: trailing bytes after JSON at %zu", used);
 		}
 	}
 	struct wf_agent_config tmp;
@@ -525,7 +536,8 @@ int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct w
 	struct stat st;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_CONFIG_BYTES) {
 		close(fd);
-		return wf_diag_set(diag, WF_EINVAL, "config %s: not a regular file under 16 MiB", path);
+		return wf_diag_set(diag, WF_EINVAL, "config %s: not a regular file under 16 MiB",
+		                   path);
 	}
 	size_t len = (size_t)st.st_size;
 	char *buf = malloc(len + 1);
@@ -549,7 +561,8 @@ int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct w
 	if (rc < 0)
 		/* "config: ..." becomes "config /etc/weightfloor/agent.json: ..." */
 		return wf_diag_set(diag, rc, "config %s:%s", path,
-				   strncmp(inner.msg, "config:", 7) == 0 ? inner.msg + 7 : inner.msg);
+		                   strncmp(inner.msg, "config:", 7) == 0 ? inner.msg + 7
+		                                                         : inner.msg);
 	if ((rc = resolve_relative(cfg, path)) < 0)
 		return wf_diag_set(diag, rc, "config %s: %s", path, strerror(-rc));
 	return 0;
@@ -586,7 +599,8 @@ int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag)
 	char buf[4096];
 	int e = getgrnam_r(cfg->group, &gr, buf, sizeof(buf), &res);
 	if (e != 0 || !res)
-		return wf_diag_set(diag, WF_ENOT_FOUND, "config: group '%s' does not exist", cfg->group);
+		return wf_diag_set(diag, WF_ENOT_FOUND, "config: group '%s' does not exist",
+		                   cfg->group);
 	cfg->gid = res->gr_gid;
 	return allow_gid(cfg, cfg->gid);
 }
@@ -596,14 +610,14 @@ int wf_agent_config_state_path(const struct wf_agent_config *cfg, char **ret_pat
 	*ret_path = NULL;
 	if (cfg->state_file)
 		return strcmp(cfg->state_file, "none") == 0
-			       ? 0
-			       : ((*ret_path = strdup(cfg->state_file)) ? 0 : -ENOMEM);
+		           ? 0
+		           : ((*ret_path = strdup(cfg->state_file)) ? 0 : -ENOMEM);
 	const char *sock = cfg->socket_url;
 	const char *slash = strncmp(sock, "ipc://", 6) == 0 ? strrchr(sock + 6, '/') : NULL;
 	char *p = NULL;
 	int n = slash && sock[6] == '/'
-			? asprintf(&p, "%.*s/agent-state.json", (int)(slash - (sock + 6)), sock + 6)
-			: asprintf(&p, "%s", WF_AGENT_DEFAULT_STATE_FILE);
+	            ? asprintf(&p, "%.*s/agent-state.json", (int)(slash - (sock + 6)), sock + 6)
+	            : asprintf(&p, "%s", WF_AGENT_DEFAULT_STATE_FILE);
 	if (n < 0)
 		return -ENOMEM;
 	*ret_path = p;
@@ -622,8 +636,8 @@ static bool under_roots(const struct wf_agent_config *cfg, const char *res)
 			continue;
 		size_t n = strlen(root);
 		/* "/models" admits "/models/a.gguf" but not "/models-evil/a.gguf". */
-		bool ok = strncmp(res, root, n) == 0 && (res[n] == '/' || res[n] == '\0' ||
-							  (n == 1 && root[0] == '/'));
+		bool ok = strncmp(res, root, n) == 0 &&
+		          (res[n] == '/' || res[n] == '\0' || (n == 1 && root[0] == '/'));
 		free(root);
 		if (ok)
 			return true;
@@ -632,7 +646,7 @@ static bool under_roots(const struct wf_agent_config *cfg, const char *res)
 }
 
 int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
-			       char **ret_resolved, struct wf_diag *diag)
+                               char **ret_resolved, struct wf_diag *diag)
 {
 	char *res = realpath(path, NULL);
 	if (!res)
@@ -642,13 +656,13 @@ int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *pa
 		return 0;
 	}
 	int rc = wf_diag_set(diag, WF_EPERMISSION, "model path %s (%s) is outside the model roots",
-			     path, res);
+	                     path, res);
 	free(res);
 	return rc;
 }
 
 int wf_agent_config_check_model(const struct wf_agent_config *cfg, const struct wf_model *model,
-				struct wf_diag *diag)
+                                struct wf_diag *diag)
 {
 	if (cfg->n_model_roots == 0)
 		return 0;
@@ -657,13 +671,13 @@ int wf_agent_config_check_model(const struct wf_agent_config *cfg, const struct 
 		/* A reader that recorded nothing is not one we can vouch for. */
 		if (!f->real_path || !under_roots(cfg, f->real_path))
 			return wf_diag_set(diag, WF_EPERMISSION,
-					   "model file %s (%s) is outside the model roots", f->path,
-					   f->real_path ? f->real_path : "not resolved");
+			                   "model file %s (%s) is outside the model roots", f->path,
+			                   f->real_path ? f->real_path : "not resolved");
 	}
 	for (uint32_t i = 0; i < model->n_aux; i++)
 		if (!under_roots(cfg, model->aux_paths[i]))
 			return wf_diag_set(diag, WF_EPERMISSION,
-					   "model metadata file %s is outside the model roots",
-					   model->aux_paths[i]);
+			                   "model metadata file %s is outside the model roots",
+			                   model->aux_paths[i]);
 	return 0;
 }

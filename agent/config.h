@@ -30,11 +30,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WF_AGENT_DEFAULT_FLOOR_DIR "/dev/shm/weightfloor"
-#define WF_AGENT_DEFAULT_SOCKET "ipc:///run/weightfloor/agent.sock"
-#define WF_AGENT_DEFAULT_EVENTS "ipc:///run/weightfloor/events.sock"
+#define WF_AGENT_DEFAULT_FLOOR_DIR  "/dev/shm/weightfloor"
+#define WF_AGENT_DEFAULT_SOCKET     "ipc:///run/weightfloor/agent.sock"
+#define WF_AGENT_DEFAULT_EVENTS     "ipc:///run/weightfloor/events.sock"
 #define WF_AGENT_DEFAULT_STATE_FILE "/var/lib/weightfloor/agent-state.json"
-#define WF_AGENT_MAX_MODELS 4096
+#define WF_AGENT_MAX_MODELS         4096
 
 struct wf_agent_model_cfg {
 	char *name;
@@ -45,8 +45,8 @@ struct wf_agent_model_cfg {
 
 struct wf_agent_config {
 	char *floor_dir;
-	char *group;   /* NULL: the agent's own group */
-	gid_t gid;     /* resolved from group; (gid_t)-1 when unset */
+	char *group;          /* NULL: the agent's own group */
+	gid_t gid;            /* resolved from group; (gid_t)-1 when unset */
 	uint64_t host_budget; /* 0: half of MemTotal, resolved at start */
 	char **model_roots;
 	size_t n_model_roots;
@@ -80,7 +80,7 @@ int wf_agent_config_init(struct wf_agent_config *cfg);
 int wf_agent_config_load(struct wf_agent_config *cfg, const char *path, struct wf_diag *diag);
 /* Same, from a string (tests). */
 int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t len,
-			  struct wf_diag *diag);
+                          struct wf_diag *diag);
 /* Resolves the group name to cfg->gid. */
 int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag);
 void wf_agent_config_fini(struct wf_agent_config *cfg);
@@ -94,7 +94,7 @@ int wf_agent_config_state_path(const struct wf_agent_config *cfg, char **ret_pat
  * configured every path is allowed. Returns 0 and a malloc'ed resolved path, WF_EPERMISSION if
  * outside the roots, or -errno if the path cannot be resolved. */
 int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *path,
-			       char **ret_resolved, struct wf_diag *diag);
+                               char **ret_resolved, struct wf_diag *diag);
 
 /* Checks every file an opened model read against the model roots: each files[i].real_path (the
  * file the reader actually opened, so a shard sibling that is a symlink out of the roots is
@@ -102,6 +102,6 @@ int wf_agent_config_check_path(const struct wf_agent_config *cfg, const char *pa
  * files with those dev/ino (shm/fill.c), so a symlink swapped after this check cannot escape
  * either. Returns 0 (always, with no roots configured) or WF_EPERMISSION naming the file. */
 int wf_agent_config_check_model(const struct wf_agent_config *cfg, const struct wf_model *model,
-				struct wf_diag *diag);
+                                struct wf_diag *diag);
 
 #endif

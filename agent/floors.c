@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 /* Progress events at most this often per model. */
-#define PROGRESS_EVENT_NS (250 * 1000 * 1000LL)
+#define PROGRESS_EVENT_NS           (250 * 1000 * 1000LL)
 #define JANITOR_INTERVAL_MS_DEFAULT 2000u
 
 /* An inventory (the model's files, tensors, digest and region size) never changes once built;
@@ -133,11 +133,16 @@ static int64_t unix_ms(void)
 const char *wf_floor_state_name(enum wf_floor_state s)
 {
 	switch (s) {
-	case WF_FLOOR_DISK: return "DISK";
-	case WF_FLOOR_MATERIALIZING: return "MATERIALIZING";
-	case WF_FLOOR_HOST: return "HOST";
-	case WF_FLOOR_PINNED_HOST: return "PINNED_HOST";
-	case WF_FLOOR_FAILED: return "FAILED";
+	case WF_FLOOR_DISK:
+		return "DISK";
+	case WF_FLOOR_MATERIALIZING:
+		return "MATERIALIZING";
+	case WF_FLOOR_HOST:
+		return "HOST";
+	case WF_FLOOR_PINNED_HOST:
+		return "PINNED_HOST";
+	case WF_FLOOR_FAILED:
+		return "FAILED";
 	}
 	return "?";
 }
@@ -149,21 +154,18 @@ static void emit(struct wf_floors *f, const struct wf_floor_event *ev)
 }
 
 static void emit_state(struct wf_floors *f, const char *name, enum wf_floor_state s,
-		       const char *message)
+                       const char *message)
 {
 	struct wf_floor_event ev = {
-		.kind = WF_FLOOR_EV_STATE, .model = name, .state = s, .message = message};
+	    .kind = WF_FLOOR_EV_STATE, .model = name, .state = s, .message = message};
 	emit(f, &ev);
 }
 
 static void emit_error(struct wf_floors *f, const char *name, enum wf_floor_state s, int code,
-		       const char *message)
+                       const char *message)
 {
-	struct wf_floor_event ev = {.kind = WF_FLOOR_EV_ERROR,
-				    .model = name,
-				    .state = s,
-				    .code = code,
-				    .message = message};
+	struct wf_floor_event ev = {
+	    .kind = WF_FLOOR_EV_ERROR, .model = name, .state = s, .code = code, .message = message};
 	emit(f, &ev);
 }
 
@@ -198,7 +200,7 @@ static void inv_unref(struct floor_inv *inv)
 
 /* Opens the model's files (outside any lock) and derives digest and region size. */
 static int inv_open(const struct wf_agent_config *cfg, const char *path,
-		    const struct wf_shm_config *shm, struct floor_inv **ret, struct wf_diag *diag)
+                    const struct wf_shm_config *shm, struct floor_inv **ret, struct wf_diag *diag)
 {
 	struct floor_inv *inv = calloc(1, sizeof(*inv));
 	if (!inv)
@@ -273,7 +275,8 @@ static void keep_sync(struct wf_floors *f, struct floor_entry *e)
 			if (rc < 0 && rc != -ENOENT) {
 				/* -EBUSY: a peer sits on the guard; the janitor tries again. */
 				if (rc != -EBUSY)
-					emit_error(f, e->name, e->state, rc, wf_diag_str(&diag, rc));
+					emit_error(f, e->name, e->state, rc,
+					           wf_diag_str(&diag, rc));
 				break;
 			}
 			e->keep_set = false;
@@ -282,7 +285,8 @@ static void keep_sync(struct wf_floors *f, struct floor_entry *e)
 			int rc = wf_shm_region_set_keep(&f->shm, &d, true, &diag);
 			if (rc < 0) {
 				if (rc != -EBUSY)
-					emit_error(f, e->name, e->state, rc, wf_diag_str(&diag, rc));
+					emit_error(f, e->name, e->state, rc,
+					           wf_diag_str(&diag, rc));
 				break;
 			}
 			e->keep_set = true;
@@ -319,7 +323,7 @@ static char *persist_snapshot_locked(struct wf_floors *f, uint64_t *ret_seq)
 	for (size_t i = 0; i < f->n_entries; i++) {
 		struct floor_entry *e = f->entries[i];
 		st.models[st.n_models++] = (struct wf_agent_state_model){
-			.name = e->name, .path = e->path, .api = e->api, .pin_host = e->pin_host};
+		    .name = e->name, .path = e->path, .api = e->api, .pin_host = e->pin_host};
 	}
 	char *json = NULL;
 	if (wf_agent_state_format(&st, &json) < 0)
@@ -373,22 +377,23 @@ static uint64_t default_budget(const char *dir)
 static int check_name(const char *name, struct wf_diag *diag)
 {
 	if (!name || !*name || strlen(name) > 128)
-		return wf_diag_set(diag, WF_EINVAL, "register: a model needs a name of 1-128 bytes");
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "register: a model needs a name of 1-128 bytes");
 	for (const char *p = name; *p; p++) {
 		char c = *p;
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
 		      c == '-' || c == '_' || c == '.' || c == ':' || c == '/'))
 			return wf_diag_set(diag, WF_EINVAL,
-					   "register: model name '%s' must be of [A-Za-z0-9._:/-]",
-					   name);
+			                   "register: model name '%s' must be of [A-Za-z0-9._:/-]",
+			                   name);
 	}
 	return 0;
 }
 
 /* Registers name → path. The files are checked and read here, without the registry lock; the
  * lock is taken only to insert. *ret_new says whether an entry was added. */
-static int do_register(struct wf_floors *f, const char *name, const char *path, bool pin,
-		       bool api, bool *ret_new, struct wf_diag *diag)
+static int do_register(struct wf_floors *f, const char *name, const char *path, bool pin, bool api,
+                       bool *ret_new, struct wf_diag *diag)
 {
 	*ret_new = false;
 	char *resolved = NULL;
@@ -406,9 +411,9 @@ static int do_register(struct wf_floors *f, const char *name, const char *path, 
 	struct floor_entry *old = find_locked(f, name);
 	if (old) {
 		rc = strcmp(old->path, resolved) == 0
-			     ? 0
-			     : wf_diag_set(diag, WF_ESTATE,
-					   "model '%s' is already registered with %s", name, old->path);
+		         ? 0
+		         : wf_diag_set(diag, WF_ESTATE, "model '%s' is already registered with %s",
+		                       name, old->path);
 		pthread_mutex_unlock(&f->mu);
 		free(resolved);
 		return rc;
@@ -441,9 +446,9 @@ static int do_register(struct wf_floors *f, const char *name, const char *path, 
 	old = find_locked(f, name); /* someone else registered it meanwhile */
 	if (old) {
 		rc = strcmp(old->path, resolved) == 0
-			     ? 0
-			     : wf_diag_set(diag, WF_ESTATE,
-					   "model '%s' is already registered with %s", name, old->path);
+		         ? 0
+		         : wf_diag_set(diag, WF_ESTATE, "model '%s' is already registered with %s",
+		                       name, old->path);
 		goto out_unlock;
 	}
 	if (f->n_entries >= WF_AGENT_MAX_MODELS) {
@@ -482,11 +487,12 @@ static int restore_state(struct wf_floors *f, struct wf_diag *diag)
 		if (sm->api) {
 			rc = do_register(f, sm->name, sm->path, sm->pin_host, true, &is_new, &d);
 			if (rc < 0) {
-				/* The file went away or changed beyond reading: say so, keep serving
-				 * everything else. The entry leaves the state file at its next write. */
+				/* The file went away or changed beyond reading: say so, keep
+				 * serving everything else. The entry leaves the state file at its
+				 * next write. */
 				char msg[512];
 				snprintf(msg, sizeof msg, "registration from %s not restored: %s",
-					 f->state_file, wf_diag_str(&d, rc));
+				         f->state_file, wf_diag_str(&d, rc));
 				emit_error(f, sm->name, WF_FLOOR_FAILED, rc, msg);
 			}
 			continue;
@@ -502,7 +508,8 @@ static int restore_state(struct wf_floors *f, struct wf_diag *diag)
 	return 0;
 }
 
-int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, struct wf_diag *diag)
+int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret,
+                     struct wf_diag *diag)
 {
 	const struct wf_agent_config *cfg = opts->cfg;
 	struct wf_floors *f = calloc(1, sizeof(*f));
@@ -512,15 +519,15 @@ int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, 
 	f->on_event = opts->on_event;
 	f->event_ctx = opts->event_ctx;
 	f->janitor_interval_ms =
-		opts->janitor_interval_ms ? opts->janitor_interval_ms : JANITOR_INTERVAL_MS_DEFAULT;
+	    opts->janitor_interval_ms ? opts->janitor_interval_ms : JANITOR_INTERVAL_MS_DEFAULT;
 	f->shm.dir = cfg->floor_dir;
 	if (cfg->gid != (gid_t)-1) {
 		f->shm.set_gid = true;
 		f->shm.gid = cfg->gid;
 	}
 	f->io.backend = strcmp(cfg->io_backend, "pread") == 0   ? WF_IO_BACKEND_PREAD
-			: strcmp(cfg->io_backend, "uring") == 0 ? WF_IO_BACKEND_URING
-								: WF_IO_BACKEND_AUTO;
+	                : strcmp(cfg->io_backend, "uring") == 0 ? WF_IO_BACKEND_URING
+	                                                        : WF_IO_BACKEND_AUTO;
 	f->io.queue_depth = cfg->io_queue_depth;
 	f->io.chunk_size = cfg->io_chunk;
 	pthread_mutex_init(&f->mu, NULL);
@@ -561,7 +568,7 @@ int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, 
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		bool is_new;
 		rc = do_register(f, cfg->models[i].name, cfg->models[i].path,
-				 cfg->models[i].pin_host, false, &is_new, diag);
+		                 cfg->models[i].pin_host, false, &is_new, diag);
 		if (rc < 0)
 			goto err;
 	}
@@ -575,7 +582,7 @@ err:
 }
 
 int wf_floors_register(struct wf_floors *f, const char *name, const char *path, bool pin_host,
-		       struct wf_diag *diag)
+                       struct wf_diag *diag)
 {
 	bool is_new = false;
 	int rc = do_register(f, name, path, pin_host, true, &is_new, diag);
@@ -607,11 +614,11 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 	uint64_t rate = secs > 0 ? (uint64_t)((double)done / secs) : 0;
 	atomic_store(&job->rate, rate);
 	struct wf_floor_event ev = {.kind = WF_FLOOR_EV_PROGRESS,
-				    .model = job->e->name,
-				    .state = WF_FLOOR_MATERIALIZING,
-				    .bytes_done = done,
-				    .bytes_total = total,
-				    .rate_bytes_per_s = rate};
+	                            .model = job->e->name,
+	                            .state = WF_FLOOR_MATERIALIZING,
+	                            .bytes_done = done,
+	                            .bytes_total = total,
+	                            .rate_bytes_per_s = rate};
 	emit(fc->f, &ev);
 }
 
@@ -634,12 +641,12 @@ static int fill_files(void *ctx, const struct wf_shm_fill *job, struct wf_diag *
 {
 	struct fill_ctx *fc = ctx;
 	struct wf_shm_fill_io fi = {
-		.io = fc->f->io,
-		.progress = on_progress,
-		.progress_ctx = fc,
-		.cancel = (const volatile int *)&fc->job->cancel,
-		.before_copy = fault_delay,
-		.before_copy_ctx = fc,
+	    .io = fc->f->io,
+	    .progress = on_progress,
+	    .progress_ctx = fc,
+	    .cancel = (const volatile int *)&fc->job->cancel,
+	    .before_copy = fault_delay,
+	    .before_copy_ctx = fc,
 	};
 	return wf_shm_fill_from_files(&fi, job, diag);
 }
@@ -687,9 +694,9 @@ static void *job_thread(void *arg)
 		 * take the region with it. */
 		keep_sync(f, e);
 		rc = wf_shm_region_attach(&f->shm, &job->inv->digest, job->inv->model,
-					  WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM |
-						  WF_SHM_ATTACH_OWNED,
-					  fill_files, &fc, &region, &diag);
+		                          WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM |
+		                              WF_SHM_ATTACH_OWNED,
+		                          fill_files, &fc, &region, &diag);
 	}
 
 	pthread_mutex_lock(&f->mu);
@@ -731,14 +738,14 @@ static void *job_thread(void *arg)
 		if (rc < 0)
 			emit_error(f, e->name, st, rc, errbuf);
 		struct wf_floor_event ev = {
-			.kind = WF_FLOOR_EV_STATE,
-			.model = e->name,
-			.state = st,
-			.message = rc == 0 ? "ready" : errbuf,
-			.bytes_done = atomic_load(&job->done),
-			.bytes_total = atomic_load(&job->total),
-			.seconds = (double)(now_ns() - job->started_ns) / 1e9,
-			.materialized = rc == 0 && materialized,
+		    .kind = WF_FLOOR_EV_STATE,
+		    .model = e->name,
+		    .state = st,
+		    .message = rc == 0 ? "ready" : errbuf,
+		    .bytes_done = atomic_load(&job->done),
+		    .bytes_total = atomic_load(&job->total),
+		    .seconds = (double)(now_ns() - job->started_ns) / 1e9,
+		    .materialized = rc == 0 && materialized,
 		};
 		emit(f, &ev);
 	}
@@ -778,7 +785,7 @@ static int job_start_locked(struct wf_floors *f, struct floor_entry *e, struct w
 		e->state = WF_FLOOR_FAILED;
 		e->last_rc = -rc;
 		snprintf(e->last_error, sizeof e->last_error,
-			 "cannot start a materialization thread: %s", strerror(rc));
+		         "cannot start a materialization thread: %s", strerror(rc));
 		return wf_diag_set(diag, -rc, "%s", e->last_error);
 	}
 	e->state = WF_FLOOR_MATERIALIZING;
@@ -825,8 +832,8 @@ struct evicted {
  * go. Returns 0 with the evicted floors in *ret_ev (*ret_nev of them; finish_evictions() drops
  * their holds and announces them) and *ret_started when this call started the job. */
 static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
-			 struct evicted **ret_ev, size_t *ret_nev, bool *ret_started,
-			 struct wf_diag *diag)
+                         struct evicted **ret_ev, size_t *ret_nev, bool *ret_started,
+                         struct wf_diag *diag)
 {
 	*ret_ev = NULL;
 	*ret_nev = 0;
@@ -850,7 +857,8 @@ static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
 	for (size_t i = 0; i < n; i++) {
 		snap[i] = f->entries[i];
 		cand[i] = f->entries[i]->inv->digest;
-		others[i] = f->entries[i]->state == WF_FLOOR_HOST ? 0 : -2; /* -2: not a candidate */
+		others[i] =
+		    f->entries[i]->state == WF_FLOOR_HOST ? 0 : -2; /* -2: not a candidate */
 	}
 	pthread_mutex_unlock(&f->mu);
 	for (size_t i = 0; i < n; i++)
@@ -882,20 +890,24 @@ static int start_or_join(struct wf_floors *f, struct floor_entry *e, bool pin,
 		bf[i].pinned = x->state == WF_FLOOR_PINNED_HOST || x == e;
 		/* Evictable: HOST, the agent's own hold, seen unheld by others just now. */
 		bf[i].busy = !(x->state == WF_FLOOR_HOST && x->region && others[i] == 0 &&
-			       x->inv->digest.hi == cand[i].hi && x->inv->digest.lo == cand[i].lo);
+		               x->inv->digest.hi == cand[i].hi && x->inv->digest.lo == cand[i].lo);
 	}
 	size_t nv = 0;
 	uint64_t used = used_locked(f);
 	uint64_t need = e->inv->region_bytes;
-	/* The host budget is never exceeded: an oversized floor is refused like one with no room. */
-	rc = wf_lru_plan(bf, n, f->host_budget, used, need, victims, &nv) == WF_LRU_FITS ? 0 : WF_ENO_SPACE;
+	/* The host budget is never exceeded: an oversized floor is refused like one with no room.
+	 */
+	rc = wf_lru_plan(bf, n, f->host_budget, used, need, victims, &nv) == WF_LRU_FITS
+	         ? 0
+	         : WF_ENO_SPACE;
 	if (rc < 0) {
 		pthread_mutex_unlock(&f->mu);
-		rc = wf_diag_set(diag, WF_ENO_SPACE,
-				 "host budget: model '%s' needs %llu bytes; budget %llu, %llu in use "
-				 "by floors that are pinned, held by other processes or materializing",
-				 e->name, (unsigned long long)need,
-				 (unsigned long long)f->host_budget, (unsigned long long)used);
+		rc = wf_diag_set(
+		    diag, WF_ENO_SPACE,
+		    "host budget: model '%s' needs %llu bytes; budget %llu, %llu in use "
+		    "by floors that are pinned, held by other processes or materializing",
+		    e->name, (unsigned long long)need, (unsigned long long)f->host_budget,
+		    (unsigned long long)used);
 		goto out;
 	}
 	struct evicted *ev = nv ? calloc(nv, sizeof(*ev)) : NULL;
@@ -957,7 +969,7 @@ static void touch_locked(struct wf_floors *f, struct floor_entry *e)
 /* Starts (or finds started) the model's materialization. pin also pins it, but only if the start
  * succeeds. */
 static int ensure_started(struct wf_floors *f, const char *name, bool pin,
-			  struct floor_entry **ret_e, struct wf_diag *diag)
+                          struct floor_entry **ret_e, struct wf_diag *diag)
 {
 	pthread_mutex_lock(&f->mu);
 	struct floor_entry *e = find_locked(f, name);
@@ -985,7 +997,7 @@ static int ensure_started(struct wf_floors *f, const char *name, bool pin,
 }
 
 int wf_floors_ensure(struct wf_floors *f, const char *name, bool wait, uint32_t timeout_ms,
-		     bool (*closing)(const void *), const void *closing_arg, struct wf_diag *diag)
+                     bool (*closing)(const void *), const void *closing_arg, struct wf_diag *diag)
 {
 	struct floor_entry *e = NULL;
 	int rc = ensure_started(f, name, false, &e, diag);
@@ -1001,10 +1013,11 @@ int wf_floors_ensure(struct wf_floors *f, const char *name, bool wait, uint32_t 
 		}
 		if (deadline && now_ns() >= deadline) {
 			rc = wf_diag_set(diag, WF_ETIMEOUT,
-					 "model '%s' still materializing after %u ms (%llu of %llu "
-					 "bytes)",
-					 name, timeout_ms, (unsigned long long)atomic_load(&e->job->done),
-					 (unsigned long long)atomic_load(&e->job->total));
+			                 "model '%s' still materializing after %u ms (%llu of %llu "
+			                 "bytes)",
+			                 name, timeout_ms,
+			                 (unsigned long long)atomic_load(&e->job->done),
+			                 (unsigned long long)atomic_load(&e->job->total));
 			break;
 		}
 		/* Short waits so the server's closing flag is noticed promptly. */
@@ -1019,7 +1032,7 @@ int wf_floors_ensure(struct wf_floors *f, const char *name, bool wait, uint32_t 
 	}
 	if (rc == 0 && e->state == WF_FLOOR_FAILED)
 		rc = wf_diag_set(diag, e->last_rc < 0 ? e->last_rc : WF_EINTERNAL, "model '%s': %s",
-				 name, e->last_error);
+		                 name, e->last_error);
 	else if (rc == 0 && !e->region)
 		rc = wf_diag_set(diag, WF_ECANCELED, "model '%s': materialization cancelled", name);
 	pthread_mutex_unlock(&f->mu);
@@ -1080,7 +1093,8 @@ int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_dia
 		struct floor_entry *x = NULL;
 		rc = ensure_started(f, name, true, &x, diag);
 		if (rc < 0)
-			return rc; /* nothing changed: the pin is set only once the start succeeded */
+			return rc; /* nothing changed: the pin is set only once the start succeeded
+			            */
 	}
 	pthread_mutex_lock(&f->mu);
 	enum wf_floor_state after = e->state;
@@ -1098,7 +1112,7 @@ int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_dia
 static void *janitor_thread(void *arg);
 
 int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_removed,
-		    struct wf_diag *diag)
+                    struct wf_diag *diag)
 {
 	struct wf_shm_scan_entry *ents = NULL;
 	size_t n = 0;
@@ -1113,8 +1127,8 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 		pthread_mutex_lock(&f->mu);
 		for (size_t k = 0; k < f->n_entries; k++) {
 			struct floor_entry *x = f->entries[k];
-			if (x->inv->digest.hi == se->digest.hi && x->inv->digest.lo == se->digest.lo &&
-			    !x->region && !x->job) {
+			if (x->inv->digest.hi == se->digest.hi &&
+			    x->inv->digest.lo == se->digest.lo && !x->region && !x->job) {
 				e = x;
 				inv = inv_ref(x->inv);
 			}
@@ -1126,10 +1140,10 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 			/* MUST_EXIST | VERIFY: validates against the model, re-hashes every tensor,
 			 * repairs what does not match, never creates. */
 			struct fill_job tmp = {.e = e, .inv = inv};
-			int a = wf_shm_region_attach(&f->shm, &inv->digest, inv->model,
-						     WF_SHM_ATTACH_MUST_EXIST | WF_SHM_ATTACH_VERIFY,
-						     fill_files, &(struct fill_ctx){.job = &tmp, .f = f},
-						     &r, &d);
+			int a = wf_shm_region_attach(
+			    &f->shm, &inv->digest, inv->model,
+			    WF_SHM_ATTACH_MUST_EXIST | WF_SHM_ATTACH_VERIFY, fill_files,
+			    &(struct fill_ctx){.job = &tmp, .f = f}, &r, &d);
 			inv_unref(inv);
 			bool installed = false;
 			if (a == 0) {
@@ -1137,7 +1151,8 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 				if (!e->region && !e->job) {
 					e->region = r;
 					r = NULL;
-					e->state = e->pin_host ? WF_FLOOR_PINNED_HOST : WF_FLOOR_HOST;
+					e->state =
+					    e->pin_host ? WF_FLOOR_PINNED_HOST : WF_FLOOR_HOST;
 					touch_locked(f, e);
 					installed = true;
 				}
@@ -1157,7 +1172,7 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 		/* Whatever nobody holds and no model of ours wants goes; a held region is never
 		 * removed (wf_shm_region_remove refuses it). */
 		bool removable = se->cls == WF_SHM_SCAN_BROKEN || se->cls == WF_SHM_SCAN_ORPHAN ||
-				 (se->cls == WF_SHM_SCAN_READY && !e && !se->held);
+		                 (se->cls == WF_SHM_SCAN_READY && !e && !se->held);
 		if (removable && wf_shm_region_remove(&f->shm, &se->digest, 0, NULL) == 0)
 			removed++;
 	}
@@ -1204,7 +1219,8 @@ void wf_floors_preload(struct wf_floors *f)
 	pthread_mutex_unlock(&f->mu);
 	for (size_t i = 0; i < k; i++) {
 		struct wf_diag d = {{0}};
-		int rc = names[i] ? wf_floors_ensure(f, names[i], false, 0, NULL, NULL, &d) : -ENOMEM;
+		int rc =
+		    names[i] ? wf_floors_ensure(f, names[i], false, 0, NULL, NULL, &d) : -ENOMEM;
 		if (rc < 0 && names[i])
 			emit_error(f, names[i], WF_FLOOR_FAILED, rc, wf_diag_str(&d, rc));
 		free(names[i]);
@@ -1243,10 +1259,10 @@ static void janitor_pass(struct wf_floors *f)
 			for (size_t k = 0; k < f->n_entries && !wanted; k++) {
 				struct floor_entry *x = f->entries[k];
 				const struct wf_digest *d =
-					x->job ? &x->job->inv->digest : &x->inv->digest;
+				    x->job ? &x->job->inv->digest : &x->inv->digest;
 				bool match = (d->hi == se->digest.hi && d->lo == se->digest.lo) ||
-					     (x->inv->digest.hi == se->digest.hi &&
-					      x->inv->digest.lo == se->digest.lo);
+				             (x->inv->digest.hi == se->digest.hi &&
+				              x->inv->digest.lo == se->digest.lo);
 				known |= match;
 				wanted = match && (x->region || x->job);
 			}
@@ -1255,9 +1271,11 @@ static void janitor_pass(struct wf_floors *f)
 				continue;
 			if (!se->held) {
 				/* A marker no model of ours stands behind (left by an agent that
-				 * forgot the model). Markers of known models are keep_sync's alone. */
+				 * forgot the model). Markers of known models are keep_sync's alone.
+				 */
 				if (se->has_keep && !known)
-					(void)wf_shm_region_set_keep(&f->shm, &se->digest, false, NULL);
+					(void)wf_shm_region_set_keep(&f->shm, &se->digest, false,
+					                             NULL);
 				if (wf_shm_region_reap(&f->shm, &se->digest, NULL) == 0) {
 					reaped++;
 					continue;
@@ -1271,7 +1289,8 @@ static void janitor_pass(struct wf_floors *f)
 			uint64_t bytes = file_resident_bytes(path);
 			others_bytes += bytes;
 			if (known)
-				continue; /* shown in its model's status (region_present, holders) */
+				continue; /* shown in its model's status (region_present, holders)
+				           */
 			orphan_bytes += bytes;
 			if (n_orphans < WF_FLOORS_MAX_ORPHANS) {
 				struct wf_floor_orphan *o = &orphans[n_orphans];
@@ -1279,10 +1298,11 @@ static void janitor_pass(struct wf_floors *f)
 				o->resident_bytes = bytes;
 				pid_t pids[WF_FLOOR_MAX_PIDS];
 				size_t nh = 0;
-				o->holder_count = wf_shm_holder_pids(&f->shm, &se->digest, pids,
-								     WF_FLOOR_MAX_PIDS, &nh, NULL) == 0
-							  ? (uint32_t)nh
-							  : 0;
+				o->holder_count =
+				    wf_shm_holder_pids(&f->shm, &se->digest, pids,
+				                       WF_FLOOR_MAX_PIDS, &nh, NULL) == 0
+				        ? (uint32_t)nh
+				        : 0;
 				o->kept = se->has_keep;
 			}
 			n_orphans++;
@@ -1292,9 +1312,8 @@ static void janitor_pass(struct wf_floors *f)
 		f->orphan_bytes = orphan_bytes;
 		f->n_orphans = n_orphans;
 		memcpy(f->orphans, orphans,
-		       sizeof(orphans[0]) * (n_orphans < WF_FLOORS_MAX_ORPHANS
-						     ? n_orphans
-						     : WF_FLOORS_MAX_ORPHANS));
+		       sizeof(orphans[0]) *
+		           (n_orphans < WF_FLOORS_MAX_ORPHANS ? n_orphans : WF_FLOORS_MAX_ORPHANS));
 		f->reaped += reaped;
 		pthread_mutex_unlock(&f->mu);
 		free(ents);
@@ -1336,12 +1355,12 @@ static void janitor_pass(struct wf_floors *f)
 			pthread_mutex_unlock(&f->mu);
 			if (tell) {
 				struct wf_floor_event ev = {
-					.kind = WF_FLOOR_EV_STALE,
-					.model = held[i]->name,
-					.state = st,
-					.message = "a model file changed since the floor was "
-						   "materialized: the floor serves the old bytes; "
-						   "release and ensure it to load the new ones"};
+				    .kind = WF_FLOOR_EV_STALE,
+				    .model = held[i]->name,
+				    .state = st,
+				    .message = "a model file changed since the floor was "
+				               "materialized: the floor serves the old bytes; "
+				               "release and ensure it to load the new ones"};
 				emit(f, &ev);
 			}
 		}
@@ -1450,12 +1469,12 @@ void wf_floor_snapshot_fini(struct wf_floor_snapshot *s)
 }
 
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,
-		       struct wf_diag *diag)
+                       struct wf_diag *diag)
 {
 	pthread_mutex_lock(&f->mu);
 	struct floor_entry *e = find_locked(f, name);
 	int rc = e ? snapshot_locked(e, ret)
-		   : wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s'", name);
+	           : wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s'", name);
 	pthread_mutex_unlock(&f->mu);
 	if (rc < 0) {
 		if (e)
@@ -1469,7 +1488,7 @@ int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_sn
 static int cmp_snap(const void *a, const void *b)
 {
 	return strcmp(((const struct wf_floor_snapshot *)a)->name,
-		      ((const struct wf_floor_snapshot *)b)->name);
+	              ((const struct wf_floor_snapshot *)b)->name);
 }
 
 int wf_floors_list(struct wf_floors *f, struct wf_floor_snapshot **ret, size_t *ret_n)
@@ -1505,7 +1524,7 @@ void wf_floors_status(struct wf_floors *f, struct wf_floors_status *s)
 	s->n_orphans = f->n_orphans;
 	memcpy(s->orphans, f->orphans,
 	       sizeof(s->orphans[0]) *
-		       (f->n_orphans < WF_FLOORS_MAX_ORPHANS ? f->n_orphans : WF_FLOORS_MAX_ORPHANS));
+	           (f->n_orphans < WF_FLOORS_MAX_ORPHANS ? f->n_orphans : WF_FLOORS_MAX_ORPHANS));
 	s->reaped = f->reaped;
 	s->reader_backend = f->reader_backend;
 	s->o_direct = f->o_direct;
@@ -1517,11 +1536,21 @@ void wf_floors_status(struct wf_floors *f, struct wf_floors_status *s)
 	s->n_models = (uint32_t)f->n_entries;
 	for (size_t i = 0; i < f->n_entries; i++) {
 		switch (f->entries[i]->state) {
-		case WF_FLOOR_DISK: s->n_disk++; break;
-		case WF_FLOOR_MATERIALIZING: s->n_materializing++; break;
-		case WF_FLOOR_HOST: s->n_host++; break;
-		case WF_FLOOR_PINNED_HOST: s->n_pinned++; break;
-		case WF_FLOOR_FAILED: s->n_failed++; break;
+		case WF_FLOOR_DISK:
+			s->n_disk++;
+			break;
+		case WF_FLOOR_MATERIALIZING:
+			s->n_materializing++;
+			break;
+		case WF_FLOOR_HOST:
+			s->n_host++;
+			break;
+		case WF_FLOOR_PINNED_HOST:
+			s->n_pinned++;
+			break;
+		case WF_FLOOR_FAILED:
+			s->n_failed++;
+			break;
 		}
 	}
 	pthread_mutex_unlock(&f->mu);

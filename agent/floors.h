@@ -110,16 +110,16 @@ struct wf_floor_orphan {
 
 struct wf_floors_status {
 	uint64_t host_budget;
-	uint64_t host_used;   /* floors the agent holds or materializes, plus orphans' bytes */
+	uint64_t host_used; /* floors the agent holds or materializes, plus orphans' bytes */
 	uint64_t orphan_bytes;
-	uint32_t n_orphans;   /* may exceed WF_FLOORS_MAX_ORPHANS; orphans[] holds the first ones */
+	uint32_t n_orphans; /* may exceed WF_FLOORS_MAX_ORPHANS; orphans[] holds the first ones */
 	struct wf_floor_orphan orphans[WF_FLOORS_MAX_ORPHANS];
-	uint32_t reaped;      /* regions the janitor removed since start */
+	uint32_t reaped;            /* regions the janitor removed since start */
 	const char *reader_backend; /* "io_uring" or "pread" (static) */
 	bool o_direct;
-	int uring_err;              /* why io_uring is not used, 0 if it is */
+	int uring_err; /* why io_uring is not used, 0 if it is */
 	uint32_t n_models, n_disk, n_materializing, n_host, n_pinned, n_failed;
-	uint32_t adopted, removed;  /* at start */
+	uint32_t adopted, removed; /* at start */
 	/* Milliseconds since the janitor last finished a pass (-1: it has not yet), and its
 	 * interval: a janitor far behind its interval is a stuck loop (/healthz). */
 	int64_t janitor_age_ms;
@@ -130,10 +130,10 @@ struct wf_floors;
 
 struct wf_floors_opts {
 	const struct wf_agent_config *cfg; /* kept by reference: must outlive the manager */
-	wf_floor_event_fn on_event;         /* optional */
+	wf_floor_event_fn on_event;        /* optional */
 	void *event_ctx;
-	const char *state_file;             /* NULL: registrations and pins are not persisted */
-	uint32_t janitor_interval_ms;       /* 0: 2000 */
+	const char *state_file;       /* NULL: registrations and pins are not persisted */
+	uint32_t janitor_interval_ms; /* 0: 2000 */
 };
 
 /* Creates the manager: checks the floor directory (owned by us, not group- or world-writable),
@@ -141,14 +141,15 @@ struct wf_floors_opts {
  * naming it: a config is the operator's intent), then the state file's API models (one whose
  * file is gone is reported through on_event as an ERROR and dropped) and pins. An unreadable or
  * invalid state file fails creation. */
-int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret, struct wf_diag *diag);
+int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret,
+                     struct wf_diag *diag);
 
 /* Scans the floor directory: re-adopts READY regions of registered models whose checksums verify,
  * removes broken ones, unheld unknown ones and orphaned lock files, and never removes what any
  * process holds. Then starts the janitor. Call once after create. *ret_adopted / *ret_removed
  * count what it did. */
 int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_removed,
-		    struct wf_diag *diag);
+                    struct wf_diag *diag);
 
 /* Starts materializing every config model marked preload (or pin_host). */
 void wf_floors_preload(struct wf_floors *f);
@@ -159,14 +160,14 @@ void wf_floors_preload(struct wf_floors *f);
  * WF_EPERMISSION path outside the roots; the reader's error for a bad file; WF_ESTATE if the name
  * exists with other files (same files: succeeds, idempotent). */
 int wf_floors_register(struct wf_floors *f, const char *name, const char *path, bool pin_host,
-		       struct wf_diag *diag);
+                       struct wf_diag *diag);
 
 /* Makes sure the model has a READY floor: starts a materialization if needed (evicting LRU
  * floors to make room; WF_ENO_SPACE when it cannot fit). With wait, blocks until it is READY,
  * failed, timeout_ms passed (WF_ETIMEOUT; 0 = no limit), or *closing becomes true
  * (WF_EUNAVAILABLE). Without wait, returns 0 once the materialization has started. */
 int wf_floors_ensure(struct wf_floors *f, const char *name, bool wait, uint32_t timeout_ms,
-		     bool (*closing)(const void *), const void *closing_arg, struct wf_diag *diag);
+                     bool (*closing)(const void *), const void *closing_arg, struct wf_diag *diag);
 
 /* Drops the agent's hold (cancelling a materialization in progress). The region goes when the
  * last other holder detaches. WF_ENOT_FOUND for an unknown model. Unpins too. */
@@ -177,7 +178,7 @@ int wf_floors_release(struct wf_floors *f, const char *name, struct wf_diag *dia
 int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_diag *diag);
 
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,
-		       struct wf_diag *diag);
+                       struct wf_diag *diag);
 /* All models, sorted by name. Free each with wf_floor_snapshot_fini() and the array with free(). */
 int wf_floors_list(struct wf_floors *f, struct wf_floor_snapshot **ret, size_t *ret_n);
 void wf_floors_status(struct wf_floors *f, struct wf_floors_status *ret);

@@ -39,32 +39,38 @@ struct agent {
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"usage: wf-agent [OPTIONS]\n"
-		"  -c, --config FILE        JSON configuration (see docs/man/wf-agent.md)\n"
-		"      --floor-dir DIR      floor directory (default /dev/shm/weightfloor)\n"
-		"      --socket URL         control endpoint (default ipc:///run/weightfloor/agent.sock)\n"
-		"      --events URL         event endpoint (default ipc:///run/weightfloor/events.sock)\n"
-		"      --host-budget SIZE   bytes of floors held at once (e.g. 64G)\n"
-		"      --group NAME|GID     group given read access to floors and sockets\n"
-		"      --model NAME=PATH    register a model (repeatable)\n"
-		"      --preload NAME=PATH  register and materialize at start (repeatable)\n"
-		"      --io-backend B       auto, uring or pread\n"
-		"      --allow-uid UID      ipc peer allowed besides root and the agent's uid (repeatable)\n"
-		"      --tls-cert FILE      certificate (PEM) for tls+tcp:// endpoints\n"
-		"      --tls-key FILE       its private key (PEM; default: in --tls-cert)\n"
-		"      --tls-ca FILE        CA (PEM) that signs client certificates (required for tls+tcp)\n"
-		"      --daemonize          detach once serving (the parent exits 0 when ready)\n"
-		"      --state-file PATH    registrations and pins kept across restarts (\"none\": off;\n"
-		"                           default: agent-state.json beside an ipc:// socket)\n"
-		"      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
-		"      --metrics HOST:PORT  serve /metrics, /healthz and /readyz over HTTP there\n"
-		"                           (\":9400\": 127.0.0.1:9400; default: off)\n"
-		"      --check-config       validate the configuration and the models, then exit\n"
-		"      --log-format F       text (default; the journal's under systemd) or json\n"
-		"  -v, --verbose            debug logging\n"
-		"  -h, --help\n"
-		"      --version            print \"wf-agent VERSION\" and exit\n");
+	fprintf(
+	    out,
+	    "usage: wf-agent [OPTIONS]\n"
+	    "  -c, --config FILE        JSON configuration (see docs/man/wf-agent.md)\n"
+	    "      --floor-dir DIR      floor directory (default /dev/shm/weightfloor)\n"
+	    "      --socket URL         control endpoint (default "
+	    "ipc:///run/weightfloor/agent.sock)\n"
+	    "      --events URL         event endpoint (default "
+	    "ipc:///run/weightfloor/events.sock)\n"
+	    "      --host-budget SIZE   bytes of floors held at once (e.g. 64G)\n"
+	    "      --group NAME|GID     group given read access to floors and sockets\n"
+	    "      --model NAME=PATH    register a model (repeatable)\n"
+	    "      --preload NAME=PATH  register and materialize at start (repeatable)\n"
+	    "      --io-backend B       auto, uring or pread\n"
+	    "      --allow-uid UID      ipc peer allowed besides root and the agent's uid "
+	    "(repeatable)\n"
+	    "      --tls-cert FILE      certificate (PEM) for tls+tcp:// endpoints\n"
+	    "      --tls-key FILE       its private key (PEM; default: in --tls-cert)\n"
+	    "      --tls-ca FILE        CA (PEM) that signs client certificates (required for "
+	    "tls+tcp)\n"
+	    "      --daemonize          detach once serving (the parent exits 0 when ready)\n"
+	    "      --state-file PATH    registrations and pins kept across restarts (\"none\": "
+	    "off;\n"
+	    "                           default: agent-state.json beside an ipc:// socket)\n"
+	    "      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
+	    "      --metrics HOST:PORT  serve /metrics, /healthz and /readyz over HTTP there\n"
+	    "                           (\":9400\": 127.0.0.1:9400; default: off)\n"
+	    "      --check-config       validate the configuration and the models, then exit\n"
+	    "      --log-format F       text (default; the journal's under systemd) or json\n"
+	    "  -v, --verbose            debug logging\n"
+	    "  -h, --help\n"
+	    "      --version            print \"wf-agent VERSION\" and exit\n");
 }
 
 /* Config-file values first, then flags on top: flags are collected and applied afterwards. */
@@ -100,51 +106,88 @@ static int add_model_flag(struct overrides *o, const char *arg, bool preload)
 
 static int parse_args(int argc, char **argv, struct overrides *o)
 {
-	enum { O_FLOOR = 256, O_SOCKET, O_EVENTS, O_BUDGET, O_GROUP, O_MODEL, O_PRELOAD, O_IO,
-	       O_UID, O_DAEMON, O_CHECK, O_STATE, O_JANITOR, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
-	       O_VERSION, O_METRICS, O_LOG_FORMAT };
+	enum {
+		O_FLOOR = 256,
+		O_SOCKET,
+		O_EVENTS,
+		O_BUDGET,
+		O_GROUP,
+		O_MODEL,
+		O_PRELOAD,
+		O_IO,
+		O_UID,
+		O_DAEMON,
+		O_CHECK,
+		O_STATE,
+		O_JANITOR,
+		O_TLS_CERT,
+		O_TLS_KEY,
+		O_TLS_CA,
+		O_VERSION,
+		O_METRICS,
+		O_LOG_FORMAT
+	};
 	static const struct option opts[] = {
-		{"config", required_argument, NULL, 'c'},
-		{"floor-dir", required_argument, NULL, O_FLOOR},
-		{"socket", required_argument, NULL, O_SOCKET},
-		{"events", required_argument, NULL, O_EVENTS},
-		{"host-budget", required_argument, NULL, O_BUDGET},
-		{"group", required_argument, NULL, O_GROUP},
-		{"model", required_argument, NULL, O_MODEL},
-		{"preload", required_argument, NULL, O_PRELOAD},
-		{"io-backend", required_argument, NULL, O_IO},
-		{"allow-uid", required_argument, NULL, O_UID},
-		{"tls-cert", required_argument, NULL, O_TLS_CERT},
-		{"tls-key", required_argument, NULL, O_TLS_KEY},
-		{"tls-ca", required_argument, NULL, O_TLS_CA},
-		{"daemonize", no_argument, NULL, O_DAEMON},
-		{"check-config", no_argument, NULL, O_CHECK},
-		{"state-file", required_argument, NULL, O_STATE},
-		{"janitor-interval", required_argument, NULL, O_JANITOR},
-		{"metrics", required_argument, NULL, O_METRICS},
-		{"log-format", required_argument, NULL, O_LOG_FORMAT},
-		{"verbose", no_argument, NULL, 'v'},
-		{"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, O_VERSION},
-		{0},
+	    {"config", required_argument, NULL, 'c'},
+	    {"floor-dir", required_argument, NULL, O_FLOOR},
+	    {"socket", required_argument, NULL, O_SOCKET},
+	    {"events", required_argument, NULL, O_EVENTS},
+	    {"host-budget", required_argument, NULL, O_BUDGET},
+	    {"group", required_argument, NULL, O_GROUP},
+	    {"model", required_argument, NULL, O_MODEL},
+	    {"preload", required_argument, NULL, O_PRELOAD},
+	    {"io-backend", required_argument, NULL, O_IO},
+	    {"allow-uid", required_argument, NULL, O_UID},
+	    {"tls-cert", required_argument, NULL, O_TLS_CERT},
+	    {"tls-key", required_argument, NULL, O_TLS_KEY},
+	    {"tls-ca", required_argument, NULL, O_TLS_CA},
+	    {"daemonize", no_argument, NULL, O_DAEMON},
+	    {"check-config", no_argument, NULL, O_CHECK},
+	    {"state-file", required_argument, NULL, O_STATE},
+	    {"janitor-interval", required_argument, NULL, O_JANITOR},
+	    {"metrics", required_argument, NULL, O_METRICS},
+	    {"log-format", required_argument, NULL, O_LOG_FORMAT},
+	    {"verbose", no_argument, NULL, 'v'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, O_VERSION},
+	    {0},
 	};
 	int c;
 	while ((c = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
 		switch (c) {
-		case 'c': o->config = optarg; break;
-		case O_FLOOR: o->floor_dir = optarg; break;
-		case O_SOCKET: o->socket = optarg; break;
-		case O_EVENTS: o->events = optarg; break;
-		case O_BUDGET: o->budget = optarg; break;
-		case O_GROUP: o->group = optarg; break;
-		case O_IO: o->io_backend = optarg; break;
-		case O_STATE: o->state_file = optarg; break;
-		case O_METRICS: o->metrics = optarg; break;
+		case 'c':
+			o->config = optarg;
+			break;
+		case O_FLOOR:
+			o->floor_dir = optarg;
+			break;
+		case O_SOCKET:
+			o->socket = optarg;
+			break;
+		case O_EVENTS:
+			o->events = optarg;
+			break;
+		case O_BUDGET:
+			o->budget = optarg;
+			break;
+		case O_GROUP:
+			o->group = optarg;
+			break;
+		case O_IO:
+			o->io_backend = optarg;
+			break;
+		case O_STATE:
+			o->state_file = optarg;
+			break;
+		case O_METRICS:
+			o->metrics = optarg;
+			break;
 		case O_LOG_FORMAT: {
 			enum wf_log_format f;
 			if (wf_log_format_parse(optarg, &f) < 0) {
-				fprintf(stderr, "wf-agent: --log-format must be text or json, not '%s'\n",
-					optarg);
+				fprintf(stderr,
+				        "wf-agent: --log-format must be text or json, not '%s'\n",
+				        optarg);
 				return 2;
 			}
 			o->log_format = optarg;
@@ -154,22 +197,30 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			char *end;
 			unsigned long v = strtoul(optarg, &end, 10);
 			if (*end || end == optarg || v < 10 || v > 3600000) {
-				fprintf(stderr, "wf-agent: --janitor-interval: '%s' is not a number of "
-						"milliseconds in [10, 3600000]\n",
-					optarg);
+				fprintf(stderr,
+				        "wf-agent: --janitor-interval: '%s' is not a number of "
+				        "milliseconds in [10, 3600000]\n",
+				        optarg);
 				return 2;
 			}
 			o->janitor_ms = (uint32_t)v;
 			break;
 		}
-		case O_TLS_CERT: o->tls_cert = optarg; break;
-		case O_TLS_KEY: o->tls_key = optarg; break;
-		case O_TLS_CA: o->tls_ca = optarg; break;
+		case O_TLS_CERT:
+			o->tls_cert = optarg;
+			break;
+		case O_TLS_KEY:
+			o->tls_key = optarg;
+			break;
+		case O_TLS_CA:
+			o->tls_ca = optarg;
+			break;
 		case O_MODEL:
 		case O_PRELOAD:
 			if (!strchr(optarg, '=') || optarg[0] == '=') {
-				fprintf(stderr, "wf-agent: --model/--preload take NAME=PATH, not '%s'\n",
-					optarg);
+				fprintf(stderr,
+				        "wf-agent: --model/--preload take NAME=PATH, not '%s'\n",
+				        optarg);
 				return 2;
 			}
 			if (add_model_flag(o, optarg, c == O_PRELOAD) < 0)
@@ -179,7 +230,8 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			char *end;
 			unsigned long v = strtoul(optarg, &end, 10);
 			if (*end || end == optarg || v >= (uid_t)-1) {
-				fprintf(stderr, "wf-agent: --allow-uid: '%s' is not a uid\n", optarg);
+				fprintf(stderr, "wf-agent: --allow-uid: '%s' is not a uid\n",
+				        optarg);
 				return 2;
 			}
 			uid_t *u = realloc(o->uids, (o->n_uids + 1) * sizeof(*u));
@@ -189,12 +241,24 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			o->uids[o->n_uids++] = (uid_t)v;
 			break;
 		}
-		case O_DAEMON: o->daemonize = true; break;
-		case O_CHECK: o->check = true; break;
-		case 'v': o->verbose = true; break;
-		case 'h': usage(stdout); exit(0);
-		case O_VERSION: printf("wf-agent %s\n", WF_VERSION); exit(0);
-		default: usage(stderr); return 2;
+		case O_DAEMON:
+			o->daemonize = true;
+			break;
+		case O_CHECK:
+			o->check = true;
+			break;
+		case 'v':
+			o->verbose = true;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		case O_VERSION:
+			printf("wf-agent %s\n", WF_VERSION);
+			exit(0);
+		default:
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind < argc) {
@@ -250,7 +314,7 @@ static int build_config(struct agent *a, const struct overrides *o)
 	}
 	if (a->cfg.state_file && a->cfg.state_file[0] != '/' && strcmp(a->cfg.state_file, "none")) {
 		wf_log_error("--state-file %s is neither an absolute path nor \"none\"",
-			     a->cfg.state_file);
+		             a->cfg.state_file);
 		return WF_EINVAL;
 	}
 	if (a->cfg.metrics) {
@@ -268,8 +332,8 @@ static int build_config(struct agent *a, const struct overrides *o)
 		}
 	}
 	if (o->n_uids) {
-		uid_t *u = realloc(a->cfg.allowed_uids,
-				   (a->cfg.n_allowed_uids + o->n_uids) * sizeof(*u));
+		uid_t *u =
+		    realloc(a->cfg.allowed_uids, (a->cfg.n_allowed_uids + o->n_uids) * sizeof(*u));
 		if (!u)
 			return -ENOMEM;
 		memcpy(u + a->cfg.n_allowed_uids, o->uids, o->n_uids * sizeof(*u));
@@ -314,21 +378,21 @@ static Weightfloor__V1__FloorState pb_state(enum wf_floor_state s)
 static const char *residency_name(Weightfloor__V1__Residency r)
 {
 	const ProtobufCEnumValue *v =
-		protobuf_c_enum_descriptor_get_value(&weightfloor__v1__residency__descriptor, (int)r);
+	    protobuf_c_enum_descriptor_get_value(&weightfloor__v1__residency__descriptor, (int)r);
 	/* "RESIDENCY_DEVICE" -> "DEVICE", as the worker and agentctl print it */
 	return !v ? "?" : strncmp(v->name, "RESIDENCY_", 10) == 0 ? v->name + 10 : v->name;
 }
 
 static void log_request_failure(const Weightfloor__V1__Request *req, int rv,
-				Weightfloor__V1__Status st, const char *message)
+                                Weightfloor__V1__Status st, const char *message)
 {
 	struct wf_proto_request_desc rd;
 	wf_proto_request_describe(req, &rd);
 	wf_log_event(st == WEIGHTFLOOR__V1__STATUS__STATUS_INTERNAL ? WF_LOG_ERROR : WF_LOG_INFO,
-		     WF_LOG_F(.request_id = req->request_id, .client = req->client,
-			      .model = rd.model, .worker = rd.worker, .event = "request_failed",
-			      .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
-		     "%s: %s: %s", rd.kind, wf_proto_status_name(st), message);
+	             WF_LOG_F(.request_id = req->request_id, .client = req->client,
+	                      .model = rd.model, .worker = rd.worker, .event = "request_failed",
+	                      .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
+	             "%s: %s: %s", rd.kind, wf_proto_status_name(st), message);
 }
 
 static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
@@ -343,11 +407,13 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 	case WF_FLOOR_EV_STATE:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE;
 		if (ev->message && *ev->message)
-			wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = ev->model, .event = "floor_state"),
-				     "%s (%s)", wf_floor_state_name(ev->state), ev->message);
+			wf_log_event(WF_LOG_INFO,
+			             WF_LOG_F(.model = ev->model, .event = "floor_state"),
+			             "%s (%s)", wf_floor_state_name(ev->state), ev->message);
 		else
-			wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = ev->model, .event = "floor_state"),
-				     "%s", wf_floor_state_name(ev->state));
+			wf_log_event(WF_LOG_INFO,
+			             WF_LOG_F(.model = ev->model, .event = "floor_state"), "%s",
+			             wf_floor_state_name(ev->state));
 		break;
 	case WF_FLOOR_EV_PROGRESS:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS;
@@ -358,14 +424,14 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 	case WF_FLOOR_EV_STALE:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE;
 		wf_log_event(WF_LOG_WARN, WF_LOG_F(.model = ev->model, .event = "stale"), "%s",
-			     ev->message ? ev->message : "stale floor");
+		             ev->message ? ev->message : "stale floor");
 		break;
 	case WF_FLOOR_EV_ERROR:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
 		e.code = wf_proto_status_from_err(ev->code);
 		wf_log_event(WF_LOG_ERROR,
-			     WF_LOG_F(.model = ev->model, .event = "floor_error", .code = ev->code),
-			     "%s", ev->message ? ev->message : wf_strerror(ev->code));
+		             WF_LOG_F(.model = ev->model, .event = "floor_error", .code = ev->code),
+		             "%s", ev->message ? ev->message : wf_strerror(ev->code));
 		break;
 	}
 	if (a->pub)
@@ -386,7 +452,7 @@ static void on_worker_event(void *ctx, const char *worker_id, const char *messag
 
 /* A worker's cache change (ReportResidency), published for `agentctl watch` and control planes. */
 static void on_worker_residency(void *ctx, const char *worker_id,
-				const Weightfloor__V1__ResidencyChange *c)
+                                const Weightfloor__V1__ResidencyChange *c)
 {
 	struct agent *a = ctx;
 	Weightfloor__V1__Event e = WEIGHTFLOOR__V1__EVENT__INIT;
@@ -396,9 +462,9 @@ static void on_worker_residency(void *ctx, const char *worker_id,
 	e.residency = c->state;
 	e.message = c->message;
 	wf_log_event(WF_LOG_INFO,
-		     WF_LOG_F(.worker = worker_id, .model = c->model, .event = "residency"), "%s%s%s",
-		     residency_name(c->state), c->message && *c->message ? ": " : "",
-		     c->message ? c->message : "");
+	             WF_LOG_F(.worker = worker_id, .model = c->model, .event = "residency"),
+	             "%s%s%s", residency_name(c->state), c->message && *c->message ? ": " : "",
+	             c->message ? c->message : "");
 	if (c->time_unix_ms > 0)
 		e.time_unix_ms = c->time_unix_ms;
 	if (a->pub)
@@ -411,8 +477,9 @@ static void *stop_deadline(void *arg)
 {
 	(void)arg;
 	sleep(STOP_GRACE_S);
-	static const char msg[] = "wf-agent: requests still running " "10 s after the stop signal; "
-				  "exiting without waiting for them\n";
+	static const char msg[] = "wf-agent: requests still running "
+	                          "10 s after the stop signal; "
+	                          "exiting without waiting for them\n";
 	ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
 	(void)w;
 	_exit(1);
@@ -422,20 +489,21 @@ static void *stop_deadline(void *arg)
 /* Concurrent requests. Relays to workers may take half (agent/workers.h), so a hung worker
  * never takes the threads that status, listing and EnsureFloor need. Generations followed
  * through the agent (one long poll each) get threads of their own on top. */
-#define AGENT_REQUEST_THREADS 8
+#define AGENT_REQUEST_THREADS    8
 #define AGENT_GENERATION_THREADS 32
 
 /* One line per failed request, with its id, client, kind, model and worker, so that a client's
  * error can be found in the agent's log (the request id is the one the client chose). Relays
  * to workers are included: the worker logs its side under the agent's own request id. */
 static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
-			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	int rv = wf_agent_service_handle(ctx, req, reply, call);
 	Weightfloor__V1__Status st = rv < 0 ? wf_proto_status_from_err(rv) : reply->code;
 	if (rv < 0 || st != WEIGHTFLOOR__V1__STATUS__STATUS_OK)
-		log_request_failure(req, rv, st, reply->message && *reply->message ? reply->message
-									      : wf_strerror(rv));
+		log_request_failure(req, rv, st,
+		                    reply->message && *reply->message ? reply->message
+		                                                      : wf_strerror(rv));
 	return rv;
 }
 
@@ -450,16 +518,16 @@ static int start_services(struct agent *a)
 {
 	struct wf_diag d = {{0}};
 	struct wf_ctl_listen_opts lo = {
-		.ipc_mode = 0660,
-		.ipc_group = a->cfg.gid,
-		.allowed_uids = a->cfg.allowed_uids,
-		.n_allowed_uids = a->cfg.n_allowed_uids,
-		.allowed_gids = a->cfg.allowed_gids,
-		.n_allowed_gids = a->cfg.n_allowed_gids,
-		.log = log_ctl,
-		.tls = {.cert_file = a->cfg.tls_cert,
-		        .key_file = a->cfg.tls_key,
-		        .ca_file = a->cfg.tls_ca},
+	    .ipc_mode = 0660,
+	    .ipc_group = a->cfg.gid,
+	    .allowed_uids = a->cfg.allowed_uids,
+	    .n_allowed_uids = a->cfg.n_allowed_uids,
+	    .allowed_gids = a->cfg.allowed_gids,
+	    .n_allowed_gids = a->cfg.n_allowed_gids,
+	    .log = log_ctl,
+	    .tls = {.cert_file = a->cfg.tls_cert,
+	            .key_file = a->cfg.tls_key,
+	            .ca_file = a->cfg.tls_ca},
 	};
 	int rc;
 	if ((rc = wf_ctl_ipc_dir_ensure(a->cfg.socket_url, a->cfg.gid)) < 0 ||
@@ -474,11 +542,11 @@ static int start_services(struct agent *a)
 		return rc;
 	}
 	struct wf_ctl_server_opts so = {
-		.listen = lo,
-		.max_request_size = a->cfg.max_message,
-		.handle = a->metrics ? wf_agent_metrics_handle : handle_logged,
-		.ctx = a->metrics ? (void *)a->metrics : (void *)&a->svc,
-		.nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
+	    .listen = lo,
+	    .max_request_size = a->cfg.max_message,
+	    .handle = a->metrics ? wf_agent_metrics_handle : handle_logged,
+	    .ctx = a->metrics ? (void *)a->metrics : (void *)&a->svc,
+	    .nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
 	};
 	so.listen.url = a->cfg.socket_url;
 	if ((rc = wf_ctl_server_create(&so, &a->srv, &d)) < 0) {
@@ -570,26 +638,26 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		struct wf_http_opts ho = {.addr = a.cfg.metrics,
-					  .metrics = wf_agent_metrics_registry(a.metrics),
-					  .live = wf_agent_metrics_live,
-					  .ctx = a.metrics};
+		                          .metrics = wf_agent_metrics_registry(a.metrics),
+		                          .live = wf_agent_metrics_live,
+		                          .ctx = a.metrics};
 		if ((rc = wf_http_server_start(&ho, &a.http, &d)) < 0) {
 			wf_log_error("--metrics %s: %s", a.cfg.metrics, wf_diag_str(&d, rc));
 			goto out;
 		}
 		wf_http_server_set_ready(a.http, false, "starting: recovering floors");
 		wf_log_info("metrics and health on http://%s (port %u)", a.cfg.metrics,
-			    (unsigned)wf_http_server_port(a.http));
+		            (unsigned)wf_http_server_port(a.http));
 	}
 
 	char *state_file = NULL;
 	if (wf_agent_config_state_path(&a.cfg, &state_file) < 0)
 		goto out;
 	struct wf_floors_opts fo = {.cfg = &a.cfg,
-				    .on_event = on_floor_event,
-				    .event_ctx = &a,
-				    .state_file = state_file,
-				    .janitor_interval_ms = o.janitor_ms};
+	                            .on_event = on_floor_event,
+	                            .event_ctx = &a,
+	                            .state_file = state_file,
+	                            .janitor_interval_ms = o.janitor_ms};
 	rc = wf_floors_create(&fo, &a.floors, &d);
 	free(state_file);
 	if (rc < 0) {
@@ -600,7 +668,7 @@ int main(int argc, char **argv)
 	wf_floors_status(a.floors, &st);
 	if (st.uring_err)
 		wf_log_warn("io_uring unavailable (%s): materializing with the pread thread pool",
-			    wf_strerror(st.uring_err));
+		            wf_strerror(st.uring_err));
 	if (o.check) {
 		printf("configuration valid: %u models, floor %s, budget %llu bytes, reader %s%s\n",
 		       st.n_models, a.cfg.floor_dir, (unsigned long long)st.host_budget,
@@ -609,16 +677,17 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	wf_log_info("floor %s, host budget %llu bytes, reader %s%s, %u models registered",
-		    a.cfg.floor_dir, (unsigned long long)st.host_budget, st.reader_backend,
-		    st.o_direct ? " with O_DIRECT" : " (buffered)", st.n_models);
+	            a.cfg.floor_dir, (unsigned long long)st.host_budget, st.reader_backend,
+	            st.o_direct ? " with O_DIRECT" : " (buffered)", st.n_models);
 
 	uint32_t adopted = 0, removed = 0;
 	wf_diag_clear(&d);
 	if ((rc = wf_floors_adopt(a.floors, &adopted, &removed, &d)) < 0)
 		wf_log_warn("scanning %s: %s", a.cfg.floor_dir, wf_diag_str(&d, rc));
 	else
-		wf_log_info("floor directory scan: %u floors re-adopted, %u broken or unowned removed",
-			    adopted, removed);
+		wf_log_info(
+		    "floor directory scan: %u floors re-adopted, %u broken or unowned removed",
+		    adopted, removed);
 
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -627,7 +696,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if ((rc = wf_workers_set_self(a.workers, a.cfg.socket_url, a.cfg.events_url,
-				      AGENT_REQUEST_THREADS)) < 0) {
+	                              AGENT_REQUEST_THREADS)) < 0) {
 		wf_log_error("worker registry: %s", wf_strerror(rc));
 		goto out;
 	}
@@ -665,8 +734,9 @@ int main(int argc, char **argv)
 		if (sigwait(&sigs, &sig) != 0)
 			continue;
 		if (sig == SIGHUP) {
-			wf_log_info("SIGHUP: configuration reload is not supported; restart the agent "
-				    "(floors are re-adopted)");
+			wf_log_info(
+			    "SIGHUP: configuration reload is not supported; restart the agent "
+			    "(floors are re-adopted)");
 			continue;
 		}
 		wf_log_info("signal %d: stopping (floors stay for the next agent)", sig);

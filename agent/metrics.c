@@ -21,8 +21,8 @@ struct wf_agent_metrics {
 	struct wf_metric *materializations, *materialize_seconds, *materialized_bytes;
 	/* scrape time */
 	struct wf_metric *info, *floors_by_state, *floor_state, *floor_bytes, *floor_resident,
-		*floor_holders, *floor_stale, *materialize_rate, *reaped, *budget, *used, *orphan,
-		*overcommit, *n_workers, *w_budget, *w_total, *w_seen, *w_res;
+	    *floor_holders, *floor_stale, *materialize_rate, *reaped, *budget, *used, *orphan,
+	    *overcommit, *n_workers, *w_budget, *w_total, *w_seen, *w_res;
 	int64_t now_ms; /* the collector's clock, for ages */
 };
 
@@ -36,11 +36,16 @@ static int64_t unix_ms(void)
 static const char *floor_state_label(enum wf_floor_state s)
 {
 	switch (s) {
-	case WF_FLOOR_DISK: return "DISK";
-	case WF_FLOOR_MATERIALIZING: return "MATERIALIZING";
-	case WF_FLOOR_HOST: return "HOST";
-	case WF_FLOOR_PINNED_HOST: return "PINNED_HOST";
-	case WF_FLOOR_FAILED: return "FAILED";
+	case WF_FLOOR_DISK:
+		return "DISK";
+	case WF_FLOOR_MATERIALIZING:
+		return "MATERIALIZING";
+	case WF_FLOOR_HOST:
+		return "HOST";
+	case WF_FLOOR_PINNED_HOST:
+		return "PINNED_HOST";
+	case WF_FLOOR_FAILED:
+		return "FAILED";
 	}
 	return "UNKNOWN";
 }
@@ -48,11 +53,16 @@ static const char *floor_state_label(enum wf_floor_state s)
 static const char *residency_label(int r)
 {
 	switch (r) {
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return "DISK";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return "HOST";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return "DEVICE";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return "PINNED_DEVICE";
-	default: return "UNSPECIFIED";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK:
+		return "DISK";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST:
+		return "HOST";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE:
+		return "DEVICE";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE:
+		return "PINNED_DEVICE";
+	default:
+		return "UNSPECIFIED";
 	}
 }
 
@@ -63,8 +73,8 @@ static void collect_worker(void *ctx, const struct wf_workers_view *v)
 	wf_metric_set(am->w_budget, w, (double)v->device_budget);
 	wf_metric_set(am->w_total, w, (double)v->device_total);
 	wf_metric_set(am->w_seen, w,
-		      v->last_seen_unix_ms > 0 ? (double)(am->now_ms - v->last_seen_unix_ms) / 1e3
-					       : -1.0);
+	              v->last_seen_unix_ms > 0 ? (double)(am->now_ms - v->last_seen_unix_ms) / 1e3
+	                                       : -1.0);
 	for (uint32_t i = 0; i < v->n_res; i++) {
 		const char *l[] = {v->worker_id, v->res_model[i], residency_label(v->res_state[i])};
 		wf_metric_set(am->w_res, l, 1);
@@ -83,19 +93,19 @@ static void collect(void *ctx)
 		struct wf_floors_status st;
 		wf_floors_status(f, &st);
 		static const enum wf_floor_state states[] = {WF_FLOOR_DISK, WF_FLOOR_MATERIALIZING,
-							     WF_FLOOR_HOST, WF_FLOOR_PINNED_HOST,
-							     WF_FLOOR_FAILED};
+		                                             WF_FLOOR_HOST, WF_FLOOR_PINNED_HOST,
+		                                             WF_FLOOR_FAILED};
 		const uint32_t counts[] = {st.n_disk, st.n_materializing, st.n_host, st.n_pinned,
-					   st.n_failed};
+		                           st.n_failed};
 		for (size_t i = 0; i < 5; i++)
 			wf_metric_set(am->floors_by_state,
-				      (const char *[]){floor_state_label(states[i])}, counts[i]);
+			              (const char *[]){floor_state_label(states[i])}, counts[i]);
 		wf_metric_set(am->reaped, NULL, st.reaped);
 		wf_metric_set(am->budget, NULL, (double)st.host_budget);
 		wf_metric_set(am->used, NULL, (double)st.host_used);
 		wf_metric_set(am->orphan, NULL, (double)st.orphan_bytes);
 		wf_metric_set(am->overcommit, NULL,
-			      st.host_budget && st.host_used > st.host_budget ? 1 : 0);
+		              st.host_budget && st.host_used > st.host_budget ? 1 : 0);
 		struct wf_floor_snapshot *snaps = NULL;
 		size_t n = 0;
 		wf_metric_clear(am->floor_state);
@@ -108,16 +118,16 @@ static void collect(void *ctx)
 			for (size_t i = 0; i < n; i++) {
 				const struct wf_floor_snapshot *s = &snaps[i];
 				const char *m[] = {s->name};
-				wf_metric_set(am->floor_state,
-					      (const char *[]){s->name, floor_state_label(s->state)},
-					      1);
+				wf_metric_set(
+				    am->floor_state,
+				    (const char *[]){s->name, floor_state_label(s->state)}, 1);
 				wf_metric_set(am->floor_bytes, m, (double)s->total_bytes);
 				wf_metric_set(am->floor_resident, m, (double)s->resident_bytes);
 				wf_metric_set(am->floor_holders, m, s->holder_count);
 				wf_metric_set(am->floor_stale, m, s->stale ? 1 : 0);
 				if (s->rate_bytes_per_s)
 					wf_metric_set(am->materialize_rate, m,
-						      (double)s->rate_bytes_per_s);
+					              (double)s->rate_bytes_per_s);
 				wf_floor_snapshot_fini(&snaps[i]);
 			}
 			free(snaps);
@@ -146,7 +156,7 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	const double *sec = wf_metrics_seconds_buckets;
 	size_t nsec = wf_metrics_seconds_buckets_n;
 	const enum wf_metric_type C = WF_METRIC_COUNTER, G = WF_METRIC_GAUGE,
-				  H = WF_METRIC_HISTOGRAM;
+	                          H = WF_METRIC_HISTOGRAM;
 	static const char *const L_none[] = {NULL};
 	static const char *const L_model[] = {"model", NULL};
 	static const char *const L_worker[] = {"worker", NULL};
@@ -156,60 +166,57 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 		const char *name, *help;
 		const char *const *labels;
 	} defs[] = {
-		{&am->info, G, "weightfloor_agent_info", "The agent's version (value 1).",
-		 (const char *const[]){"version", NULL}},
-		{&am->materializations, C, "weightfloor_materializations_total",
-		 "Materializations ended: ok (this agent copied the files), ready (another "
-		 "process had made the floor), failed.",
-		 (const char *const[]){"result", NULL}},
-		{&am->materialize_seconds, H, "weightfloor_materialize_duration_seconds",
-		 "Duration of the materializations this agent completed.", L_none},
-		{&am->materialized_bytes, C, "weightfloor_materialized_bytes_total",
-		 "Bytes copied into floors by completed materializations.", L_none},
-		{&am->materialize_rate, G, "weightfloor_materialize_rate_bytes_per_second",
-		 "A model's materialization rate (in progress, or its last).", L_model},
-		{&am->floors_by_state, G, "weightfloor_floors", "Registered models by floor state.",
-		 (const char *const[]){"state", NULL}},
-		{&am->floor_state, G, "weightfloor_floor_state",
-		 "A registered model's floor state (value 1 for the current state).",
-		 (const char *const[]){"model", "state", NULL}},
-		{&am->floor_bytes, G, "weightfloor_floor_bytes",
-		 "A model's tensor bytes (what its floor holds when materialized).", L_model},
-		{&am->floor_resident, G, "weightfloor_floor_resident_bytes",
-		 "Memory a model's floor occupies now (allocated blocks of its region).", L_model},
-		{&am->floor_holders, G, "weightfloor_floor_holders",
-		 "Processes attached to a model's floor, the agent included.", L_model},
-		{&am->floor_stale, G, "weightfloor_floor_stale",
-		 "1 when a model's files changed under its floor.", L_model},
-		{&am->reaped, C, "weightfloor_floors_reaped_total",
-		 "Floors the janitor removed (nobody held or kept them).", L_none},
-		{&am->budget, G, "weightfloor_host_budget_bytes",
-		 "Host memory the agent may hold in floors (0: no limit).", L_none},
-		{&am->used, G, "weightfloor_host_used_bytes",
-		 "Host memory in floors: the agent's, those being materialized, and orphans.",
-		 L_none},
-		{&am->orphan, G, "weightfloor_host_orphan_bytes",
-		 "Bytes of floors other processes hold that no registered model points to.",
-		 L_none},
-		{&am->overcommit, G, "weightfloor_host_overcommit",
-		 "1 when floors use more than the host budget (pins, or floors others hold).",
-		 L_none},
-		{&am->n_workers, G, "weightfloor_workers", "Workers registered with the agent.",
-		 L_none},
-		{&am->w_budget, G, "weightfloor_worker_device_budget_bytes",
-		 "A worker's on-demand device budget, as it registered.", L_worker},
-		{&am->w_total, G, "weightfloor_worker_device_total_bytes",
-		 "A worker's device memory, as it registered.", L_worker},
-		{&am->w_seen, G, "weightfloor_worker_last_seen_seconds",
-		 "Seconds since the worker's last registration or heartbeat.", L_worker},
-		{&am->w_res, G, "weightfloor_worker_residency",
-		 "The residency a worker last reported for a model (value 1).",
-		 (const char *const[]){"worker", "model", "state", NULL}},
+	    {&am->info, G, "weightfloor_agent_info", "The agent's version (value 1).",
+	     (const char *const[]){"version", NULL}},
+	    {&am->materializations, C, "weightfloor_materializations_total",
+	     "Materializations ended: ok (this agent copied the files), ready (another "
+	     "process had made the floor), failed.",
+	     (const char *const[]){"result", NULL}},
+	    {&am->materialize_seconds, H, "weightfloor_materialize_duration_seconds",
+	     "Duration of the materializations this agent completed.", L_none},
+	    {&am->materialized_bytes, C, "weightfloor_materialized_bytes_total",
+	     "Bytes copied into floors by completed materializations.", L_none},
+	    {&am->materialize_rate, G, "weightfloor_materialize_rate_bytes_per_second",
+	     "A model's materialization rate (in progress, or its last).", L_model},
+	    {&am->floors_by_state, G, "weightfloor_floors", "Registered models by floor state.",
+	     (const char *const[]){"state", NULL}},
+	    {&am->floor_state, G, "weightfloor_floor_state",
+	     "A registered model's floor state (value 1 for the current state).",
+	     (const char *const[]){"model", "state", NULL}},
+	    {&am->floor_bytes, G, "weightfloor_floor_bytes",
+	     "A model's tensor bytes (what its floor holds when materialized).", L_model},
+	    {&am->floor_resident, G, "weightfloor_floor_resident_bytes",
+	     "Memory a model's floor occupies now (allocated blocks of its region).", L_model},
+	    {&am->floor_holders, G, "weightfloor_floor_holders",
+	     "Processes attached to a model's floor, the agent included.", L_model},
+	    {&am->floor_stale, G, "weightfloor_floor_stale",
+	     "1 when a model's files changed under its floor.", L_model},
+	    {&am->reaped, C, "weightfloor_floors_reaped_total",
+	     "Floors the janitor removed (nobody held or kept them).", L_none},
+	    {&am->budget, G, "weightfloor_host_budget_bytes",
+	     "Host memory the agent may hold in floors (0: no limit).", L_none},
+	    {&am->used, G, "weightfloor_host_used_bytes",
+	     "Host memory in floors: the agent's, those being materialized, and orphans.", L_none},
+	    {&am->orphan, G, "weightfloor_host_orphan_bytes",
+	     "Bytes of floors other processes hold that no registered model points to.", L_none},
+	    {&am->overcommit, G, "weightfloor_host_overcommit",
+	     "1 when floors use more than the host budget (pins, or floors others hold).", L_none},
+	    {&am->n_workers, G, "weightfloor_workers", "Workers registered with the agent.",
+	     L_none},
+	    {&am->w_budget, G, "weightfloor_worker_device_budget_bytes",
+	     "A worker's on-demand device budget, as it registered.", L_worker},
+	    {&am->w_total, G, "weightfloor_worker_device_total_bytes",
+	     "A worker's device memory, as it registered.", L_worker},
+	    {&am->w_seen, G, "weightfloor_worker_last_seen_seconds",
+	     "Seconds since the worker's last registration or heartbeat.", L_worker},
+	    {&am->w_res, G, "weightfloor_worker_residency",
+	     "The residency a worker last reported for a model (value 1).",
+	     (const char *const[]){"worker", "model", "state", NULL}},
 	};
 	for (size_t i = 0; i < sizeof defs / sizeof defs[0] && rc == 0; i++)
 		rc = wf_metrics_add(am->reg, defs[i].t, defs[i].name, defs[i].help, defs[i].labels,
-				    defs[i].t == H ? sec : NULL, defs[i].t == H ? nsec : 0,
-				    defs[i].m);
+		                    defs[i].t == H ? sec : NULL, defs[i].t == H ? nsec : 0,
+		                    defs[i].m);
 	if (rc == 0)
 		rc = wf_ctl_reqmetrics_init(&am->req, am->reg,
 		                            "Errors by status code: request replies other than OK, "
@@ -227,7 +234,7 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 }
 
 void wf_agent_metrics_bind(struct wf_agent_metrics *am, struct wf_floors *floors,
-			   struct wf_workers *workers)
+                           struct wf_workers *workers)
 {
 	atomic_store(&am->floors, floors);
 	atomic_store(&am->workers, workers);
@@ -251,15 +258,16 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
 	if (!am)
 		return;
 	if (ev->kind == WF_FLOOR_EV_ERROR) {
-		const char *l[] = {wf_proto_status_name(wf_proto_status_from_err(ev->code)), "floor"};
+		const char *l[] = {wf_proto_status_name(wf_proto_status_from_err(ev->code)),
+		                   "floor"};
 		wf_metric_add(am->req.errors, l, 1);
 		return;
 	}
 	if (ev->kind != WF_FLOOR_EV_STATE || ev->seconds <= 0)
 		return; /* only the STATE event that ends a materialization carries its duration */
 	const char *result = ev->state == WF_FLOOR_FAILED ? "failed"
-			     : ev->materialized            ? "ok"
-							   : "ready";
+	                     : ev->materialized           ? "ok"
+	                                                  : "ready";
 	wf_metric_add(am->materializations, (const char *[]){result}, 1);
 	if (ev->materialized) {
 		wf_metric_observe(am->materialize_seconds, NULL, ev->seconds);
@@ -291,7 +299,7 @@ bool wf_agent_metrics_live(void *ctx, char *reason, size_t len)
 		limit = 60000;
 	if (st.janitor_age_ms > limit) {
 		snprintf(reason, len, "the janitor has not finished a pass for %lld ms",
-			 (long long)st.janitor_age_ms);
+		         (long long)st.janitor_age_ms);
 		return false;
 	}
 	return true;

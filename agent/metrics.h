@@ -17,7 +17,7 @@ struct wf_agent_metrics;
  * *ret, or a negative code. */
 int wf_agent_metrics_create(struct wf_agent_metrics **ret);
 void wf_agent_metrics_bind(struct wf_agent_metrics *am, struct wf_floors *floors,
-			   struct wf_workers *workers);
+                           struct wf_workers *workers);
 /* Frees it. Accepts NULL. The HTTP server that renders it must be gone. */
 void wf_agent_metrics_destroy(struct wf_agent_metrics *am);
 struct wf_metrics *wf_agent_metrics_registry(struct wf_agent_metrics *am);
@@ -29,7 +29,7 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
  * with its latency. ctx is the wf_agent_metrics, whose inner handler is set here. */
 void wf_agent_metrics_wrap(struct wf_agent_metrics *am, wf_ctl_handle_fn inner, void *inner_ctx);
 int wf_agent_metrics_handle(void *ctx, const Weightfloor__V1__Request *req,
-			    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+                            Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
 /* /healthz for the agent: false (with a reason) when the janitor has not finished a pass for
  * ten of its intervals (and at least 60 s): its loop is stuck. */

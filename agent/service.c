@@ -15,18 +15,23 @@
 static Weightfloor__V1__FloorState floor_state_pb(enum wf_floor_state s)
 {
 	switch (s) {
-	case WF_FLOOR_DISK: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK;
-	case WF_FLOOR_MATERIALIZING: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING;
-	case WF_FLOOR_HOST: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST;
-	case WF_FLOOR_PINNED_HOST: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST;
-	case WF_FLOOR_FAILED: return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED;
+	case WF_FLOOR_DISK:
+		return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK;
+	case WF_FLOOR_MATERIALIZING:
+		return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING;
+	case WF_FLOOR_HOST:
+		return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST;
+	case WF_FLOOR_PINNED_HOST:
+		return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST;
+	case WF_FLOOR_FAILED:
+		return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED;
 	}
 	return WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_UNSPECIFIED;
 }
 
 /* Builds a ModelInfo in the call's arena from a snapshot. */
 static Weightfloor__V1__ModelInfo *model_info(struct wf_ctl_call *call,
-					      const struct wf_floor_snapshot *s)
+                                              const struct wf_floor_snapshot *s)
 {
 	Weightfloor__V1__ModelInfo *mi = wf_ctl_call_alloc(call, sizeof(*mi));
 	Weightfloor__V1__Progress *pg = wf_ctl_call_alloc(call, sizeof(*pg));
@@ -86,7 +91,7 @@ static Weightfloor__V1__ModelInfo *model_info(struct wf_ctl_call *call,
 
 /* Replies with the model's current info (after a request that acted on it). */
 static int reply_model(struct wf_agent_service *svc, const char *name,
-		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	struct wf_floor_snapshot s;
 	struct wf_diag d = {{0}};
@@ -105,7 +110,7 @@ static int reply_model(struct wf_agent_service *svc, const char *name,
 }
 
 static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
-		const struct wf_diag *d)
+                const struct wf_diag *d)
 {
 	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
 	return rc;
@@ -117,7 +122,7 @@ static bool call_closing(const void *arg)
 }
 
 static int do_list(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply,
-		   struct wf_ctl_call *call)
+                   struct wf_ctl_call *call)
 {
 	struct wf_floor_snapshot *v = NULL;
 	size_t n = 0;
@@ -147,7 +152,7 @@ static int do_list(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply,
 }
 
 static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply,
-		     struct wf_ctl_call *call)
+                     struct wf_ctl_call *call)
 {
 	struct wf_floors_status st;
 	wf_floors_status(svc->floors, &st);
@@ -171,8 +176,8 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 	ar->host_budget_bytes = st.host_budget;
 	ar->host_used_bytes = st.host_used;
 	ar->reader_backend = strcmp(st.reader_backend, "io_uring") == 0
-				     ? WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_IO_URING
-				     : WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_PREAD;
+	                         ? WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_IO_URING
+	                         : WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_PREAD;
 	ar->o_direct = st.o_direct;
 	ms->total = st.n_models;
 	ms->disk = st.n_disk;
@@ -181,7 +186,8 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 	ms->pinned_host = st.n_pinned;
 	ms->failed = st.n_failed;
 	ar->models = ms;
-	uint32_t listed = st.n_orphans < WF_FLOORS_MAX_ORPHANS ? st.n_orphans : WF_FLOORS_MAX_ORPHANS;
+	uint32_t listed =
+	    st.n_orphans < WF_FLOORS_MAX_ORPHANS ? st.n_orphans : WF_FLOORS_MAX_ORPHANS;
 	if (listed) {
 		ar->orphan_floors = wf_ctl_call_calloc(call, listed, sizeof(*ar->orphan_floors));
 		if (!ar->orphan_floors)
@@ -213,7 +219,7 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 }
 
 int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
-			    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                            Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	struct wf_agent_service *svc = ctx;
 	struct wf_diag d = {{0}};
@@ -222,17 +228,18 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 	case WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_MODEL: {
 		const Weightfloor__V1__RegisterModel *m = req->register_model;
 		if (m->n_paths != 1)
-			return fail(reply, call, WF_EINVAL,
-				    &(struct wf_diag){"register: give exactly one path (a GGUF file "
-						      "or any shard of a split model, a safetensors "
-						      "file, index.json or directory)"});
+			return fail(
+			    reply, call, WF_EINVAL,
+			    &(struct wf_diag){"register: give exactly one path (a GGUF file "
+			                      "or any shard of a split model, a safetensors "
+			                      "file, index.json or directory)"});
 		/* A relative path would resolve against the agent's working directory, which the
 		 * client knows nothing about: it would silently name another file. */
 		if (!m->paths[0] || m->paths[0][0] != '/')
 			return fail(reply, call, WF_EINVAL,
-				    &(struct wf_diag){"register: the path must be absolute (the "
-						      "agent's working directory is not the "
-						      "client's; agentctl sends absolute paths)"});
+			            &(struct wf_diag){"register: the path must be absolute (the "
+			                              "agent's working directory is not the "
+			                              "client's; agentctl sends absolute paths)"});
 		rc = wf_floors_register(svc->floors, m->name, m->paths[0], m->pin_host, &d);
 		if (rc < 0)
 			return fail(reply, call, rc, &d);
@@ -254,11 +261,13 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 			int margin = left / 20 < 200 ? left / 20 : 200;
 			if (left - margin <= 0)
 				return fail(reply, call, WF_ETIMEOUT,
-					    &(struct wf_diag){"the request's deadline has passed"});
-			if (left != INT32_MAX && (wait_ms == 0 || (uint32_t)(left - margin) < wait_ms))
+				            &(struct wf_diag){"the request's deadline has passed"});
+			if (left != INT32_MAX &&
+			    (wait_ms == 0 || (uint32_t)(left - margin) < wait_ms))
 				wait_ms = (uint32_t)(left - margin);
 		}
-		rc = wf_floors_ensure(svc->floors, m->name, m->wait, wait_ms, call_closing, call, &d);
+		rc = wf_floors_ensure(svc->floors, m->name, m->wait, wait_ms, call_closing, call,
+		                      &d);
 		if (rc < 0)
 			return fail(reply, call, rc, &d);
 		return reply_model(svc, m->name, reply, call);
@@ -283,7 +292,7 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 		if (svc->worker_handle)
 			return svc->worker_handle(svc->worker_handle_ctx, req, reply, call);
 		reply->message = "not served by the agent: send worker requests to the worker's "
-				 "endpoint (agentctl workers lists them)";
+		                 "endpoint (agentctl workers lists them)";
 		return WF_EUNSUPPORTED;
 	}
 }

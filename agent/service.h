@@ -21,6 +21,6 @@ struct wf_agent_service {
 
 /* wf_ctl_handle_fn for struct wf_agent_service *ctx. */
 int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
-			    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+                            Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
 #endif

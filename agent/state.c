@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define STATE_VERSION 1
+#define STATE_VERSION    1
 #define STATE_MAX_MODELS 4096
-#define STATE_MAX_BYTES (1u << 20)
+#define STATE_MAX_BYTES  (1u << 20)
 
 void wf_agent_state_fini(struct wf_agent_state *st)
 {
@@ -34,9 +34,9 @@ static int read_all(const char *path, char **ret_buf, size_t *ret_len, struct wf
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
-		return errno == ENOENT ? -ENOENT
-				       : wf_diag_set(diag, -errno, "state file %s: %s", path,
-						     strerror(errno));
+		return errno == ENOENT
+		           ? -ENOENT
+		           : wf_diag_set(diag, -errno, "state file %s: %s", path, strerror(errno));
 	struct stat st;
 	int rc = 0;
 	char *buf = NULL;
@@ -50,7 +50,7 @@ static int read_all(const char *path, char **ret_buf, size_t *ret_len, struct wf
 	}
 	if (st.st_size > STATE_MAX_BYTES) {
 		rc = wf_diag_set(diag, WF_EFORMAT, "state file %s is larger than %u bytes", path,
-				 STATE_MAX_BYTES);
+		                 STATE_MAX_BYTES);
 		goto out;
 	}
 	buf = malloc((size_t)st.st_size + 1);
@@ -64,8 +64,9 @@ static int read_all(const char *path, char **ret_buf, size_t *ret_len, struct wf
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			rc = wf_diag_set(diag, r < 0 ? -errno : WF_ETRUNCATED, "state file %s: read: %s",
-					 path, r < 0 ? strerror(errno) : "short read");
+			rc = wf_diag_set(diag, r < 0 ? -errno : WF_ETRUNCATED,
+			                 "state file %s: read: %s", path,
+			                 r < 0 ? strerror(errno) : "short read");
 			goto out;
 		}
 		got += (size_t)r;
@@ -83,9 +84,9 @@ out:
 static int bad(struct wf_diag *diag, const char *path, const char *what)
 {
 	return wf_diag_set(diag, WF_EFORMAT,
-			   "state file %s: %s (fix or move it aside; the agent will not start "
-			   "without knowing what it served)",
-			   path, what);
+	                   "state file %s: %s (fix or move it aside; the agent will not start "
+	                   "without knowing what it served)",
+	                   path, what);
 }
 
 int wf_agent_state_load(const char *path, struct wf_agent_state *ret, struct wf_diag *diag)
@@ -107,7 +108,7 @@ int wf_agent_state_load(const char *path, struct wf_agent_state *ret, struct wf_
 	}
 	root = json_tokener_parse_ex(tok, buf, (int)len);
 	bool complete = json_tokener_get_error(tok) == json_tokener_success &&
-			json_tokener_get_parse_end(tok) == len;
+	                json_tokener_get_parse_end(tok) == len;
 	json_tokener_free(tok);
 	free(buf);
 	if (!root || !complete) {
@@ -190,7 +191,7 @@ int wf_agent_state_format(const struct wf_agent_state *st, char **ret_json)
 		json_object_array_add(models, m);
 	}
 	const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
-								    JSON_C_TO_STRING_NOSLASHESCAPE);
+	                                                         JSON_C_TO_STRING_NOSLASHESCAPE);
 	char *out = s ? strdup(s) : NULL;
 	if (!out)
 		goto out;
@@ -238,7 +239,8 @@ int wf_agent_state_write(const char *path, const char *json, struct wf_diag *dia
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0) {
-			rc = wf_diag_set(diag, -errno, "state file %s: write: %s", tmp, strerror(errno));
+			rc = wf_diag_set(diag, -errno, "state file %s: write: %s", tmp,
+			                 strerror(errno));
 			goto fail;
 		}
 		off += (size_t)w;

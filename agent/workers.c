@@ -42,9 +42,9 @@ struct wf_workers {
 	void *ctx;
 	wf_workers_residency_fn on_residency;
 	void *residency_ctx;
-	char *self[2];       /* the agent's request and events urls */
-	unsigned relays;     /* in flight, all workers */
-	unsigned relay_max;  /* half the server's request threads */
+	char *self[2];                      /* the agent's request and events urls */
+	unsigned relays;                    /* in flight, all workers */
+	unsigned relay_max;                 /* half the server's request threads */
 	unsigned gen_relays, gen_relay_max; /* generation relays: their own threads */
 };
 
@@ -72,7 +72,7 @@ int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_worker
 	w->on_change = on_change;
 	w->ctx = ctx;
 	w->next_id = 1;
-	w->relay_max = 2; /* half the server's default 4 threads, until told */
+	w->relay_max = 2;     /* half the server's default 4 threads, until told */
 	w->gen_relay_max = 0; /* none until the agent gives generation relays threads */
 	*ret = w;
 	return 0;
@@ -91,7 +91,7 @@ void wf_workers_destroy(struct wf_workers *w)
 }
 
 int wf_workers_set_self(struct wf_workers *w, const char *request_url, const char *events_url,
-			unsigned server_threads)
+                        unsigned server_threads)
 {
 	const char *urls[2] = {request_url, events_url};
 	for (int i = 0; i < 2; i++) {
@@ -119,7 +119,7 @@ static size_t expire_locked(struct wf_workers *w, char (*dropped)[64], size_t ca
 	for (size_t i = 0; i < w->n;) {
 		struct worker *k = &w->v[i];
 		bool gone = now - k->last_seen_ms > WF_WORKERS_EXPIRE_MS ||
-			    (k->pid && kill((pid_t)k->pid, 0) < 0 && errno == ESRCH);
+		            (k->pid && kill((pid_t)k->pid, 0) < 0 && errno == ESRCH);
 		if (!gone) {
 			i++;
 			continue;
@@ -259,9 +259,11 @@ static const char *endpoint_problem(const struct wf_workers *w, const char *ep)
 			return "the endpoint url has spaces or control characters";
 	if (strncmp(ep, "ipc://", 6) == 0) {
 		if (ep[6] != '/')
-			return "an ipc:// endpoint needs an absolute path (ipc:///run/weightfloor/w.sock)";
+			return "an ipc:// endpoint needs an absolute path "
+			       "(ipc:///run/weightfloor/w.sock)";
 		if (strlen(ep + 6) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-			return "the ipc:// endpoint's path is longer than a unix socket path can be";
+			return "the ipc:// endpoint's path is longer than a unix socket path can "
+			       "be";
 	} else if (strncmp(ep, "tls+tcp://", 10) == 0) {
 		char host[256];
 		unsigned port;
@@ -279,7 +281,7 @@ static const char *endpoint_problem(const struct wf_workers *w, const char *ep)
 }
 
 static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWorker *r,
-		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	if (!r->endpoint || !*r->endpoint || strlen(r->endpoint) > 1024) {
 		reply->message = "RegisterWorker needs the worker's endpoint url";
@@ -302,14 +304,15 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 	struct worker *k = NULL;
 	if (r->worker_id && *r->worker_id) {
 		k = find_locked(w, r->worker_id);
-		/* An id is a worker's name: a second process claiming it (other pid, other endpoint)
-		 * is refused (FAILED_PRECONDITION; the worker exits), but the same worker
+		/* An id is a worker's name: a second process claiming it (other pid, other
+		 * endpoint) is refused (FAILED_PRECONDITION; the worker exits), but the same worker
 		 * re-registering after an agent restart is not. A stale holder (no heartbeat for
 		 * WF_WORKERS_EXPIRE_MS, or its pid gone) was dropped by expire_locked above. */
 		if (k && k->pid != r->pid && strcmp(k->endpoint, r->endpoint) != 0) {
 			reply->message = wf_ctl_call_printf(
-			    call, "worker id '%s' is already registered by a live worker (pid %u, %s): "
-				  "give this one another --id",
+			    call,
+			    "worker id '%s' is already registered by a live worker (pid %u, %s): "
+			    "give this one another --id",
 			    r->worker_id, k->pid, k->endpoint);
 			pthread_mutex_unlock(&w->mu);
 			notify_dropped(w, dropped, nd);
@@ -351,7 +354,7 @@ static int do_register(struct wf_workers *w, const Weightfloor__V1__RegisterWork
 	k->last_seen_ms = unix_ms();
 	memcpy(id, k->id, sizeof id);
 	Weightfloor__V1__WorkerInfo *wi =
-		k->device_name && k->endpoint && k->device_uuid ? worker_info(call, k) : NULL;
+	    k->device_name && k->endpoint && k->device_uuid ? worker_info(call, k) : NULL;
 	pthread_mutex_unlock(&w->mu);
 	notify_dropped(w, dropped, nd);
 	if (!wi)
@@ -370,7 +373,7 @@ static int do_list(struct wf_workers *w, Weightfloor__V1__Reply *reply, struct w
 	size_t nd = expire_locked(w, dropped, 8);
 	Weightfloor__V1__WorkerList *wl = wf_ctl_call_alloc(call, sizeof(*wl));
 	Weightfloor__V1__WorkerInfo **items =
-		wf_ctl_call_calloc(call, w->n ? w->n : 1, sizeof(*items));
+	    wf_ctl_call_calloc(call, w->n ? w->n : 1, sizeof(*items));
 	int rc = wl && items ? 0 : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < w->n; i++)
 		if (!(items[i] = worker_info(call, &w->v[i])))
@@ -392,16 +395,26 @@ static int do_list(struct wf_workers *w, Weightfloor__V1__Reply *reply, struct w
 static const char *target_id(const Weightfloor__V1__Request *req)
 {
 	switch (req->body_case) {
-	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY: return req->set_residency->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN: return req->pin->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN: return req->unpin->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_EVICT: return req->evict->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH: return req->prefetch->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT: return req->compact->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS: return req->worker_status->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE: return req->generate->worker_id;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ: return req->generate_read->worker_id;
-	default: return NULL;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY:
+		return req->set_residency->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:
+		return req->pin->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN:
+		return req->unpin->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_EVICT:
+		return req->evict->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:
+		return req->prefetch->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT:
+		return req->compact->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS:
+		return req->worker_status->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE:
+		return req->generate->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ:
+		return req->generate_read->worker_id;
+	default:
+		return NULL;
 	}
 }
 
@@ -466,7 +479,7 @@ static struct worker *choose_generation_worker_locked(struct wf_workers *w, cons
 }
 
 static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
-		 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	const char *id = target_id(req);
 	char endpoint[1025] = "", wid[64] = "";
@@ -491,13 +504,13 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		snprintf(endpoint, sizeof endpoint, "%s", k->endpoint);
 		memcpy(wid, k->id, sizeof wid);
 		/* Generations are followed by long polls, one per generation in progress, so they
-		 * have their own, larger budget of threads; residency relays keep theirs. Refused at
-		 * once rather than queued: a waiting relay would hold a request thread as surely as
-		 * a running one. */
+		 * have their own, larger budget of threads; residency relays keep theirs. Refused
+		 * at once rather than queued: a waiting relay would hold a request thread as surely
+		 * as a running one. */
 		unsigned *mine = gen ? &k->gen_relays : &k->relays;
 		unsigned *all = gen ? &w->gen_relays : &w->relays;
-		const unsigned per_worker = gen ? WF_WORKERS_GEN_RELAY_PER_WORKER
-		                                : WF_WORKERS_RELAY_PER_WORKER;
+		const unsigned per_worker =
+		    gen ? WF_WORKERS_GEN_RELAY_PER_WORKER : WF_WORKERS_RELAY_PER_WORKER;
 		const unsigned total = gen ? w->gen_relay_max : w->relay_max;
 		in_flight = *mine;
 		if (*mine >= per_worker) {
@@ -514,21 +527,25 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	pthread_mutex_unlock(&w->mu);
 	notify_dropped(w, dropped, nd);
 	if (!k) {
-		reply->message = id && *id ? wf_ctl_call_printf(call, "no worker '%s' is registered", id)
-			       : n == 0    ? "no worker is registered"
-					   : "several workers are registered: name one (worker_id)";
+		reply->message = id && *id
+		                     ? wf_ctl_call_printf(call, "no worker '%s' is registered", id)
+		                 : n == 0 ? "no worker is registered"
+		                          : "several workers are registered: name one (worker_id)";
 		return id && *id ? WF_ENOT_FOUND : (n == 0 ? WF_ENOT_FOUND : WF_EINVAL);
 	}
 	if (busy == WF_EUNAVAILABLE) {
 		reply->message = wf_ctl_call_printf(
-		    call, "worker '%s' already has %u requests in progress (slow or hung): retry later",
+		    call,
+		    "worker '%s' already has %u requests in progress (slow or hung): retry later",
 		    wid, in_flight);
 		return busy;
 	}
 	if (busy) {
 		reply->message = wf_ctl_call_printf(
-		    call, "the agent is relaying %u requests to workers already (its limit): retry "
-			  "later", in_flight);
+		    call,
+		    "the agent is relaying %u requests to workers already (its limit): retry "
+		    "later",
+		    in_flight);
 		return busy;
 	}
 
@@ -542,7 +559,7 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	struct wf_ctl_client_opts co = {.client_name = "wf-agent relay", .wait_for_server = true};
 	int rc = wf_ctl_client_open(endpoint, left, &co, &c, &d);
 	if (rc == 0 && (rc = wf_ctl_client_wait_connected(
-			    c, left < WF_WORKERS_CONNECT_MS ? left : WF_WORKERS_CONNECT_MS)) < 0)
+	                    c, left < WF_WORKERS_CONNECT_MS ? left : WF_WORKERS_CONNECT_MS)) < 0)
 		wf_diag_set(&d, rc, "no connection (not running, stopped or hung)");
 	if (rc == 0) {
 		/* Keep a tenth of what is left for our own reply to reach the client in time. */
@@ -551,15 +568,17 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		rc = left > 0 ? wf_ctl_client_call_timeout(c, req, left, &wr, &d) : WF_ETIMEOUT;
 		if (rc == WF_ETIMEOUT) {
 			reply->message = wf_ctl_call_printf(
-			    call, "worker '%s' at %s: no answer within %d ms (what was left of the "
-				  "request's deadline)", wid, endpoint, left);
+			    call,
+			    "worker '%s' at %s: no answer within %d ms (what was left of the "
+			    "request's deadline)",
+			    wid, endpoint, left);
 			rc = WF_EUNAVAILABLE;
 			goto out;
 		}
 	}
 	if (rc < 0) {
 		reply->message = wf_ctl_call_printf(call, "worker '%s' at %s: %s", wid, endpoint,
-						    wf_diag_str(&d, rc));
+		                                    wf_diag_str(&d, rc));
 		rc = WF_EUNAVAILABLE;
 		goto out;
 	}
@@ -568,7 +587,8 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	uint8_t *buf = wf_ctl_call_alloc(call, len ? len : 1);
 	if (buf) {
 		weightfloor__v1__reply__pack(wr, buf);
-		ProtobufCAllocator a = {.alloc = arena_alloc, .free = arena_free, .allocator_data = call};
+		ProtobufCAllocator a = {
+		    .alloc = arena_alloc, .free = arena_free, .allocator_data = call};
 		copy = weightfloor__v1__reply__unpack(&a, len, buf);
 	}
 	if (!copy) {
@@ -592,10 +612,18 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		pthread_mutex_unlock(&w->mu);
 		break;
 	}
-	case WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY: reply->residency = copy->residency; break;
-	case WEIGHTFLOOR__V1__REPLY__BODY_COMPACT: reply->compact = copy->compact; break;
-	case WEIGHTFLOOR__V1__REPLY__BODY_GENERATE: reply->generate = copy->generate; break;
-	default: reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET; break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY:
+		reply->residency = copy->residency;
+		break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_COMPACT:
+		reply->compact = copy->compact;
+		break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_GENERATE:
+		reply->generate = copy->generate;
+		break;
+	default:
+		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET;
+		break;
 	}
 	rc = 0;
 out:
@@ -636,7 +664,7 @@ static void note_residency_locked(struct worker *k, const Weightfloor__V1__Resid
 }
 
 static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidency *r,
-		     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	if (!r->worker_id || !*r->worker_id) {
 		reply->message = "ReportResidency needs the worker's worker_id";
@@ -644,7 +672,7 @@ static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidenc
 	}
 	if (r->n_changes > WF_WORKERS_REPORT_MAX) {
 		reply->message = wf_ctl_call_printf(call, "%zu changes in one report: at most %d",
-						    r->n_changes, WF_WORKERS_REPORT_MAX);
+		                                    r->n_changes, WF_WORKERS_REPORT_MAX);
 		return WF_EINVAL;
 	}
 	for (size_t i = 0; i < r->n_changes; i++) {
@@ -652,13 +680,14 @@ static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidenc
 		if (!c->model || !*c->model || strlen(c->model) > 1024 ||
 		    (c->message && strlen(c->message) > 4096)) {
 			reply->message = wf_ctl_call_printf(
-			    call, "change %zu: model must be 1-1024 bytes, message at most 4096", i);
+			    call, "change %zu: model must be 1-1024 bytes, message at most 4096",
+			    i);
 			return WF_EINVAL;
 		}
 		if (c->state <= WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED ||
 		    c->state > WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE) {
-			reply->message = wf_ctl_call_printf(call, "change %zu: unknown residency %d",
-							    i, (int)c->state);
+			reply->message = wf_ctl_call_printf(
+			    call, "change %zu: unknown residency %d", i, (int)c->state);
 			return WF_EINVAL;
 		}
 	}
@@ -682,8 +711,8 @@ static int do_report(struct wf_workers *w, const Weightfloor__V1__ReportResidenc
 	return 0;
 }
 
-int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
-		      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req, Weightfloor__V1__Reply *reply,
+                      struct wf_ctl_call *call)
 {
 	struct wf_workers *w = ctx;
 	switch (req->body_case) {
@@ -702,7 +731,7 @@ int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
 }
 
 void wf_workers_visit(struct wf_workers *w, void (*fn)(void *ctx, const struct wf_workers_view *v),
-		      void *ctx)
+                      void *ctx)
 {
 	struct wf_workers_view v;
 	pthread_mutex_lock(&w->mu);

@@ -18,9 +18,9 @@
  * most half the server's request threads in all (more: RESOURCE_EXHAUSTED at once), so a hung
  * worker, or a relay loop, always leaves threads for the agent's own requests. Generations have a
  * budget of their own (each one being followed holds a long poll): at most
- * WF_WORKERS_GEN_RELAY_PER_WORKER per worker and wf_workers_set_generation_relays() in all. RegisterWorker
- * refuses (INVALID_ARGUMENT) an endpoint that is not ipc:///absolute/path or tls+tcp://host:port,
- * or that is one of the agent's own sockets.
+ * WF_WORKERS_GEN_RELAY_PER_WORKER per worker and wf_workers_set_generation_relays() in all.
+ * RegisterWorker refuses (INVALID_ARGUMENT) an endpoint that is not ipc:///absolute/path or
+ * tls+tcp://host:port, or that is one of the agent's own sockets.
  *
  * Thread-safe. */
 #ifndef WF_AGENT_WORKERS_H
@@ -30,12 +30,12 @@
 
 #include <stdint.h>
 
-#define WF_WORKERS_EXPIRE_MS 15000
-#define WF_WORKERS_MAX 256
-#define WF_WORKERS_RELAY_MAX_MS (10 * 60 * 1000)
-#define WF_WORKERS_RELAY_PER_WORKER 2
+#define WF_WORKERS_EXPIRE_MS            15000
+#define WF_WORKERS_MAX                  256
+#define WF_WORKERS_RELAY_MAX_MS         (10 * 60 * 1000)
+#define WF_WORKERS_RELAY_PER_WORKER     2
 #define WF_WORKERS_GEN_RELAY_PER_WORKER 16
-#define WF_WORKERS_RES_MAX 32 /* models per worker whose residency the registry remembers */
+#define WF_WORKERS_RES_MAX              32 /* models per worker whose residency the registry remembers */
 /* Connecting to a worker: one that does not complete the handshake in this time is not there. */
 #define WF_WORKERS_CONNECT_MS 2000
 
@@ -50,7 +50,7 @@ typedef void (*wf_workers_event_fn)(void *ctx, const char *worker_id, const char
 /* on_residency(ctx, worker_id, change) is called without locks held, once per change of a
  * ReportResidency from a registered worker, in the order the worker sent them. */
 typedef void (*wf_workers_residency_fn)(void *ctx, const char *worker_id,
-					const Weightfloor__V1__ResidencyChange *change);
+                                        const Weightfloor__V1__ResidencyChange *change);
 
 int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_workers **ret);
 void wf_workers_destroy(struct wf_workers *w);
@@ -60,7 +60,7 @@ uint32_t wf_workers_count(void *w);
  * the number of request threads of its server (relays may use half of them, at least one).
  * Call before the server starts. Returns 0 or -ENOMEM. */
 int wf_workers_set_self(struct wf_workers *w, const char *request_url, const char *events_url,
-			unsigned server_threads);
+                        unsigned server_threads);
 
 /* Generate and GenerateRead relays at once, all workers (default 0: refused). The agent gives
  * them request threads of their own. Call before the server starts. */
@@ -83,11 +83,11 @@ struct wf_workers_view {
 /* Calls fn once per registered worker with the registry's lock held (metrics at scrape time):
  * fn must not block or call into the registry. */
 void wf_workers_visit(struct wf_workers *w, void (*fn)(void *ctx, const struct wf_workers_view *v),
-		      void *ctx);
+                      void *ctx);
 
 /* wf_ctl_handle_fn for the worker slice and RegisterWorker/ListWorkers/ReportResidency; ctx is
  * the registry. */
-int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req,
-		      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+int wf_workers_handle(void *ctx, const Weightfloor__V1__Request *req, Weightfloor__V1__Reply *reply,
+                      struct wf_ctl_call *call);
 
 #endif

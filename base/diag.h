@@ -23,7 +23,7 @@ struct wf_diag {
  *   return wf_diag_set(diag, WF_ETRUNCATED, "tensor '%s' ends past EOF", name);
  */
 int wf_diag_set(struct wf_diag *diag, int code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 /* Clears diag (accepts NULL). */
 void wf_diag_clear(struct wf_diag *diag);

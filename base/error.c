@@ -5,18 +5,18 @@
 
 static const char *const messages[] = {
 #define WF_ERROR_MSG_(name, msg) msg,
-	WF_ERROR_MAP(WF_ERROR_MSG_)
+    WF_ERROR_MAP(WF_ERROR_MSG_)
 #undef WF_ERROR_MSG_
 };
 
 static const char *const names[] = {
 #define WF_ERROR_NAME_(name, msg) "WF_E" #name,
-	WF_ERROR_MAP(WF_ERROR_NAME_)
+    WF_ERROR_MAP(WF_ERROR_NAME_)
 #undef WF_ERROR_NAME_
 };
 
 _Static_assert(sizeof(messages) / sizeof(messages[0]) == (unsigned)(WF_E_MAX_ - WF_E_BASE_ - 1),
-	       "one message per code");
+               "one message per code");
 
 int wf_is_wf_error(int code)
 {

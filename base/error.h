@@ -14,34 +14,34 @@
 extern "C" {
 #endif
 
-#define WF_ERROR_MAP(X)                                                              \
-	X(FORMAT, "malformed data")                                                  \
-	X(MAGIC, "wrong magic number")                                               \
-	X(VERSION, "unsupported format version")                                     \
-	X(TRUNCATED, "data truncated")                                               \
-	X(OVERFLOW, "size or offset overflows")                                      \
-	X(LIMIT, "count or size exceeds a limit")                                    \
-	X(ALIGN, "bad alignment")                                                    \
-	X(OVERLAP, "overlapping ranges")                                             \
-	X(DUPLICATE, "duplicate name")                                               \
-	X(UNKNOWN_TYPE, "unknown type")                                              \
-	X(SHARD, "missing or inconsistent shard")                                    \
-	X(NOT_FOUND, "not found")                                                    \
-	X(CHANGED, "file changed while it was read")                                 \
-	X(CHECKSUM, "checksum mismatch")                                             \
-	X(NOT_READY, "region is not ready")                                          \
-	X(STATE, "operation not valid in the current state")                         \
-	X(NOT_RESIDENT, "model is not resident")                                     \
-	X(NO_SPACE, "budget exhausted")                                              \
-	X(PERMISSION, "permission denied")                                           \
-	X(CANCELED, "operation canceled")                                            \
-	X(TIMEOUT, "operation timed out")                                            \
-	X(UNAVAILABLE, "service unavailable")                                        \
-	X(PROTOCOL, "protocol error")                                                \
-	X(TRANSPORT, "transport error")                                              \
-	X(DEVICE, "device error")                                                    \
-	X(UNSUPPORTED, "not supported")                                              \
-	X(INVAL, "invalid argument")                                               \
+#define WF_ERROR_MAP(X)                                                                            \
+	X(FORMAT, "malformed data")                                                                \
+	X(MAGIC, "wrong magic number")                                                             \
+	X(VERSION, "unsupported format version")                                                   \
+	X(TRUNCATED, "data truncated")                                                             \
+	X(OVERFLOW, "size or offset overflows")                                                    \
+	X(LIMIT, "count or size exceeds a limit")                                                  \
+	X(ALIGN, "bad alignment")                                                                  \
+	X(OVERLAP, "overlapping ranges")                                                           \
+	X(DUPLICATE, "duplicate name")                                                             \
+	X(UNKNOWN_TYPE, "unknown type")                                                            \
+	X(SHARD, "missing or inconsistent shard")                                                  \
+	X(NOT_FOUND, "not found")                                                                  \
+	X(CHANGED, "file changed while it was read")                                               \
+	X(CHECKSUM, "checksum mismatch")                                                           \
+	X(NOT_READY, "region is not ready")                                                        \
+	X(STATE, "operation not valid in the current state")                                       \
+	X(NOT_RESIDENT, "model is not resident")                                                   \
+	X(NO_SPACE, "budget exhausted")                                                            \
+	X(PERMISSION, "permission denied")                                                         \
+	X(CANCELED, "operation canceled")                                                          \
+	X(TIMEOUT, "operation timed out")                                                          \
+	X(UNAVAILABLE, "service unavailable")                                                      \
+	X(PROTOCOL, "protocol error")                                                              \
+	X(TRANSPORT, "transport error")                                                            \
+	X(DEVICE, "device error")                                                                  \
+	X(UNSUPPORTED, "not supported")                                                            \
+	X(INVAL, "invalid argument")                                                               \
 	X(INTERNAL, "internal error")
 
 enum wf_error {
@@ -49,9 +49,10 @@ enum wf_error {
 #define WF_ERROR_ENUM_(name, msg) WF_E##name,
 	WF_ERROR_MAP(WF_ERROR_ENUM_)
 #undef WF_ERROR_ENUM_
-	WF_E_MAX_
+	    WF_E_MAX_
 };
-/* The enum counts up from WF_E_BASE_: WF_EFORMAT == -4095, WF_EMAGIC == -4094, ... Each is < -4000. */
+/* The enum counts up from WF_E_BASE_: WF_EFORMAT == -4095, WF_EMAGIC == -4094, ... Each is < -4000.
+ */
 
 /* Message for a return code: WF_E* messages, strerror() text for -errno, "success" for 0.
  * Thread-safe; the string is static. */

@@ -16,7 +16,7 @@
 
 /* A message is cut at this many bytes; an escaped text line or a JSON object stays well within
  * LINE_MAX below even when every byte needs escaping. */
-#define MSG_MAX 2048
+#define MSG_MAX   2048
 #define LINE_MAX_ 32768
 
 static const char *log_prog = "weightfloor";
@@ -174,7 +174,7 @@ static void add_str(struct json_object *o, const char *key, const char *v)
 }
 
 static void render_json(struct buf *b, enum wf_log_level level, const struct wf_log_fields *f,
-			const char *ts, const char *msg)
+                        const char *ts, const char *msg)
 {
 	struct json_object *o = json_object_new_object();
 	if (!o) {
@@ -191,17 +191,17 @@ static void render_json(struct buf *b, enum wf_log_level level, const struct wf_
 		add_str(o, "worker", f->worker);
 		if (f->request_id)
 			json_object_object_add(o, "request_id",
-					       json_object_new_uint64(f->request_id));
+			                       json_object_new_uint64(f->request_id));
 		add_str(o, "client", f->client);
 		if (f->generation)
 			json_object_object_add(o, "generation",
-					       json_object_new_uint64(f->generation));
+			                       json_object_new_uint64(f->generation));
 		add_str(o, "event", f->event);
 		if (f->code)
 			add_str(o, "error", wf_err_name(f->code));
 	}
-	const char *s = json_object_to_json_string_ext(
-		o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+	const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+	                                                      JSON_C_TO_STRING_NOSLASHESCAPE);
 	put(b, s, strlen(s));
 	json_object_put(o);
 }
@@ -231,7 +231,7 @@ static void render_text_fields(struct buf *b, const struct wf_log_fields *f)
 }
 
 static void log_v(enum wf_log_level level, const struct wf_log_fields *f, const char *fmt,
-		  va_list ap)
+                  va_list ap)
 {
 	if (level > log_max)
 		return;
@@ -247,8 +247,8 @@ static void log_v(enum wf_log_level level, const struct wf_log_fields *f, const 
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
 	snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-		 now.tv_nsec / 1000000);
+	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	         now.tv_nsec / 1000000);
 
 	if (log_journal)
 		putf(&b, "<%d>", (int)level);
@@ -268,8 +268,7 @@ static void log_v(enum wf_log_level level, const struct wf_log_fields *f, const 
 	(void)w;
 }
 
-void wf_log_event(enum wf_log_level level, const struct wf_log_fields *fields, const char *fmt,
-		  ...)
+void wf_log_event(enum wf_log_level level, const struct wf_log_fields *fields, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);

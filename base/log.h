@@ -61,8 +61,8 @@ void wf_log_set_format(enum wf_log_format format);
 int wf_log_format_parse(const char *name, enum wf_log_format *ret_format);
 
 /* One event; fields may be NULL. */
-void wf_log_event(enum wf_log_level level, const struct wf_log_fields *fields, const char *fmt,
-		  ...) __attribute__((format(printf, 3, 4)));
+void wf_log_event(enum wf_log_level level, const struct wf_log_fields *fields, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 void wf_log(enum wf_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -70,8 +70,8 @@ void wf_log(enum wf_log_level level, const char *fmt, ...) __attribute__((format
 #define WF_LOG_F(...) (&(const struct wf_log_fields){__VA_ARGS__})
 
 #define wf_log_error(...) wf_log(WF_LOG_ERROR, __VA_ARGS__)
-#define wf_log_warn(...) wf_log(WF_LOG_WARN, __VA_ARGS__)
-#define wf_log_info(...) wf_log(WF_LOG_INFO, __VA_ARGS__)
+#define wf_log_warn(...)  wf_log(WF_LOG_WARN, __VA_ARGS__)
+#define wf_log_info(...)  wf_log(WF_LOG_INFO, __VA_ARGS__)
 #define wf_log_debug(...) wf_log(WF_LOG_DEBUG, __VA_ARGS__)
 
 #ifdef __cplusplus

@@ -42,12 +42,28 @@ int wf_parse_size(const char *s, uint64_t *ret_bytes)
 		s++;
 	unsigned shift = 0;
 	switch (toupper((unsigned char)*s)) {
-	case 'K': shift = 10; s++; break;
-	case 'M': shift = 20; s++; break;
-	case 'G': shift = 30; s++; break;
-	case 'T': shift = 40; s++; break;
-	case 'P': shift = 50; s++; break;
-	default: break;
+	case 'K':
+		shift = 10;
+		s++;
+		break;
+	case 'M':
+		shift = 20;
+		s++;
+		break;
+	case 'G':
+		shift = 30;
+		s++;
+		break;
+	case 'T':
+		shift = 40;
+		s++;
+		break;
+	case 'P':
+		shift = 50;
+		s++;
+		break;
+	default:
+		break;
 	}
 	if (shift && (*s == 'i' || *s == 'I'))
 		s++;

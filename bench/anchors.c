@@ -49,7 +49,7 @@ int bench_run(char *const argv[], const char *out_path)
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_addopen(&fa, 1, out_path ? out_path : "/dev/null",
-					 O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	                                 O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	pid_t pid;
 	int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
 	posix_spawn_file_actions_destroy(&fa);
@@ -71,9 +71,17 @@ double bench_fio_read(const char *path, bool direct)
 	close(fd);
 	char fname[4200];
 	snprintf(fname, sizeof fname, "--filename=%s", path);
-	char *argv[] = {"fio", "--name=anchor", fname, "--rw=read", "--bs=1M", "--iodepth=64",
-			"--ioengine=io_uring", direct ? "--direct=1" : "--direct=0", "--readonly",
-			"--output-format=json", NULL};
+	char *argv[] = {"fio",
+	                "--name=anchor",
+	                fname,
+	                "--rw=read",
+	                "--bs=1M",
+	                "--iodepth=64",
+	                "--ioengine=io_uring",
+	                direct ? "--direct=1" : "--direct=0",
+	                "--readonly",
+	                "--output-format=json",
+	                NULL};
 	double bw = -1;
 	if (bench_run(argv, out) == 0) {
 		struct json_object *j = json_object_from_file(out), *jobs, *job, *rd, *b;
@@ -101,8 +109,8 @@ int bench_gen_model(const char *wfgen, const char *path, const char *size, int s
 {
 	char s[16];
 	snprintf(s, sizeof s, "%d", seed);
-	char *argv[] = {(char *)wfgen, "--arch", "qwen3moe", "--size", (char *)size, "--seed", s,
-			"-q", "-o", (char *)path, NULL};
+	char *argv[] = {(char *)wfgen, "--arch", "qwen3moe",   "--size", (char *)size, "--seed", s,
+	                "-q",          "-o",     (char *)path, NULL};
 	return bench_run(argv, NULL) == 0 ? 0 : -1;
 }
 
@@ -150,7 +158,8 @@ double bench_read_bandwidth(unsigned n_threads, size_t bytes, int passes)
 	/* Distinct non-zero bytes: reading untouched anonymous memory would map the shared zero
 	 * page and measure the cache, not memory. */
 	for (size_t i = 0; i < bytes; i += 4096)
-		memset((char *)buf + i, (int)((i >> 12) | 1) & 0xff, bytes - i < 4096 ? bytes - i : 4096);
+		memset((char *)buf + i, (int)((i >> 12) | 1) & 0xff,
+		       bytes - i < 4096 ? bytes - i : 4096);
 
 	double best = -1;
 	volatile uint64_t sink = 0;

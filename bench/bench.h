@@ -18,7 +18,8 @@ struct bench_opts {
 	const char *model;       /* engine: the model (NULL: generate the model in dir) */
 	const char *llama_bench; /* engine: a llama-bench to compare with (NULL: skip its rows) */
 	unsigned threads;        /* engine: threads (0: the CPUs this process may run on) */
-	const char *llama_bench_gpu; /* engine: a CUDA llama-bench for the device rows (NULL: skip) */
+	const char
+	    *llama_bench_gpu; /* engine: a CUDA llama-bench for the device rows (NULL: skip) */
 	/* cachepolicy: greedy tokens to generate (0: 256), the prompt (ids "1,17,...", or a text
 	 * through the model's tokenizer; neither: the reference models' prompt ids), and the LRFU
 	 * half-lives in tokens ("16,64"; NULL: "16") */
@@ -31,7 +32,7 @@ struct bench_opts {
 struct bench_engine_ctx {
 	const char *model_path;
 	const char *agent_exe, *worker_exe;
-	uint64_t model_bytes;             /* tensor bytes */
+	uint64_t model_bytes; /* tensor bytes */
 	uint32_t n_vocab, n_threads;
 	uint64_t kv_bytes, scratch_bytes; /* of the in-process engine, for the notes */
 	uint32_t n_ctx, n_seq;            /* its config */
@@ -57,12 +58,12 @@ struct bench_postfetch_ctx {
 	const struct wf_model *model;
 	const void *const *tensor_data;
 	uint32_t n_threads, n_gen;
-	double cpu_decode;        /* tok/s of the CPU-only engine in the same run */
-	uint64_t expert_bytes;    /* the model's routed expert bytes */
-	uint64_t down_bytes_all;  /* every down projection's bytes */
-	uint64_t down_bytes_max;  /* the largest one (a slot) */
-	uint32_t n_down;          /* down projections: layers x experts */
-	const char *kernels;      /* the CPU kernels' level, for the rows */
+	double cpu_decode;       /* tok/s of the CPU-only engine in the same run */
+	uint64_t expert_bytes;   /* the model's routed expert bytes */
+	uint64_t down_bytes_all; /* every down projection's bytes */
+	uint64_t down_bytes_max; /* the largest one (a slot) */
+	uint32_t n_down;         /* down projections: layers x experts */
+	const char *kernels;     /* the CPU kernels' level, for the rows */
 	/* decode tokens/s of engine e, measured as the CPU-only row was */
 	double (*measure)(void *arg, struct wf_engine *e, const struct wf_engine_info *info);
 	void *arg;
@@ -83,10 +84,10 @@ double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_en
  * an expert cache. Prints the dev_* rows; fills ret with what the llama.cpp row needs. Returns
  * 0, or 1 with the error on stderr. */
 struct bench_device_figures {
-	double cache25;     /* decode tok/s with the cache at 25% of expert bytes */
+	double cache25; /* decode tok/s with the cache at 25% of expert bytes */
 	uint64_t cache25_mb;
-	char device[160];   /* wf_device_name */
-	bool cuda;          /* the device is a GPU: the goals apply */
+	char device[160]; /* wf_device_name */
+	bool cuda;        /* the device is a GPU: the goals apply */
 };
 int bench_engine_device(const struct bench_postfetch_ctx *c, const char *spec,
                         struct bench_device_figures *ret);

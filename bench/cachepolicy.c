@@ -47,22 +47,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_TOKENS 65536u
+#define MAX_TOKENS     65536u
 #define MAX_HALF_LIVES 8
 
 /* The reference models' prompt (tests/data/reference/README.md): every vocabulary here has them. */
-static const int32_t default_prompt[] = {1, 17, 300, 42, 99, 7, 256, 311,
+static const int32_t default_prompt[] = {1, 17, 300, 42,  99, 7,  256, 311,
                                          5, 63, 128, 400, 2,  77, 150, 203};
 
 struct trace {
 	uint32_t n_layer, n_expert, k;
 	uint32_t n_steps, cap_steps;
-	uint16_t *ids;  /* [step][layer][k], ascending within a (step, layer) */
-	float *probs;   /* wf__route's scratch */
+	uint16_t *ids; /* [step][layer][k], ascending within a (step, layer) */
+	float *probs;  /* wf__route's scratch */
 	int32_t *top;
 	float *weights;
-	uint32_t step;  /* the step being decoded */
-	int err;        /* a hook call the trace could not take */
+	uint32_t step; /* the step being decoded */
+	int err;       /* a hook call the trace could not take */
 };
 
 static int cmp_u16(const void *a, const void *b)
@@ -96,8 +96,8 @@ static void on_router(void *arg, uint32_t layer, uint32_t n_tokens, const float 
 /* A group is one (step, layer): the experts one wf__fetch_step call looks up. */
 struct sim_trace {
 	uint32_t n_groups, k, n_layer, n_expert;
-	const uint16_t *ids;  /* [group][k] */
-	uint32_t *next;       /* [group][k]: the next group that uses this expert, UINT32_MAX never */
+	const uint16_t *ids; /* [group][k] */
+	uint32_t *next; /* [group][k]: the next group that uses this expert, UINT32_MAX never */
 };
 
 enum policy { POL_LRU, POL_LRFU, POL_BELADY };
@@ -124,11 +124,10 @@ struct sim_state {
 	enum policy pol;
 	double lambda;
 	struct wf_lrfu_score *score; /* per key (base/lru.h, the engine's rule) */
-	double *value;    /* per slot of the pool being searched */
-	uint32_t *nxt;    /* per key: its next use (Belady) */
-	int32_t *slot_of; /* per key: slot in its pool, -1 */
+	double *value;               /* per slot of the pool being searched */
+	uint32_t *nxt;               /* per key: its next use (Belady) */
+	int32_t *slot_of;            /* per key: slot in its pool, -1 */
 };
-
 
 /* The victim among p's non-busy slots, or p->n when all are busy. */
 static uint32_t victim(const struct sim_state *s, const struct pool *p, uint32_t key)
@@ -337,10 +336,14 @@ static void report_rate(const char *metric, double value, const char *anchor, do
 		bench_skip("cachepolicy", metric, why);
 		return;
 	}
-	bench_report(&(struct bench_result){
-	    .bench = "cachepolicy", .metric = metric, .value = value, .unit = "hit rate",
-	    .anchor = anchor, .anchor_value = anchor_value,
-	    .ratio = anchor_value > 0 ? value / anchor_value : 1, .notes = notes});
+	bench_report(&(struct bench_result){.bench = "cachepolicy",
+	                                    .metric = metric,
+	                                    .value = value,
+	                                    .unit = "hit rate",
+	                                    .anchor = anchor,
+	                                    .anchor_value = anchor_value,
+	                                    .ratio = anchor_value > 0 ? value / anchor_value : 1,
+	                                    .notes = notes});
 }
 
 static const char *base_name(const char *path)
@@ -375,7 +378,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 	if ((rc = wf_model_open(model_path, &r.m, &d)) < 0 ||
 	    (rc = wf_weight_view_map_files(r.m, &r.w, &d)) < 0) {
 		fprintf(stderr, "wf-bench: %s: %s%s\n", model_path, wf_diag_str(&d, rc),
-		        o->model ? "" : " (run `wf-bench engine` once to generate it, or give --model)");
+		        o->model ? ""
+		                 : " (run `wf-bench engine` once to generate it, or give --model)");
 		goto out;
 	}
 
@@ -391,7 +395,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 		if ((rc = wf_tokenizer_create(&r.m->kv, &r.tok, &d)) < 0 ||
 		    (rc = wf_tokenizer_encode(r.tok, o->prompt, strlen(o->prompt), true, false,
 		                              &r.prompt, &r.n_prompt, &d)) < 0) {
-			fprintf(stderr, "wf-bench: %s: tokenizer: %s\n", model_path, wf_diag_str(&d, rc));
+			fprintf(stderr, "wf-bench: %s: tokenizer: %s\n", model_path,
+			        wf_diag_str(&d, rc));
 			goto out;
 		}
 	} else {
@@ -402,7 +407,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 		memcpy(r.prompt, default_prompt, sizeof default_prompt);
 	}
 	if (r.n_prompt == 0 || r.n_prompt > MAX_TOKENS) {
-		fprintf(stderr, "wf-bench: the prompt has %zu tokens (1..%u)\n", r.n_prompt, MAX_TOKENS);
+		fprintf(stderr, "wf-bench: the prompt has %zu tokens (1..%u)\n", r.n_prompt,
+		        MAX_TOKENS);
 		goto out;
 	}
 
@@ -423,7 +429,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 	}
 	/* The engine that records the trace is also the one the simulator is checked against: a
 	 * cache of a quarter of the down projections (at least 1 MiB, the option's unit). */
-	const uint32_t cache_mb = (uint32_t)(down_all / 4 >> 20) ? (uint32_t)(down_all / 4 >> 20) : 1;
+	const uint32_t cache_mb =
+	    (uint32_t)(down_all / 4 >> 20) ? (uint32_t)(down_all / 4 >> 20) : 1;
 	if ((rc = wf_device_open("host", &r.dev, &d)) < 0) {
 		fprintf(stderr, "wf-bench: host device: %s\n", wf_diag_str(&d, rc));
 		goto out;
@@ -432,8 +439,11 @@ int bench_cachepolicy(const struct bench_opts *o)
 	wf_postfetch_settings_default(&pf);
 	/* n_ctx 0: the model's context (the tiny ones have 256); a run longer than that starts the
 	 * sequence again from its last token, a new request to the same cache. */
-	struct wf_engine_config cfg = {.n_ctx = 0, .n_seq_max = 1,
-	                               .n_threads = o->threads, .device = r.dev, .postfetch = &pf,
+	struct wf_engine_config cfg = {.n_ctx = 0,
+	                               .n_seq_max = 1,
+	                               .n_threads = o->threads,
+	                               .device = r.dev,
+	                               .postfetch = &pf,
 	                               .expert_cache_mb = cache_mb};
 	if ((rc = wf_engine_create(r.m, r.w.tensor_data, &cfg, &r.e, &d)) < 0) {
 		fprintf(stderr, "wf-bench: engine: %s: %s\n", model_path, wf_diag_str(&d, rc));
@@ -517,8 +527,11 @@ int bench_cachepolicy(const struct bench_opts *o)
 	const size_t slot_bytes = ((size_t)down_max + 255u) & ~(size_t)255u; /* engine/fetch.c */
 	const uint32_t engine_slots = (uint32_t)(st.scratchpad_bytes / slot_bytes);
 
-	struct sim_trace tr = {.n_groups = t->n_steps * t->n_layer, .k = t->k,
-	                       .n_layer = t->n_layer, .n_expert = t->n_expert, .ids = t->ids};
+	struct sim_trace tr = {.n_groups = t->n_steps * t->n_layer,
+	                       .k = t->k,
+	                       .n_layer = t->n_layer,
+	                       .n_expert = t->n_expert,
+	                       .ids = t->ids};
 	const uint32_t n_keys = t->n_layer * t->n_expert;
 	r.next = malloc((size_t)tr.n_groups * tr.k * sizeof *r.next);
 	r.slots = malloc(t->n_layer * sizeof *r.slots);
@@ -538,7 +551,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 			count[(i / tr.k % tr.n_layer) * tr.n_expert + tr.ids[i]]++;
 		for (uint32_t k = 0; k < n_keys; k++)
 			distinct += count[k] > 0;
-		/* the share of accesses the most used quarter of the experts takes (uniform: 25%) */
+		/* the share of accesses the most used quarter of the experts takes (uniform: 25%)
+		 */
 		uint32_t *sorted = count;
 		qsort(sorted, n_keys, sizeof *sorted, cmp_desc_u32);
 		uint64_t top = 0;
@@ -546,18 +560,24 @@ int bench_cachepolicy(const struct bench_opts *o)
 			top += sorted[k];
 		free(count);
 		char notes[512];
-		snprintf(notes, sizeof notes,
-		         "%.120s: %u layers x %u experts, top %u; %u steps (%zu prompt + %u %s, one "
-		         "token each, context %u, %u restarts from the last token; %u distinct tokens "
-		         "generated) in %.1f s; %llu "
-		         "accesses; the most used quarter of the experts takes %.1f%% of them",
-		         base_name(model_path), t->n_layer, t->n_expert, t->k, t->n_steps, r.n_prompt,
-		         n_gen, o->random_tokens ? "random" : "greedy", info.n_ctx, restarts, n_distinct_gen, secs, (unsigned long long)accesses,
-		         accesses ? 100.0 * (double)top / (double)accesses : 0);
-		bench_report(&(struct bench_result){
-		    .bench = "cachepolicy", .metric = "trace_distinct_experts", .value = (double)distinct,
-		    .unit = "experts", .anchor = "layers x experts", .anchor_value = n_keys,
-		    .ratio = (double)distinct / n_keys, .notes = notes});
+		snprintf(
+		    notes, sizeof notes,
+		    "%.120s: %u layers x %u experts, top %u; %u steps (%zu prompt + %u %s, one "
+		    "token each, context %u, %u restarts from the last token; %u distinct tokens "
+		    "generated) in %.1f s; %llu "
+		    "accesses; the most used quarter of the experts takes %.1f%% of them",
+		    base_name(model_path), t->n_layer, t->n_expert, t->k, t->n_steps, r.n_prompt,
+		    n_gen, o->random_tokens ? "random" : "greedy", info.n_ctx, restarts,
+		    n_distinct_gen, secs, (unsigned long long)accesses,
+		    accesses ? 100.0 * (double)top / (double)accesses : 0);
+		bench_report(&(struct bench_result){.bench = "cachepolicy",
+		                                    .metric = "trace_distinct_experts",
+		                                    .value = (double)distinct,
+		                                    .unit = "experts",
+		                                    .anchor = "layers x experts",
+		                                    .anchor_value = n_keys,
+		                                    .ratio = (double)distinct / n_keys,
+		                                    .notes = notes});
 	}
 
 	/* The simulator against the engine's own count at the engine's slot count. */
@@ -566,22 +586,26 @@ int bench_cachepolicy(const struct bench_opts *o)
 		if (simulate(&tr, POL_LRFU, WF__FETCH_LRFU_HALF_LIFE, &engine_slots, 1, &s) < 0)
 			goto out;
 		char notes[400];
-		snprintf(notes, sizeof notes,
-		         "engine: host device, post-fetch, expert cache %u MiB = %u slots of %zu bytes; "
-		         "hits %llu misses %llu; simulated global LRFU, half-life %g tokens (the "
-		         "engine's rule): hits %llu misses %llu",
-		         cache_mb, engine_slots, slot_bytes, (unsigned long long)st.fetch_hits,
-		         (unsigned long long)st.fetch_misses, WF__FETCH_LRFU_HALF_LIFE,
-		         (unsigned long long)s.hits,
-		         (unsigned long long)s.misses);
+		snprintf(
+		    notes, sizeof notes,
+		    "engine: host device, post-fetch, expert cache %u MiB = %u slots of %zu bytes; "
+		    "hits %llu misses %llu; simulated global LRFU, half-life %g tokens (the "
+		    "engine's rule): hits %llu misses %llu",
+		    cache_mb, engine_slots, slot_bytes, (unsigned long long)st.fetch_hits,
+		    (unsigned long long)st.fetch_misses, WF__FETCH_LRFU_HALF_LIFE,
+		    (unsigned long long)s.hits, (unsigned long long)s.misses);
 		if (!st.fetch_hits) {
 			bench_skip("cachepolicy", "policy_sim_vs_engine_hits", notes);
 		} else {
-			bench_report(&(struct bench_result){
-			    .bench = "cachepolicy", .metric = "policy_sim_vs_engine_hits",
-			    .value = (double)s.hits, .unit = "hits", .anchor = "the engine's fetch_hits",
-			    .anchor_value = (double)st.fetch_hits,
-			    .ratio = (double)s.hits / (double)st.fetch_hits, .notes = notes});
+			bench_report(
+			    &(struct bench_result){.bench = "cachepolicy",
+			                           .metric = "policy_sim_vs_engine_hits",
+			                           .value = (double)s.hits,
+			                           .unit = "hits",
+			                           .anchor = "the engine's fetch_hits",
+			                           .anchor_value = (double)st.fetch_hits,
+			                           .ratio = (double)s.hits / (double)st.fetch_hits,
+			                           .notes = notes});
 		}
 		if (s.misses != st.fetch_misses)
 			fprintf(stderr, "wf-bench: simulated LRFU misses %llu, the engine's %llu\n",
@@ -601,14 +625,16 @@ int bench_cachepolicy(const struct bench_opts *o)
 			goto out;
 		for (uint32_t h = 0; h < n_hl; h++)
 			if (simulate(&tr, POL_LRFU, half_lives[h], &C, 1, &lrfu_g[h]) < 0 ||
-			    simulate(&tr, POL_LRFU, half_lives[h], r.slots, t->n_layer, &lrfu_l[h]) < 0)
+			    simulate(&tr, POL_LRFU, half_lives[h], r.slots, t->n_layer,
+			             &lrfu_l[h]) < 0)
 				goto out;
 		char metric[96], notes[400];
 		const char *bel_anchor = "Belady (clairvoyant), same trace and slots";
-		snprintf(notes, sizeof notes,
-		         "%.120s: %u slots of %u (%u%%); per layer: %u..%u; LRFU half-life %g tokens",
-		         base_name(model_path), C, n_keys, pct[fi], r.slots[t->n_layer - 1], r.slots[0],
-		         half_lives[0]);
+		snprintf(
+		    notes, sizeof notes,
+		    "%.120s: %u slots of %u (%u%%); per layer: %u..%u; LRFU half-life %g tokens",
+		    base_name(model_path), C, n_keys, pct[fi], r.slots[t->n_layer - 1], r.slots[0],
+		    half_lives[0]);
 		const double compulsory = 1.0 - (double)distinct / (double)accesses;
 		snprintf(metric, sizeof metric, "hit_rate_belady_c%u", pct[fi]);
 		report_rate(metric, rate(bel), "every expert cached (compulsory misses only)",

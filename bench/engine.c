@@ -33,10 +33,18 @@
 
 /* The shape issue 10 measures llama.cpp on: qwen3moe, Q4_K experts, ~1.06 GB. */
 static const char *const model_flags[] = {
-	"--arch", "qwen3moe", "--embd", "1024", "--layers", "12", "--experts", "64",
-	"--experts-used", "8", "--expert-ff", "768", "--heads", "16", "--kv-heads", "4",
-	"--head-dim", "64", "--vocab", "4096", "--types",
-	"experts=Q4_K,attn=Q8_0,embd=Q8_0,output=Q6_K", "--seed", "10",
+    "--arch",         "qwen3moe",
+    "--embd",         "1024",
+    "--layers",       "12",
+    "--experts",      "64",
+    "--experts-used", "8",
+    "--expert-ff",    "768",
+    "--heads",        "16",
+    "--kv-heads",     "4",
+    "--head-dim",     "64",
+    "--vocab",        "4096",
+    "--types",        "experts=Q4_K,attn=Q8_0,embd=Q8_0,output=Q6_K",
+    "--seed",         "10",
 };
 
 /* The model and its files mapped read-only through the worker's weight view (prefaulted, so the
@@ -83,7 +91,7 @@ static void reset(struct wf_engine *e, uint32_t n_seq)
 /* Prompt tokens/s: n_prompt tokens of sequence 0 in one batch, logits for the last one; the mean
  * of reps runs' tokens/s (as llama-bench averages). Negative on failure. */
 static double measure_prefill(struct wf_engine *e, const struct wf_engine_info *info,
-			      uint32_t n_prompt, int reps, float *logits)
+                              uint32_t n_prompt, int reps, float *logits)
 {
 	int32_t *tok = calloc(n_prompt, sizeof *tok);
 	uint32_t *pos = calloc(n_prompt, sizeof *pos), *seq = calloc(n_prompt, sizeof *seq);
@@ -118,8 +126,8 @@ out:
 /* Aggregate decode tokens/s of n_seq sequences decoding together from an empty cache, one token
  * per sequence per step, n_gen steps (llama-bench's tg: no prompt, random tokens); the mean over
  * reps. One untimed step first so the pool's threads and the weights' TLB entries are warm. */
-static double measure_decode(struct wf_engine *e, const struct wf_engine_info *info,
-			     uint32_t n_seq, uint32_t n_gen, int reps, float *logits)
+static double measure_decode(struct wf_engine *e, const struct wf_engine_info *info, uint32_t n_seq,
+                             uint32_t n_gen, int reps, float *logits)
 {
 	int32_t tok[8];
 	uint32_t pos[8], seq[8];
@@ -222,7 +230,7 @@ static int llama_parse(const char *json_path, struct llama_figures *ret)
 /* Runs llama-bench with args (after -m MODEL -t N -o json) into a temporary file and parses it;
  * *ret_wall is the process's wall time. */
 static int llama_run(const char *exe, const char *model, unsigned threads, const char *const *args,
-		     struct llama_figures *ret, double *ret_wall)
+                     struct llama_figures *ret, double *ret_wall)
 {
 	char out[] = "/tmp/wf-bench-llama-XXXXXX", t[16];
 	int fd = mkstemp(out);
@@ -253,8 +261,8 @@ static int llama_run(const char *exe, const char *model, unsigned threads, const
  * CPU, so N = the model's layer count is the same placement. Skipped without a path; 1 when it
  * was given and failed. */
 static int llama_gpu(const struct bench_opts *o, const char *model,
-		     const struct wf_engine_info *info, uint32_t n_gen, int reps,
-		     const struct bench_device_figures *df, const char *level)
+                     const struct wf_engine_info *info, uint32_t n_gen, int reps,
+                     const struct bench_device_figures *df, const char *level)
 {
 	if (!o->llama_bench_gpu) {
 		bench_skip("engine", "cache25_vs_llama_cpu_moe", "no --llama-bench-gpu PATH given");
@@ -269,22 +277,28 @@ static int llama_gpu(const struct bench_opts *o, const char *model,
 	if (llama_run(o->llama_bench_gpu, model, info->n_threads, args, &lf, NULL) < 0 ||
 	    lf.tg <= 0) {
 		fprintf(stderr, "wf-bench: %s -ngl 99 -ncmoe %s gave no tg figure\n",
-			o->llama_bench_gpu, ncmoe);
+		        o->llama_bench_gpu, ncmoe);
 		return 1;
 	}
 	snprintf(notes, sizeof notes,
-		 "llama-bench %s -ngl 99 -ncmoe %s -t %u -p 0 -n %u -r %d (build %s, %s); ours: "
-		 "%s, dense on the device, expert cache %llu MiB (25%% of expert bytes), %u tokens "
-		 "from an empty KV cache, mean of %d",
-		 o->llama_bench_gpu, ncmoe, info->n_threads, n_gen, reps, lf.build,
-		 lf.gpu[0] ? lf.gpu : lf.cpu, df->device, (unsigned long long)df->cache25_mb, n_gen,
-		 reps);
+	         "llama-bench %s -ngl 99 -ncmoe %s -t %u -p 0 -n %u -r %d (build %s, %s); ours: "
+	         "%s, dense on the device, expert cache %llu MiB (25%% of expert bytes), %u tokens "
+	         "from an empty KV cache, mean of %d",
+	         o->llama_bench_gpu, ncmoe, info->n_threads, n_gen, reps, lf.build,
+	         lf.gpu[0] ? lf.gpu : lf.cpu, df->device, (unsigned long long)df->cache25_mb, n_gen,
+	         reps);
 	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "cache25_vs_llama_cpu_moe", .value = df->cache25,
-	    .unit = "tok/s", .anchor = "llama-bench tg, -ngl 99, experts on the CPU",
-	    .anchor_value = lf.tg, .ratio = df->cache25 / lf.tg, .goal = 1.5,
+	    .bench = "engine",
+	    .metric = "cache25_vs_llama_cpu_moe",
+	    .value = df->cache25,
+	    .unit = "tok/s",
+	    .anchor = "llama-bench tg, -ngl 99, experts on the CPU",
+	    .anchor_value = lf.tg,
+	    .ratio = df->cache25 / lf.tg,
+	    .goal = 1.5,
 	    .goal_op = df->cuda ? ">=" : NULL, /* the issue's goal is a GPU's */
-	    .notes = notes, .kernels = level});
+	    .notes = notes,
+	    .kernels = level});
 	return 0;
 }
 
@@ -331,7 +345,8 @@ int bench_engine(const struct bench_opts *o)
 	}
 	const int reps = o->iterations > 0 ? o->iterations : 3;
 	/* llama-bench's defaults (-p 512 -n 128), cut down for the CI's tiny --iterations 1 runs */
-	const uint32_t n_prompt = o->iterations == 1 ? 64 : 512, n_gen = o->iterations == 1 ? 16 : 128;
+	const uint32_t n_prompt = o->iterations == 1 ? 64 : 512,
+	               n_gen = o->iterations == 1 ? 16 : 128;
 
 	struct view v = {0};
 	struct wf_engine *e = NULL;
@@ -360,20 +375,28 @@ int bench_engine(const struct bench_opts *o)
 	wf_engine_reset_stats(e);
 	double tg8 = measure_decode(e, &info, 8, n_gen, reps, logits);
 	wf_engine_get_stats(e, &st8);
-	double bw = bench_read_bandwidth(info.n_threads, bench_read_bandwidth_size(), reps < 3 ? reps + 1 : reps);
+	double bw = bench_read_bandwidth(info.n_threads, bench_read_bandwidth_size(),
+	                                 reps < 3 ? reps + 1 : reps);
 	if (pp < 0 || tg < 0 || tg8 < 0 || bw < 0)
 		goto out;
 
 	double bound = bw / (double)info.weight_bytes_per_token;
 	snprintf(notes, sizeof notes,
-		 "%u threads; %.3g GB read per token; read bandwidth %.2f GB/s (%zu MiB buffer); "
-		 "bound %.1f tokens/s; %u tokens from an empty cache, mean of %d",
-		 info.n_threads, info.weight_bytes_per_token / 1e9, bw / 1e9,
-		 bench_read_bandwidth_size() >> 20, bound, n_gen, reps);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "decode_vs_bandwidth_bound", .value = tg,
-	    .unit = "tok/s", .anchor = "read bandwidth / bytes per token", .anchor_value = bound,
-	    .ratio = tg / bound, .goal = 0.85, .goal_op = ">=", .notes = notes, .kernels = level});
+	         "%u threads; %.3g GB read per token; read bandwidth %.2f GB/s (%zu MiB buffer); "
+	         "bound %.1f tokens/s; %u tokens from an empty cache, mean of %d",
+	         info.n_threads, info.weight_bytes_per_token / 1e9, bw / 1e9,
+	         bench_read_bandwidth_size() >> 20, bound, n_gen, reps);
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "decode_vs_bandwidth_bound",
+	                                    .value = tg,
+	                                    .unit = "tok/s",
+	                                    .anchor = "read bandwidth / bytes per token",
+	                                    .anchor_value = bound,
+	                                    .ratio = tg / bound,
+	                                    .goal = 0.85,
+	                                    .goal_op = ">=",
+	                                    .notes = notes,
+	                                    .kernels = level});
 
 	/* With routing spread over the experts, 8 tokens select many more distinct experts than
 	 * one does, so a step reads more bytes: the batch's own bandwidth bound says how far 8
@@ -381,23 +404,36 @@ int bench_engine(const struct bench_opts *o)
 	const double bytes8 = st8.tokens ? (double)st8.weight_bytes / (double)st8.tokens : 0;
 	const double bound8 = bytes8 > 0 ? bw / bytes8 : 0;
 	snprintf(notes, sizeof notes,
-		 "%u sequences x %u steps from empty caches; batch 1: %.2f tok/s; a batch-8 step "
-		 "reads %.3g GB (%.3g GB a token), so memory bandwidth allows %.1f tok/s, %.2f x "
-		 "batch 1's bound",
-		 8u, n_gen, tg, bytes8 * 8 / 1e9, bytes8 / 1e9, bound8, bound8 / bound);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "batch8_vs_batch1", .value = tg8, .unit = "tok/s",
-	    .anchor = "batch-1 decode, same run", .anchor_value = tg, .ratio = tg8 / tg,
-	    .goal = 3, .goal_op = ">=", .notes = notes, .kernels = level});
+	         "%u sequences x %u steps from empty caches; batch 1: %.2f tok/s; a batch-8 step "
+	         "reads %.3g GB (%.3g GB a token), so memory bandwidth allows %.1f tok/s, %.2f x "
+	         "batch 1's bound",
+	         8u, n_gen, tg, bytes8 * 8 / 1e9, bytes8 / 1e9, bound8, bound8 / bound);
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "batch8_vs_batch1",
+	                                    .value = tg8,
+	                                    .unit = "tok/s",
+	                                    .anchor = "batch-1 decode, same run",
+	                                    .anchor_value = tg,
+	                                    .ratio = tg8 / tg,
+	                                    .goal = 3,
+	                                    .goal_op = ">=",
+	                                    .notes = notes,
+	                                    .kernels = level});
 	snprintf(notes, sizeof notes,
-		 "8 sequences; %.3g GB of weights read per token (engine's count of the experts "
-		 "each step selects); read bandwidth %.2f GB/s",
-		 bytes8 / 1e9, bw / 1e9);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "batch8_vs_bandwidth_bound", .value = tg8,
-	    .unit = "tok/s", .anchor = "read bandwidth / bytes per token at batch 8",
-	    .anchor_value = bound8, .ratio = bound8 > 0 ? tg8 / bound8 : 0, .goal = 0.85,
-	    .goal_op = ">=", .notes = notes, .kernels = level});
+	         "8 sequences; %.3g GB of weights read per token (engine's count of the experts "
+	         "each step selects); read bandwidth %.2f GB/s",
+	         bytes8 / 1e9, bw / 1e9);
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "batch8_vs_bandwidth_bound",
+	                                    .value = tg8,
+	                                    .unit = "tok/s",
+	                                    .anchor = "read bandwidth / bytes per token at batch 8",
+	                                    .anchor_value = bound8,
+	                                    .ratio = bound8 > 0 ? tg8 / bound8 : 0,
+	                                    .goal = 0.85,
+	                                    .goal_op = ">=",
+	                                    .notes = notes,
+	                                    .kernels = level});
 
 	if (!o->llama_bench) {
 		bench_skip("engine", "decode_vs_llama_cpp", "no --llama-bench PATH given");
@@ -411,37 +447,59 @@ int bench_engine(const struct bench_opts *o)
 		struct llama_figures lf;
 		if (llama_run(o->llama_bench, model_path, info.n_threads, args, &lf, NULL) < 0 ||
 		    lf.pp <= 0 || lf.tg <= 0) {
-			bench_skip("engine", "decode_vs_llama_cpp", "llama-bench failed (see stderr)");
-			bench_skip("engine", "prefill_vs_llama_cpp", "llama-bench failed (see stderr)");
+			bench_skip("engine", "decode_vs_llama_cpp",
+			           "llama-bench failed (see stderr)");
+			bench_skip("engine", "prefill_vs_llama_cpp",
+			           "llama-bench failed (see stderr)");
 		} else {
 			snprintf(notes, sizeof notes,
-				 "llama-bench %s -t %u -n %u -r %d (build %s, %s); ours: %u tokens "
-				 "from an empty cache, mean of %d",
-				 o->llama_bench, info.n_threads, n_gen, reps, lf.build, lf.cpu, n_gen,
-				 reps);
-			bench_report(&(struct bench_result){
-			    .bench = "engine", .metric = "decode_vs_llama_cpp", .value = tg,
-			    .unit = "tok/s", .anchor = "llama-bench tg, same model/threads",
-			    .anchor_value = lf.tg, .ratio = tg / lf.tg, .goal = 1.15,
-			    .goal_op = ">=", .notes = notes, .kernels = level});
-			snprintf(notes, sizeof notes,
-				 "llama-bench -t %u -p %u -r %d; ours: %u tokens in one batch, mean of "
-				 "%d",
-				 info.n_threads, n_prompt, reps, n_prompt, reps);
-			bench_report(&(struct bench_result){
-			    .bench = "engine", .metric = "prefill_vs_llama_cpp", .value = pp,
-			    .unit = "tok/s", .anchor = "llama-bench pp, same model/threads",
-			    .anchor_value = lf.pp, .ratio = pp / lf.pp, .goal = 1.0,
-			    .goal_op = ">=", .notes = notes, .kernels = level});
+			         "llama-bench %s -t %u -n %u -r %d (build %s, %s); ours: %u tokens "
+			         "from an empty cache, mean of %d",
+			         o->llama_bench, info.n_threads, n_gen, reps, lf.build, lf.cpu,
+			         n_gen, reps);
+			bench_report(
+			    &(struct bench_result){.bench = "engine",
+			                           .metric = "decode_vs_llama_cpp",
+			                           .value = tg,
+			                           .unit = "tok/s",
+			                           .anchor = "llama-bench tg, same model/threads",
+			                           .anchor_value = lf.tg,
+			                           .ratio = tg / lf.tg,
+			                           .goal = 1.15,
+			                           .goal_op = ">=",
+			                           .notes = notes,
+			                           .kernels = level});
+			snprintf(
+			    notes, sizeof notes,
+			    "llama-bench -t %u -p %u -r %d; ours: %u tokens in one batch, mean of "
+			    "%d",
+			    info.n_threads, n_prompt, reps, n_prompt, reps);
+			bench_report(
+			    &(struct bench_result){.bench = "engine",
+			                           .metric = "prefill_vs_llama_cpp",
+			                           .value = pp,
+			                           .unit = "tok/s",
+			                           .anchor = "llama-bench pp, same model/threads",
+			                           .anchor_value = lf.pp,
+			                           .ratio = pp / lf.pp,
+			                           .goal = 1.0,
+			                           .goal_op = ">=",
+			                           .notes = notes,
+			                           .kernels = level});
 		}
 	}
 	/* Issue 11's rows: post-fetch and the expert cache on a throttled host device. */
 	{
 		struct measure_arg ma = {n_gen, reps, logits};
-		struct bench_postfetch_ctx pc = {
-		    .model = v.m, .tensor_data = v.w.tensor_data, .n_threads = info.n_threads,
-		    .n_gen = n_gen, .cpu_decode = tg, .expert_bytes = v.m->expert_bytes,
-		    .kernels = level, .measure = measure_one, .arg = &ma};
+		struct bench_postfetch_ctx pc = {.model = v.m,
+		                                 .tensor_data = v.w.tensor_data,
+		                                 .n_threads = info.n_threads,
+		                                 .n_gen = n_gen,
+		                                 .cpu_decode = tg,
+		                                 .expert_bytes = v.m->expert_bytes,
+		                                 .kernels = level,
+		                                 .measure = measure_one,
+		                                 .arg = &ma};
 		for (uint32_t i = 0; i < v.m->n_tensors; i++) {
 			const struct wf_tensor *t = &v.m->tensors[i];
 			if (!strstr(t->name, "ffn_down_exps"))
@@ -459,8 +517,10 @@ int bench_engine(const struct bench_opts *o)
 		if (o->device) {
 			struct bench_device_figures df;
 			if (!pc.n_down) {
-				fprintf(stderr, "wf-bench: %s has no routed experts for the device "
-				                "rows\n", model_path);
+				fprintf(stderr,
+				        "wf-bench: %s has no routed experts for the device "
+				        "rows\n",
+				        model_path);
 				goto out;
 			}
 			if (bench_engine_device(&pc, o->device, &df) != 0)
@@ -469,10 +529,14 @@ int bench_engine(const struct bench_opts *o)
 				goto out;
 		}
 	}
-	struct bench_engine_ctx ctx = {
-	    .model_path = model_path, .model_bytes = v.m->total_bytes, .n_vocab = info.n_vocab,
-	    .n_threads = info.n_threads, .kv_bytes = info.kv_bytes,
-	    .scratch_bytes = info.scratch_bytes, .n_ctx = info.n_ctx, .n_seq = info.n_seq_max};
+	struct bench_engine_ctx ctx = {.model_path = model_path,
+	                               .model_bytes = v.m->total_bytes,
+	                               .n_vocab = info.n_vocab,
+	                               .n_threads = info.n_threads,
+	                               .kv_bytes = info.kv_bytes,
+	                               .scratch_bytes = info.scratch_bytes,
+	                               .n_ctx = info.n_ctx,
+	                               .n_seq = info.n_seq_max};
 	char agent_exe[4096], worker_exe[4096];
 	bench_tool("wf-agent", "agent", agent_exe, sizeof agent_exe);
 	bench_tool("wf-worker", "worker", worker_exe, sizeof worker_exe);

@@ -47,12 +47,13 @@ static void fetch_notes(const struct wf_engine_stats *s, char *out, size_t len)
 	else
 		snprintf(ov, sizeof ov, "%.3f", s->fetch_overlap);
 	const double tok = s->tokens ? (double)s->tokens : 1.0;
-	snprintf(out, len,
-	         "overlap %s, fallback rate %.3f, hit rate %.3f, %llu whole hits; %.2f MB copied per "
-	         "token",
-	         ov, rate(s->fetch_fallbacks, s->fetch_used + s->fetch_fallbacks),
-	         rate(s->fetch_hits, s->fetch_hits + s->fetch_misses),
-	         (unsigned long long)s->fetch_whole, s->fetch_bytes / 1e6 / tok);
+	snprintf(
+	    out, len,
+	    "overlap %s, fallback rate %.3f, hit rate %.3f, %llu whole hits; %.2f MB copied per "
+	    "token",
+	    ov, rate(s->fetch_fallbacks, s->fetch_used + s->fetch_fallbacks),
+	    rate(s->fetch_hits, s->fetch_hits + s->fetch_misses),
+	    (unsigned long long)s->fetch_whole, s->fetch_bytes / 1e6 / tok);
 }
 
 /* Bytes of one whole-expert cache slot (down, gate, up, each 256-byte aligned, as engine/fetch.c
@@ -126,25 +127,40 @@ int bench_engine_device(const struct bench_postfetch_ctx *c, const char *spec,
 	         "%s; dense weights, KV cache and all %llu experts on the device (n_cpu_moe 0, "
 	         "%.0f MB); anchor: the CPU engine without a device, %u threads",
 	         name, (unsigned long long)n_pairs, c->expert_bytes / 1e6, c->n_threads);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "dev_resident", .value = r_res.tps, .unit = "tok/s",
-	    .anchor = "CPU engine, no device, same run", .anchor_value = c->cpu_decode,
-	    .ratio = r_res.tps / c->cpu_decode, .notes = notes, .kernels = c->kernels});
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "dev_resident",
+	                                    .value = r_res.tps,
+	                                    .unit = "tok/s",
+	                                    .anchor = "CPU engine, no device, same run",
+	                                    .anchor_value = c->cpu_decode,
+	                                    .ratio = r_res.tps / c->cpu_decode,
+	                                    .notes = notes,
+	                                    .kernels = c->kernels});
 	snprintf(notes, sizeof notes,
 	         "%s; dense weights and KV cache on the device, every expert computed by the CPU "
 	         "from the floor, post-fetch off (llama.cpp's --cpu-moe), %u threads",
 	         name, c->n_threads);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "dev_cpu_experts", .value = r_cpu.tps, .unit = "tok/s",
-	    .anchor = "dev_resident, same run", .anchor_value = r_res.tps,
-	    .ratio = r_cpu.tps / r_res.tps, .notes = notes, .kernels = c->kernels});
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "dev_cpu_experts",
+	                                    .value = r_cpu.tps,
+	                                    .unit = "tok/s",
+	                                    .anchor = "dev_resident, same run",
+	                                    .anchor_value = r_res.tps,
+	                                    .ratio = r_cpu.tps / r_res.tps,
+	                                    .notes = notes,
+	                                    .kernels = c->kernels});
 	fetch_notes(&r_pf.st, fetch, sizeof fetch);
 	snprintf(notes, sizeof notes, "%s; post-fetch, blocking, scratchpad %.1f MB; %s", name,
 	         r_pf.st.scratchpad_bytes / 1e6, fetch);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "dev_postfetch_vs_cpu_experts", .value = r_pf.tps,
-	    .unit = "tok/s", .anchor = "dev_cpu_experts, same run", .anchor_value = r_cpu.tps,
-	    .ratio = r_pf.tps / r_cpu.tps, .notes = notes, .kernels = c->kernels});
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "dev_postfetch_vs_cpu_experts",
+	                                    .value = r_pf.tps,
+	                                    .unit = "tok/s",
+	                                    .anchor = "dev_cpu_experts, same run",
+	                                    .anchor_value = r_cpu.tps,
+	                                    .ratio = r_pf.tps / r_cpu.tps,
+	                                    .notes = notes,
+	                                    .kernels = c->kernels});
 	fetch_notes(&r_25.st, fetch, sizeof fetch);
 	snprintf(notes, sizeof notes,
 	         "%s; expert cache %llu MiB (25%% of %.1f MB of expert bytes; whole experts, %llu "
@@ -152,21 +168,32 @@ int bench_engine_device(const struct bench_postfetch_ctx *c, const char *spec,
 	         name, (unsigned long long)mb25, c->expert_bytes / 1e6,
 	         (unsigned long long)(r_25.st.scratchpad_bytes / (slot ? slot : 1)),
 	         (unsigned long long)n_pairs, fetch);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "dev_cache25_vs_cpu_experts", .value = r_25.tps,
-	    .unit = "tok/s", .anchor = "dev_cpu_experts, same run", .anchor_value = r_cpu.tps,
-	    .ratio = r_25.tps / r_cpu.tps, .notes = notes, .kernels = c->kernels});
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "dev_cache25_vs_cpu_experts",
+	                                    .value = r_25.tps,
+	                                    .unit = "tok/s",
+	                                    .anchor = "dev_cpu_experts, same run",
+	                                    .anchor_value = r_cpu.tps,
+	                                    .ratio = r_25.tps / r_cpu.tps,
+	                                    .notes = notes,
+	                                    .kernels = c->kernels});
 	fetch_notes(&r_full.st, fetch, sizeof fetch);
 	snprintf(notes, sizeof notes,
 	         "%s; expert cache %llu MiB (every expert whole), warmed by one untimed "
 	         "measurement; %s%s",
 	         name, (unsigned long long)mb_full, fetch,
 	         cuda ? "" : "; goal 0.9 on a GPU, none on the host device");
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "dev_cache_full_vs_resident", .value = r_full.tps,
-	    .unit = "tok/s", .anchor = "dev_resident, same run", .anchor_value = r_res.tps,
-	    .ratio = r_full.tps / r_res.tps, .goal = 0.9, .goal_op = goal_op, .notes = notes,
-	    .kernels = c->kernels});
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "dev_cache_full_vs_resident",
+	                                    .value = r_full.tps,
+	                                    .unit = "tok/s",
+	                                    .anchor = "dev_resident, same run",
+	                                    .anchor_value = r_res.tps,
+	                                    .ratio = r_full.tps / r_res.tps,
+	                                    .goal = 0.9,
+	                                    .goal_op = goal_op,
+	                                    .notes = notes,
+	                                    .kernels = c->kernels});
 
 	ret->cache25 = r_25.tps;
 	ret->cache25_mb = mb25;

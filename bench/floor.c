@@ -37,7 +37,7 @@ static double cpu_secs(void)
 static double last_cpu;
 
 static int materialize(const char *floor_dir, struct wf_model *m, const struct wf_digest *dg,
-		       double *ret_secs, struct wf_shm_region **ret_region)
+                       double *ret_secs, struct wf_shm_region **ret_region)
 {
 	struct wf_shm_config cfg = {.dir = floor_dir};
 	struct wf_shm_fill_io fi = {0};
@@ -46,8 +46,7 @@ static int materialize(const char *floor_dir, struct wf_model *m, const struct w
 	 * then overlaps the reads instead of preceding them. */
 	unsigned fl = WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM;
 	double c0 = cpu_secs(), t0 = bench_now();
-	int rc = wf_shm_region_attach(&cfg, dg, m, fl, wf_shm_fill_from_files, &fi, ret_region,
-				      &d);
+	int rc = wf_shm_region_attach(&cfg, dg, m, fl, wf_shm_fill_from_files, &fi, ret_region, &d);
 	*ret_secs = bench_now() - t0;
 	last_cpu = cpu_secs() - c0;
 	if (rc < 0)
@@ -89,7 +88,7 @@ static double fresh_write_seconds(const char *floor_dir, uint64_t bytes)
 }
 
 static void run_throughput(const struct bench_opts *o, const char *model_path, struct wf_model *m,
-			   const struct wf_digest *dg, const char *floor_dir)
+                           const struct wf_digest *dg, const char *floor_dir)
 {
 	bool want_cold = bench_selected(o, "cold"), want_warm = bench_selected(o, "warm");
 	double bytes = (double)m->total_bytes;
@@ -114,14 +113,19 @@ static void run_throughput(const struct bench_opts *o, const char *model_path, s
 	} else if (materialize(floor_dir, m, dg, &secs, &r) == 0) {
 		double v = bytes / secs;
 		snprintf(note, sizeof note, "%.2f GB model; page cache %s; %.2f s wall, %.2f s CPU",
-			 bytes / 1e9,
-			 dropped ? "dropped" : "evicted with fadvise (no drop_caches permission)",
-			 secs, last_cpu);
-		bench_report(&(struct bench_result){
-			.bench = "floor", .metric = "cold_materialize_GBps", .unit = "GB/s",
-			.value = v / 1e9, .anchor = "fio io_uring O_DIRECT seq read GB/s",
-			.anchor_value = fio / 1e9, .ratio = v / fio, .goal = 0.95, .goal_op = ">=",
-			.notes = note});
+		         bytes / 1e9,
+		         dropped ? "dropped" : "evicted with fadvise (no drop_caches permission)",
+		         secs, last_cpu);
+		bench_report(&(struct bench_result){.bench = "floor",
+		                                    .metric = "cold_materialize_GBps",
+		                                    .unit = "GB/s",
+		                                    .value = v / 1e9,
+		                                    .anchor = "fio io_uring O_DIRECT seq read GB/s",
+		                                    .anchor_value = fio / 1e9,
+		                                    .ratio = v / fio,
+		                                    .goal = 0.95,
+		                                    .goal_op = ">=",
+		                                    .notes = note});
 		wf_shm_region_detach(r);
 		r = NULL;
 	}
@@ -140,16 +144,21 @@ warm:
 		r = NULL;
 		double fw = fresh_write_seconds(floor_dir, (uint64_t)bytes);
 		snprintf(note, sizeof note,
-			 "%.2f s wall, %.2f s CPU; materializing writes fresh tmpfs pages, which "
-			 "cat never does: a plain pwrite of as many bytes into fresh pages here "
-			 "takes %.2f s (%.2f GB/s); we reach %.2f of it",
-			 secs, last_cpu, fw, fw > 0 ? bytes / fw / 1e9 : 0.0,
-			 fw > 0 ? fw / secs : 0.0);
-		bench_report(&(struct bench_result){
-			.bench = "floor", .metric = "warm_materialize_GBps", .unit = "GB/s",
-			.value = v / 1e9, .anchor = "cat FILE >/dev/null GB/s (cached)",
-			.anchor_value = a / 1e9, .ratio = v / a, .goal = 0.9, .goal_op = ">=",
-			.notes = note});
+		         "%.2f s wall, %.2f s CPU; materializing writes fresh tmpfs pages, which "
+		         "cat never does: a plain pwrite of as many bytes into fresh pages here "
+		         "takes %.2f s (%.2f GB/s); we reach %.2f of it",
+		         secs, last_cpu, fw, fw > 0 ? bytes / fw / 1e9 : 0.0,
+		         fw > 0 ? fw / secs : 0.0);
+		bench_report(&(struct bench_result){.bench = "floor",
+		                                    .metric = "warm_materialize_GBps",
+		                                    .unit = "GB/s",
+		                                    .value = v / 1e9,
+		                                    .anchor = "cat FILE >/dev/null GB/s (cached)",
+		                                    .anchor_value = a / 1e9,
+		                                    .ratio = v / a,
+		                                    .goal = 0.9,
+		                                    .goal_op = ">=",
+		                                    .notes = note});
 	}
 }
 
@@ -185,9 +194,9 @@ static long long mapping_pss(const char *path)
  * among the processes mapping it at the moment it is read), then measure. Every child writes
  * exactly one record however it fares, so a failure can never leave the parent waiting. */
 struct share_rec {
-	int32_t rc;   /* 0, or the attach error */
+	int32_t rc; /* 0, or the attach error */
 	int32_t pad;
-	int64_t pss;  /* bytes, -1 when not measured */
+	int64_t pss; /* bytes, -1 when not measured */
 };
 
 static void run_sharing(const char *floor_dir, struct wf_model *m, const struct wf_digest *dg)
@@ -215,7 +224,7 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 		struct wf_shm_region *r = NULL;
 		struct share_rec out = {.pss = -1};
 		out.rc = wf_shm_region_attach(&cfg, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-					      NULL);
+		                              NULL);
 		if (out.rc == 0) {
 			const volatile unsigned char *b = wf_shm_region_data(r);
 			uint64_t sz = wf_shm_region_size(r);
@@ -268,18 +277,24 @@ static void run_sharing(const char *floor_dir, struct wf_model *m, const struct 
 	if (got != NPROC) {
 		char why[160];
 		snprintf(why, sizeof why, "%d of %d children could not attach or measure (%s)",
-			 NPROC - got, NPROC, wf_strerror(first_err));
+		         NPROC - got, NPROC, wf_strerror(first_err));
 		bench_skip("floor", "share_pss_over_model", why);
 	} else {
 		double size = (double)wf_shm_region_size(held);
 		char note[128];
-		snprintf(note, sizeof note, "%d processes, region %.0f MiB; a private copy each = %d.0",
-			 NPROC, size / 1048576.0, NPROC);
-		bench_report(&(struct bench_result){
-			.bench = "floor", .metric = "share_pss_over_model", .unit = "x",
-			.value = (double)total / size, .anchor = "region size (1 copy)",
-			.anchor_value = 1.0, .ratio = (double)total / size, .goal = 1.05,
-			.goal_op = "<=", .notes = note});
+		snprintf(note, sizeof note,
+		         "%d processes, region %.0f MiB; a private copy each = %d.0", NPROC,
+		         size / 1048576.0, NPROC);
+		bench_report(&(struct bench_result){.bench = "floor",
+		                                    .metric = "share_pss_over_model",
+		                                    .unit = "x",
+		                                    .value = (double)total / size,
+		                                    .anchor = "region size (1 copy)",
+		                                    .anchor_value = 1.0,
+		                                    .ratio = (double)total / size,
+		                                    .goal = 1.05,
+		                                    .goal_op = "<=",
+		                                    .notes = note});
 	}
 	wf_shm_region_detach(held);
 }
@@ -350,7 +365,7 @@ static void run_attach(const struct bench_opts *o, const char *dir, const char *
 		struct wf_shm_region *r = NULL;
 		double t0 = bench_now();
 		int rc = wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-					      NULL);
+		                              NULL);
 		t[i] = bench_now() - t0;
 		if (rc < 0) {
 			fprintf(stderr, "wf-bench: attach: %s\n", wf_strerror(rc));
@@ -363,16 +378,29 @@ static void run_attach(const struct bench_opts *o, const char *dir, const char *
 		qsort(t, (size_t)iters, sizeof(*t), cmp_d);
 		double p50 = t[iters / 2] * 1e3, p99 = t[(int)(iters * 0.99)] * 1e3;
 		char note[160];
-		snprintf(note, sizeof note, "%u tensors, %d attaches (reader mode, validated), p50 %.3f ms",
-			 nt, iters, p50);
-		bench_report(&(struct bench_result){
-			.bench = "floor", .metric = "attach_p99_ms", .unit = "ms", .value = p99,
-			.anchor = "1 ms", .anchor_value = 1.0, .ratio = p99 / 1.0, .goal = 1.0,
-			.goal_op = "<=", .notes = note});
-		bench_report(&(struct bench_result){
-			.bench = "floor", .metric = "attach_p50_ms", .unit = "ms", .value = p50,
-			.anchor = "1 ms", .anchor_value = 1.0, .ratio = p50, .goal = 1.0,
-			.goal_op = "<=", .notes = NULL});
+		snprintf(note, sizeof note,
+		         "%u tensors, %d attaches (reader mode, validated), p50 %.3f ms", nt, iters,
+		         p50);
+		bench_report(&(struct bench_result){.bench = "floor",
+		                                    .metric = "attach_p99_ms",
+		                                    .unit = "ms",
+		                                    .value = p99,
+		                                    .anchor = "1 ms",
+		                                    .anchor_value = 1.0,
+		                                    .ratio = p99 / 1.0,
+		                                    .goal = 1.0,
+		                                    .goal_op = "<=",
+		                                    .notes = note});
+		bench_report(&(struct bench_result){.bench = "floor",
+		                                    .metric = "attach_p50_ms",
+		                                    .unit = "ms",
+		                                    .value = p50,
+		                                    .anchor = "1 ms",
+		                                    .anchor_value = 1.0,
+		                                    .ratio = p50,
+		                                    .goal = 1.0,
+		                                    .goal_op = "<=",
+		                                    .notes = NULL});
 	}
 	free(t);
 	wf_shm_region_detach(held);

@@ -31,7 +31,8 @@ double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_en
 	int rc = wf_engine_create(c->model, c->tensor_data, cfg, &e, &d);
 	if (rc < 0) {
 		fprintf(stderr, "wf-bench: engine with %s: %s\n",
-		        cfg->device ? wf_device_name(cfg->device) : "no device", wf_diag_str(&d, rc));
+		        cfg->device ? wf_device_name(cfg->device) : "no device",
+		        wf_diag_str(&d, rc));
 		return -1;
 	}
 	struct wf_engine_info info;
@@ -51,7 +52,9 @@ static double decode_with(const struct bench_postfetch_ctx *c, struct wf_device 
 {
 	struct wf_postfetch_settings s;
 	wf_postfetch_settings_default(&s);
-	struct wf_engine_config cfg = {.device = dev, .postfetch = &s, .expert_cache_mb = cache_mb,
+	struct wf_engine_config cfg = {.device = dev,
+	                               .postfetch = &s,
+	                               .expert_cache_mb = cache_mb,
 	                               .experts_on_device = resident};
 	return bench_engine_decode_cfg(c, &cfg, false, ret_stats);
 }
@@ -74,7 +77,8 @@ int bench_engine_postfetch(const struct bench_postfetch_ctx *c)
 		}
 		struct wf_engine_stats pf, c25, cold, warm;
 		const double t_pf = decode_with(c, dev, 0, false, &pf);
-		const double t_25 = decode_with(c, dev, (uint32_t)(cache25 ? cache25 : 1), false, &c25);
+		const double t_25 =
+		    decode_with(c, dev, (uint32_t)(cache25 ? cache25 : 1), false, &c25);
 		const double t_cold = decode_with(c, dev, (uint32_t)(full + 1), false, &cold);
 		const double t_warm = decode_with(c, dev, 0, true, &warm);
 		wf_device_close(dev);
@@ -83,49 +87,71 @@ int bench_engine_postfetch(const struct bench_postfetch_ctx *c)
 		/* per token: the stats count every decode of the measurement, warm-up included */
 		const double tok = pf.tokens ? (double)pf.tokens : 1.0;
 		const double tok25 = c25.tokens ? (double)c25.tokens : 1.0;
-		snprintf(notes, sizeof notes,
-		         "%s; blocking, scratchpad %.1f MB; %.1f MB fetched per token; %llu of %llu "
-		         "fetched experts computed from the copy; CPU-only decode %.2f tok/s",
-		         spec, pf.scratchpad_bytes / 1e6, pf.fetch_bytes / 1e6 / tok,
-		         (unsigned long long)pf.fetch_used, (unsigned long long)pf.fetch_experts, cpu);
-		bench_report(&(struct bench_result){
-		    .bench = "engine", .metric = "postfetch_vs_cpu_experts", .value = t_pf,
-		    .unit = "tok/s", .anchor = "CPU experts only, same run", .anchor_value = cpu,
-		    .ratio = t_pf / cpu, .notes = notes, .kernels = c->kernels});
+		snprintf(
+		    notes, sizeof notes,
+		    "%s; blocking, scratchpad %.1f MB; %.1f MB fetched per token; %llu of %llu "
+		    "fetched experts computed from the copy; CPU-only decode %.2f tok/s",
+		    spec, pf.scratchpad_bytes / 1e6, pf.fetch_bytes / 1e6 / tok,
+		    (unsigned long long)pf.fetch_used, (unsigned long long)pf.fetch_experts, cpu);
+		bench_report(&(struct bench_result){.bench = "engine",
+		                                    .metric = "postfetch_vs_cpu_experts",
+		                                    .value = t_pf,
+		                                    .unit = "tok/s",
+		                                    .anchor = "CPU experts only, same run",
+		                                    .anchor_value = cpu,
+		                                    .ratio = t_pf / cpu,
+		                                    .notes = notes,
+		                                    .kernels = c->kernels});
 		snprintf(notes, sizeof notes,
 		         "%s; copy time hidden under compute, over the steps whose copies all "
 		         "completed; %.1f MB fetched per token",
 		         spec, pf.fetch_bytes / 1e6 / tok);
-		bench_report(&(struct bench_result){
-		    .bench = "engine", .metric = "postfetch_overlap",
-		    .value = pf.fetch_overlap < 0 ? 0 : pf.fetch_overlap, .unit = "fraction",
-		    .anchor = "copy time", .anchor_value = 1,
-		    .ratio = pf.fetch_overlap < 0 ? 0 : pf.fetch_overlap, .notes = notes,
-		    .kernels = c->kernels});
+		bench_report(
+		    &(struct bench_result){.bench = "engine",
+		                           .metric = "postfetch_overlap",
+		                           .value = pf.fetch_overlap < 0 ? 0 : pf.fetch_overlap,
+		                           .unit = "fraction",
+		                           .anchor = "copy time",
+		                           .anchor_value = 1,
+		                           .ratio = pf.fetch_overlap < 0 ? 0 : pf.fetch_overlap,
+		                           .notes = notes,
+		                           .kernels = c->kernels});
 		const uint64_t l25 = c25.fetch_hits + c25.fetch_misses;
 		snprintf(notes, sizeof notes,
 		         "%s; cache %llu MiB (25%% of %.0f MB of expert bytes; its slots hold down "
-		         "projections, %llu of the model's %u); hit rate %.3f; %.1f MB fetched per token",
+		         "projections, %llu of the model's %u); hit rate %.3f; %.1f MB fetched per "
+		         "token",
 		         spec, (unsigned long long)cache25, c->expert_bytes / 1e6,
-		         (unsigned long long)(c25.scratchpad_bytes / (c->down_bytes_max ? c->down_bytes_max : 1)),
+		         (unsigned long long)(c25.scratchpad_bytes /
+		                              (c->down_bytes_max ? c->down_bytes_max : 1)),
 		         c->n_down, l25 ? (double)c25.fetch_hits / (double)l25 : 0.0,
 		         c25.fetch_bytes / 1e6 / tok25);
-		bench_report(&(struct bench_result){
-		    .bench = "engine", .metric = "cache25_vs_cpu_experts", .value = t_25,
-		    .unit = "tok/s", .anchor = "CPU experts only, same run", .anchor_value = cpu,
-		    .ratio = t_25 / cpu, .notes = notes, .kernels = c->kernels});
+		bench_report(&(struct bench_result){.bench = "engine",
+		                                    .metric = "cache25_vs_cpu_experts",
+		                                    .value = t_25,
+		                                    .unit = "tok/s",
+		                                    .anchor = "CPU experts only, same run",
+		                                    .anchor_value = cpu,
+		                                    .ratio = t_25 / cpu,
+		                                    .notes = notes,
+		                                    .kernels = c->kernels});
 		const uint64_t lc = cold.fetch_hits + cold.fetch_misses;
-		snprintf(notes, sizeof notes,
-		         "%s; a cache of every down projection (%llu MiB), cold: hit rate %.3f; "
-		         "resident: all %u down projections loaded at create (--n-cpu-moe 0, %.0f MB)",
-		         spec, (unsigned long long)(full + 1),
-		         lc ? (double)cold.fetch_hits / (double)lc : 0.0, c->n_down,
-		         warm.resident_bytes / 1e6);
-		bench_report(&(struct bench_result){
-		    .bench = "engine", .metric = "cache_full_vs_resident", .value = t_cold,
-		    .unit = "tok/s", .anchor = "every expert resident, same run",
-		    .anchor_value = t_warm, .ratio = t_cold / t_warm, .notes = notes,
-		    .kernels = c->kernels});
+		snprintf(
+		    notes, sizeof notes,
+		    "%s; a cache of every down projection (%llu MiB), cold: hit rate %.3f; "
+		    "resident: all %u down projections loaded at create (--n-cpu-moe 0, %.0f MB)",
+		    spec, (unsigned long long)(full + 1),
+		    lc ? (double)cold.fetch_hits / (double)lc : 0.0, c->n_down,
+		    warm.resident_bytes / 1e6);
+		bench_report(&(struct bench_result){.bench = "engine",
+		                                    .metric = "cache_full_vs_resident",
+		                                    .value = t_cold,
+		                                    .unit = "tok/s",
+		                                    .anchor = "every expert resident, same run",
+		                                    .anchor_value = t_warm,
+		                                    .ratio = t_cold / t_warm,
+		                                    .notes = notes,
+		                                    .kernels = c->kernels});
 	}
 	return 0;
 }

@@ -47,14 +47,14 @@ void bench_report(const struct bench_result *r)
 		if (r->kernels)
 			json_object_object_add(o, "kernels", json_object_new_string(r->kernels));
 		puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-							       JSON_C_TO_STRING_NOSLASHESCAPE));
+		                                           JSON_C_TO_STRING_NOSLASHESCAPE));
 		json_object_put(o);
 	} else {
 		header();
 		char goal[32];
 		if (r->goal_op)
 			snprintf(goal, sizeof goal, "%s %.2f%s", r->goal_op, r->goal,
-				 passes(r) ? "" : " !");
+			         passes(r) ? "" : " !");
 		else
 			snprintf(goal, sizeof goal, "-");
 		printf("%-10s %-28s %14.4g %-8s %-34s %14.4g %8.3f %10s\n", r->bench, r->metric,
@@ -75,7 +75,7 @@ void bench_skip(const char *bench, const char *metric, const char *reason)
 		json_object_object_add(o, "metric", json_object_new_string(metric));
 		json_object_object_add(o, "skipped", json_object_new_string(reason));
 		puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-							       JSON_C_TO_STRING_NOSLASHESCAPE));
+		                                           JSON_C_TO_STRING_NOSLASHESCAPE));
 		json_object_put(o);
 	} else {
 		header();

@@ -1,8 +1,8 @@
 /* wf-bench output: one result per line, JSON (--json) or a readable table.
  *
  * JSON fields: bench, metric, value, unit, anchor, anchor_value, ratio, goal, goal_op ("<=" or
- * ">="), pass, plus free-form notes and the kernels' SIMD level (kernels); or, for a figure that could not be measured here, bench,
- * metric and skipped (the reason), never a made-up value. */
+ * ">="), pass, plus free-form notes and the kernels' SIMD level (kernels); or, for a figure that
+ * could not be measured here, bench, metric and skipped (the reason), never a made-up value. */
 #ifndef WF_BENCH_REPORT_H
 #define WF_BENCH_REPORT_H
 
@@ -13,7 +13,7 @@ struct bench_result {
 	double value;
 	const char *anchor; /* what value was compared with, measured in the same run */
 	double anchor_value;
-	double ratio;       /* value / anchor_value, or as the metric defines it */
+	double ratio; /* value / anchor_value, or as the metric defines it */
 	double goal;
 	const char *goal_op; /* ">=" or "<=", NULL: no goal on this machine (the row is a record) */
 	const char *notes;   /* optional */

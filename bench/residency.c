@@ -34,7 +34,7 @@ struct load_result {
 
 /* One load of the model through a fresh cache: prefetch (wait), then evict. */
 static struct load_result load_once(struct wf_device *dev, const struct wf_model *m,
-				    const struct wf_shm_config *shm, enum wf_stage_mode mode)
+                                    const struct wf_shm_config *shm, enum wf_stage_mode mode)
 {
 	struct load_result r = {.rc = 0};
 	struct wf_cache *cache = NULL;
@@ -81,7 +81,7 @@ static double copy_anchor(struct wf_device *dev, const void *src, size_t n)
 		memcpy(dst, src, n); /* host device memory is host memory */
 		secs = bench_now() - t0;
 	} else if (wf_device_pinned_alloc(dev, n, 0, &pinned, NULL) == 0 &&
-		   wf_device_stream_create(dev, &s, NULL) == 0) {
+	           wf_device_stream_create(dev, &s, NULL) == 0) {
 		memcpy(pinned, src, n);
 		double t0 = bench_now();
 		if (wf_device_memcpy_async(s, dst, pinned, n, WF_DEVICE_COPY_H2D, NULL) == 0 &&
@@ -132,51 +132,68 @@ int bench_residency(const struct bench_opts *o)
 	struct wf_digest dg;
 	wf_model_digest(m, &dg);
 	if ((rc = wf_shm_region_attach(&shm, &dg, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				       wf_shm_fill_from_files, &fi, &floor, &d)) < 0) {
+	                               wf_shm_fill_from_files, &fi, &floor, &d)) < 0) {
 		fprintf(stderr, "wf-bench: floor: %s\n", wf_diag_str(&d, rc));
 		goto out;
 	}
 
 	if (bench_selected(o, "floor")) {
-		/* AUTO calibrates on the first load and keeps the faster mode: that is the default. */
+		/* AUTO calibrates on the first load and keeps the faster mode: that is the default.
+		 */
 		struct load_result def = load_once(dev, m, &shm, WF_STAGE_MODE_AUTO);
-		double anchor = copy_anchor(dev, wf_shm_region_data(floor), wf_shm_region_size(floor));
+		double anchor =
+		    copy_anchor(dev, wf_shm_region_data(floor), wf_shm_region_size(floor));
 		/* a second AUTO load runs in the chosen mode without calibrating */
 		struct load_result def2 = load_once(dev, m, &shm, def.mode);
 		enum wf_stage_mode other_mode =
-			def.mode == WF_STAGE_MODE_DIRECT ? WF_STAGE_MODE_STAGED : WF_STAGE_MODE_DIRECT;
+		    def.mode == WF_STAGE_MODE_DIRECT ? WF_STAGE_MODE_STAGED : WF_STAGE_MODE_DIRECT;
 		struct load_result other = load_once(dev, m, &shm, other_mode);
 		if (def.rc == 0 && def2.rc == 0 && anchor > 0) {
-			double v = bytes / def2.seconds, a = (double)wf_shm_region_size(floor) / anchor;
+			double v = bytes / def2.seconds,
+			       a = (double)wf_shm_region_size(floor) / anchor;
 			char note[200];
 			snprintf(note, sizeof note, "default mode %s on %s; %.2f GB model",
-				 wf_stage_mode_name(def.mode), wf_device_name(dev), bytes / 1e9);
+			         wf_stage_mode_name(def.mode), wf_device_name(dev), bytes / 1e9);
 			bench_report(&(struct bench_result){
-				.bench = bench, .metric = "floor_to_device_GBps", .unit = "GB/s",
-				.value = v / 1e9,
-				.anchor = cuda ? "cudaMemcpyAsync from one pinned buffer GB/s"
-					       : "memcpy floor->fresh device allocation GB/s",
-				.anchor_value = a / 1e9, .ratio = v / a, .goal = 0.9, .goal_op = ">=",
-				.notes = note});
+			    .bench = bench,
+			    .metric = "floor_to_device_GBps",
+			    .unit = "GB/s",
+			    .value = v / 1e9,
+			    .anchor = cuda ? "cudaMemcpyAsync from one pinned buffer GB/s"
+			                   : "memcpy floor->fresh device allocation GB/s",
+			    .anchor_value = a / 1e9,
+			    .ratio = v / a,
+			    .goal = 0.9,
+			    .goal_op = ">=",
+			    .notes = note});
 			if (other.rc == 0) {
 				double ov = bytes / other.seconds;
 				snprintf(note, sizeof note, "the non-default mode, for comparison");
 				char metric[64];
 				snprintf(metric, sizeof metric, "floor_to_device_%s_GBps",
-					 wf_stage_mode_name(other_mode));
-				bench_report(&(struct bench_result){
-					.bench = bench, .metric = metric, .unit = "GB/s",
-					.value = ov / 1e9, .anchor = "same anchor", .anchor_value = a / 1e9,
-					.ratio = ov / a, .goal = 0.9, .goal_op = ">=", .notes = note});
+				         wf_stage_mode_name(other_mode));
+				bench_report(&(struct bench_result){.bench = bench,
+				                                    .metric = metric,
+				                                    .unit = "GB/s",
+				                                    .value = ov / 1e9,
+				                                    .anchor = "same anchor",
+				                                    .anchor_value = a / 1e9,
+				                                    .ratio = ov / a,
+				                                    .goal = 0.9,
+				                                    .goal_op = ">=",
+				                                    .notes = note});
 			}
 			bench_report(&(struct bench_result){
-				.bench = bench, .metric = "evict_free_mem_ratio", .unit = "x",
-				.value = (double)def2.free_after_evict / (double)def2.free_before,
-				.anchor = "device free memory before the load",
-				.anchor_value = (double)def2.free_before,
-				.ratio = (double)def2.free_after_evict / (double)def2.free_before,
-				.goal = 0.999, .goal_op = ">=",
-				.notes = "free memory after evict / before load"});
+			    .bench = bench,
+			    .metric = "evict_free_mem_ratio",
+			    .unit = "x",
+			    .value = (double)def2.free_after_evict / (double)def2.free_before,
+			    .anchor = "device free memory before the load",
+			    .anchor_value = (double)def2.free_before,
+			    .ratio = (double)def2.free_after_evict / (double)def2.free_before,
+			    .goal = 0.999,
+			    .goal_op = ">=",
+			    .notes = "free memory after evict / before load"});
 		}
 	}
 
@@ -195,16 +212,22 @@ int bench_residency(const struct bench_opts *o)
 		} else if (cold.rc == 0) {
 			double v = bytes / cold.seconds;
 			bench_report(&(struct bench_result){
-				.bench = bench, .metric = "cold_file_load_GBps", .unit = "GB/s",
-				.value = v / 1e9, .anchor = "fio io_uring O_DIRECT seq read GB/s",
-				.anchor_value = fio / 1e9, .ratio = v / fio, .goal = 0.9,
-				.goal_op = ">=",
-				.notes = dropped ? "no floor: staged from the file, page cache dropped"
-						 : "no floor; page cache evicted with fadvise"});
+			    .bench = bench,
+			    .metric = "cold_file_load_GBps",
+			    .unit = "GB/s",
+			    .value = v / 1e9,
+			    .anchor = "fio io_uring O_DIRECT seq read GB/s",
+			    .anchor_value = fio / 1e9,
+			    .ratio = v / fio,
+			    .goal = 0.9,
+			    .goal_op = ">=",
+			    .notes = dropped ? "no floor: staged from the file, page cache dropped"
+			                     : "no floor; page cache evicted with fadvise"});
 		}
 	}
 	if (!cuda) {
-		const char *why = "no CUDA device on this machine (run with --device cuda:0 on a GPU)";
+		const char *why =
+		    "no CUDA device on this machine (run with --device cuda:0 on a GPU)";
 		bench_skip("residency-cuda", "floor_to_device_GBps", why);
 		bench_skip("residency-cuda", "time_to_resident_10GB_s", why);
 		bench_skip("residency-cuda", "evict_free_mem_ratio", why);

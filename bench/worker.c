@@ -65,7 +65,7 @@ static void stop_child(pid_t pid)
 }
 
 static int call(struct wf_ctl_client *c, Weightfloor__V1__Request *req, int timeout_ms,
-		Weightfloor__V1__Reply **ret, const char *what)
+                Weightfloor__V1__Reply **ret, const char *what)
 {
 	struct wf_diag d = {{0}};
 	Weightfloor__V1__Reply *r = NULL;
@@ -102,8 +102,7 @@ static int connect_worker(pid_t pid, const char *url, struct wf_ctl_client **ret
 
 /* Generates up to max_tokens from PROMPT_TOKENS fixed ids on the worker behind c and returns
  * once the first token is there (first_only) or the generation is done. */
-static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_tokens,
-		    bool first_only)
+static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_tokens, bool first_only)
 {
 	int32_t ids[PROMPT_TOKENS];
 	for (int i = 0; i < PROMPT_TOKENS; i++)
@@ -131,7 +130,8 @@ static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_toke
 			break;
 		}
 		if (gr->done && gr->finish == WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR) {
-			fprintf(stderr, "wf-bench: Generate: %s\n", gr->error ? gr->error : "error");
+			fprintf(stderr, "wf-bench: Generate: %s\n",
+			        gr->error ? gr->error : "error");
 			rc = WF_EINTERNAL;
 			break;
 		}
@@ -186,8 +186,8 @@ static int smaps_read(pid_t pid, const char *floor_dir, struct smaps_sum *ret)
 				s.floor_rss += bytes;
 		} else if (strcmp(key, "Anonymous") == 0) {
 			s.anon += bytes;
-		} else if (!in_floor &&
-			   (strcmp(key, "Private_Clean") == 0 || strcmp(key, "Private_Dirty") == 0)) {
+		} else if (!in_floor && (strcmp(key, "Private_Clean") == 0 ||
+		                         strcmp(key, "Private_Dirty") == 0)) {
 			s.private_bytes += bytes;
 		}
 	}
@@ -202,8 +202,8 @@ static double llama_first_token(const char *exe, const char *model, unsigned thr
 {
 	char t[16];
 	snprintf(t, sizeof t, "%u", threads);
-	char *argv[] = {(char *)exe, "-m", (char *)model, "-t", t, "-p", "0", "-n", "0",
-			"-pg", "16,1", "-r", "1", "--no-warmup", NULL};
+	char *argv[] = {(char *)exe, "-m",  (char *)model, "-t", t,   "-p",          "0", "-n",
+	                "0",         "-pg", "16,1",        "-r", "1", "--no-warmup", NULL};
 	double v[16];
 	int n = 0;
 	for (int r = -1; r < reps && n < 16; r++) {
@@ -233,7 +233,8 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 
 	if (!mkdtemp(dir))
 		return 1;
-	snprintf(floor_dir, sizeof floor_dir, "%s/wf-bench-engine-%d", o->floor_root, (int)getpid());
+	snprintf(floor_dir, sizeof floor_dir, "%s/wf-bench-engine-%d", o->floor_root,
+	         (int)getpid());
 	if (mkdir(floor_dir, 0700) < 0) {
 		fprintf(stderr, "wf-bench: %s: %s\n", floor_dir, strerror(errno));
 		goto out;
@@ -242,8 +243,18 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 	snprintf(ev_url, sizeof ev_url, "ipc://%s/events.sock", dir);
 	snprintf(log, sizeof log, "%s/agent.log", dir);
 	snprintf(model_arg, sizeof model_arg, "bench=%s", ctx->model_path);
-	char *aargv[] = {(char *)ctx->agent_exe, "--floor-dir", floor_dir, "--socket", agent_url,
-			 "--events", ev_url, "--state-file", "none", "--model", model_arg, NULL};
+	char *aargv[] = {(char *)ctx->agent_exe,
+	                 "--floor-dir",
+	                 floor_dir,
+	                 "--socket",
+	                 agent_url,
+	                 "--events",
+	                 ev_url,
+	                 "--state-file",
+	                 "none",
+	                 "--model",
+	                 model_arg,
+	                 NULL};
 	if ((agent_pid = spawn_logged(aargv, log)) < 0) {
 		fprintf(stderr, "wf-bench: %s: %s\n", ctx->agent_exe, strerror((int)-agent_pid));
 		goto out;
@@ -275,9 +286,24 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 	snprintf(nseq, sizeof nseq, "%u", ctx->n_seq);
 	/* The in-process engine's config, so that the KV and scratch figures in the notes are the
 	 * worker's. */
-	char *wargv[] = {(char *)ctx->worker_exe, "--id", "bench-0", "--endpoint", wurl, "--agent",
-			 agent_url, "--floor-dir", floor_dir, "--device", "host", "--threads",
-			 threads, "--ctx", nctx, "--seqs", nseq, NULL};
+	char *wargv[] = {(char *)ctx->worker_exe,
+	                 "--id",
+	                 "bench-0",
+	                 "--endpoint",
+	                 wurl,
+	                 "--agent",
+	                 agent_url,
+	                 "--floor-dir",
+	                 floor_dir,
+	                 "--device",
+	                 "host",
+	                 "--threads",
+	                 threads,
+	                 "--ctx",
+	                 nctx,
+	                 "--seqs",
+	                 nseq,
+	                 NULL};
 	if ((wpid = spawn_logged(wargv, log)) < 0 || connect_worker(wpid, wurl, &w) < 0 ||
 	    generate(w, ctx->n_vocab, 32, false) < 0) {
 		fprintf(stderr, "wf-bench: worker (log %s) could not generate\n", log);
@@ -290,16 +316,21 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 	}
 	double priv = (double)(s.rss - s.floor_rss);
 	snprintf(notes, sizeof notes,
-		 "RSS %.1f MB, floor pages %.1f MB; private (clean+dirty, outside the floor) %.1f "
-		 "MB, anonymous %.1f MB; the engine's KV cache %.1f MB and scratch %.1f MB at "
-		 "the bench's config (%u positions x %u sequences)",
-		 s.rss / 1e6, s.floor_rss / 1e6, s.private_bytes / 1e6, s.anon / 1e6,
-		 ctx->kv_bytes / 1e6, ctx->scratch_bytes / 1e6, ctx->n_ctx, ctx->n_seq);
-	bench_report(&(struct bench_result){
-	    .bench = "engine", .metric = "private_memory_over_model", .value = priv / 1e6,
-	    .unit = "MB", .anchor = "model size", .anchor_value = ctx->model_bytes / 1e6,
-	    .ratio = priv / (double)ctx->model_bytes, .goal = 0.05, .goal_op = "<=",
-	    .notes = notes});
+	         "RSS %.1f MB, floor pages %.1f MB; private (clean+dirty, outside the floor) %.1f "
+	         "MB, anonymous %.1f MB; the engine's KV cache %.1f MB and scratch %.1f MB at "
+	         "the bench's config (%u positions x %u sequences)",
+	         s.rss / 1e6, s.floor_rss / 1e6, s.private_bytes / 1e6, s.anon / 1e6,
+	         ctx->kv_bytes / 1e6, ctx->scratch_bytes / 1e6, ctx->n_ctx, ctx->n_seq);
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "private_memory_over_model",
+	                                    .value = priv / 1e6,
+	                                    .unit = "MB",
+	                                    .anchor = "model size",
+	                                    .anchor_value = ctx->model_bytes / 1e6,
+	                                    .ratio = priv / (double)ctx->model_bytes,
+	                                    .goal = 0.05,
+	                                    .goal_op = "<=",
+	                                    .notes = notes});
 	wf_ctl_client_close(w);
 	w = NULL;
 	stop_child(wpid);
@@ -334,24 +365,31 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 		}
 	double ours = v[n / 2];
 	double theirs = o->llama_bench ? llama_first_token(o->llama_bench, ctx->model_path,
-							    ctx->n_threads, reps)
-				       : -1;
+	                                                   ctx->n_threads, reps)
+	                               : -1;
 	if (theirs <= 0) {
 		snprintf(notes, sizeof notes, "%s; ours: %.1f ms (median of %d)",
-			 o->llama_bench ? "llama-bench failed" : "no --llama-bench PATH given",
-			 ours * 1e3, n);
+		         o->llama_bench ? "llama-bench failed" : "no --llama-bench PATH given",
+		         ours * 1e3, n);
 		bench_skip("engine", "first_token_vs_llama_cpp", notes);
 	} else {
-		snprintf(notes, sizeof notes,
-			 "ours: wf-worker spawn to its first token over the control plane (%d-token "
-			 "prompt, floor made, agent running), median of %d; llama.cpp: wall time of "
-			 "`llama-bench -t %u -p 0 -n 0 -pg 16,1 -r 1 --no-warmup` (process start, "
-			 "model load from a warm page cache, prompt, one token, exit), median of %d",
-			 PROMPT_TOKENS, n, ctx->n_threads, reps);
-		bench_report(&(struct bench_result){
-		    .bench = "engine", .metric = "first_token_vs_llama_cpp", .value = ours * 1e3,
-		    .unit = "ms", .anchor = "llama-bench load + pp16 + tg1", .anchor_value = theirs * 1e3,
-		    .ratio = ours / theirs, .goal = 0.1, .goal_op = "<=", .notes = notes});
+		snprintf(
+		    notes, sizeof notes,
+		    "ours: wf-worker spawn to its first token over the control plane (%d-token "
+		    "prompt, floor made, agent running), median of %d; llama.cpp: wall time of "
+		    "`llama-bench -t %u -p 0 -n 0 -pg 16,1 -r 1 --no-warmup` (process start, "
+		    "model load from a warm page cache, prompt, one token, exit), median of %d",
+		    PROMPT_TOKENS, n, ctx->n_threads, reps);
+		bench_report(&(struct bench_result){.bench = "engine",
+		                                    .metric = "first_token_vs_llama_cpp",
+		                                    .value = ours * 1e3,
+		                                    .unit = "ms",
+		                                    .anchor = "llama-bench load + pp16 + tg1",
+		                                    .anchor_value = theirs * 1e3,
+		                                    .ratio = ours / theirs,
+		                                    .goal = 0.1,
+		                                    .goal_op = "<=",
+		                                    .notes = notes});
 	}
 	ret = 0;
 out:

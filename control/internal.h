@@ -82,15 +82,15 @@ struct wf__ctl_listener {
 	bool shim_active; /* wf__ctl_sockshim_active() when listening started */
 	/* The ipc probe (wf__ctl_listener_check). pipes_added counts the ADD_PRE events of the
 	 * current listener: any increase proves that its accept loop runs. */
-	uint16_t peer_proto;     /* SP protocol id of the socket's peers (REQ, SUB) */
-	uint64_t pipes_added;    /* atomic */
-	uint64_t pipes_started;  /* ADD_POST events (atomic) */
-	uint64_t pipes_refused;  /* closed by the ADD_PRE hook (atomic) */
-	uint64_t added_seen;     /* pipes_added at the last check that saw it move */
-	int64_t progress_ms;     /* when it last moved (or listening started) */
-	bool probing;            /* probe_fd is an open probe connection */
+	uint16_t peer_proto;    /* SP protocol id of the socket's peers (REQ, SUB) */
+	uint64_t pipes_added;   /* atomic */
+	uint64_t pipes_started; /* ADD_POST events (atomic) */
+	uint64_t pipes_refused; /* closed by the ADD_PRE hook (atomic) */
+	uint64_t added_seen;    /* pipes_added at the last check that saw it move */
+	int64_t progress_ms;    /* when it last moved (or listening started) */
+	bool probing;           /* probe_fd is an open probe connection */
 	int probe_fd;
-	int64_t probe_ms;        /* when the probe connected */
+	int64_t probe_ms; /* when the probe connected */
 	/* Logging (transport.h, wf_ctl_listen_opts.log). */
 	wf_ctl_log_fn log;
 	void *log_arg;

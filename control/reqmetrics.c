@@ -9,16 +9,17 @@
 int wf_ctl_reqmetrics_init(struct wf_ctl_reqmetrics *m, struct wf_metrics *reg,
                            const char *errors_help)
 {
-	int rc = wf_metrics_add(reg, WF_METRIC_COUNTER, "weightfloor_requests_total",
-	                        "Control requests answered, by kind (the request's body) and reply "
-	                        "status.",
-	                        (const char *const[]){"kind", "status", NULL}, NULL, 0,
-	                        &m->requests);
+	int rc =
+	    wf_metrics_add(reg, WF_METRIC_COUNTER, "weightfloor_requests_total",
+	                   "Control requests answered, by kind (the request's body) and reply "
+	                   "status.",
+	                   (const char *const[]){"kind", "status", NULL}, NULL, 0, &m->requests);
 	if (rc == 0)
-		rc = wf_metrics_add(reg, WF_METRIC_HISTOGRAM, "weightfloor_request_duration_seconds",
-		                    "Time from a request's arrival to its reply, by kind.",
-		                    (const char *const[]){"kind", NULL}, wf_metrics_seconds_buckets,
-		                    wf_metrics_seconds_buckets_n, &m->seconds);
+		rc =
+		    wf_metrics_add(reg, WF_METRIC_HISTOGRAM, "weightfloor_request_duration_seconds",
+		                   "Time from a request's arrival to its reply, by kind.",
+		                   (const char *const[]){"kind", NULL}, wf_metrics_seconds_buckets,
+		                   wf_metrics_seconds_buckets_n, &m->seconds);
 	if (rc == 0)
 		rc = wf_metrics_add(reg, WF_METRIC_COUNTER, "weightfloor_errors_total", errors_help,
 		                    (const char *const[]){"code", "source", NULL}, NULL, 0,

@@ -10,13 +10,13 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <libgen.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -276,7 +276,8 @@ static int tls_own_cert(nng_tls_config *cfg, const struct wf_ctl_tls_opts *tls,
 	}
 	const char *key_path = tls->key_file ? tls->key_file : tls->cert_file;
 	if ((rv = read_pem(tls->cert_file, &cert)) < 0) {
-		rv = wf_diag_set(diag, rv, "tls certificate %s: %s", tls->cert_file, wf_strerror(rv));
+		rv = wf_diag_set(diag, rv, "tls certificate %s: %s", tls->cert_file,
+		                 wf_strerror(rv));
 		goto out;
 	}
 	if ((rv = read_pem(key_path, &key)) < 0) {
@@ -587,10 +588,11 @@ static void report_peers(struct wf__ctl_listener *lst, int64_t now)
 	uint64_t foreign = added - started - refused;
 	bool any = false;
 	if (refused > lst->refused_reported) {
-		lst_log(lst, 4,
-		        "%s: refused %llu connection(s) at connect (peer credentials unreadable or not "
-		        "allowed)",
-		        lst->url, (unsigned long long)(refused - lst->refused_reported));
+		lst_log(
+		    lst, 4,
+		    "%s: refused %llu connection(s) at connect (peer credentials unreadable or not "
+		    "allowed)",
+		    lst->url, (unsigned long long)(refused - lst->refused_reported));
 		lst->refused_reported = refused;
 		any = true;
 	}
@@ -619,8 +621,8 @@ static void probe_close(struct wf__ctl_listener *lst)
 static int probe_open(struct wf__ctl_listener *lst)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(lst->peer_proto >> 8),
-	                  (uint8_t)lst->peer_proto, 0, 0};
+	uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(lst->peer_proto >> 8), (uint8_t)lst->peer_proto,
+	                  0, 0};
 	if (strlen(lst->ipc_path) >= sizeof(sa.sun_path))
 		return 0;
 	strcpy(sa.sun_path, lst->ipc_path);
@@ -646,7 +648,8 @@ static int probe_open(struct wf__ctl_listener *lst)
 static bool probe_answered(const struct wf__ctl_listener *lst)
 {
 	uint8_t buf[8];
-	return recv(lst->probe_fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof(buf);
+	return recv(lst->probe_fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT) ==
+	       (ssize_t)sizeof(buf);
 }
 
 /* The tls listener cannot be probed without a client certificate of its CA: it keeps the older
@@ -863,11 +866,12 @@ static int tls_explain(nng_socket sock, const char *url, const struct wf_ctl_tls
 		const char *name = tls->server_name;
 		if (!name && nng_url_parse(&u, url) == 0)
 			name = u->u_hostname;
-		rv = wf_diag_set(diag, WF_EPERMISSION,
-		                 "%s: the server's certificate does not verify against %s (signed by "
-		                 "another CA, expired, or its DNS names do not include '%s': mbedTLS "
-		                 "matches DNS names only, give the name with --tls-server-name)",
-		                 url, tls->ca_file ? tls->ca_file : "the CA file", name ? name : "");
+		rv = wf_diag_set(
+		    diag, WF_EPERMISSION,
+		    "%s: the server's certificate does not verify against %s (signed by "
+		    "another CA, expired, or its DNS names do not include '%s': mbedTLS "
+		    "matches DNS names only, give the name with --tls-server-name)",
+		    url, tls->ca_file ? tls->ca_file : "the CA file", name ? name : "");
 		nng_url_free(u);
 		return rv;
 	}

@@ -10,8 +10,8 @@
  * Arithmetic is float; with an F16 cache the query is rounded to F16 first, as the CPU's
  * flash-attention path does, but the accumulator stays float (the CPU rounds it to F16 after
  * every position, so the two differ by F16 rounding: tests/cuda states the tolerance). */
-#include "cuda/engine_ctx.h"
 #include "cuda/attention.h"
+#include "cuda/engine_ctx.h"
 
 #include "base/error.h"
 

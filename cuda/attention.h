@@ -18,8 +18,8 @@ int wf__cuda_kv_store(void *ctx, const float *k, const float *v, uint32_t n, uin
                       struct wf_diag *diag);
 int wf__cuda_attention(void *ctx, const float *q, size_t q_stride, uint32_t n, uint32_t n_head,
                        uint32_t n_head_kv, uint32_t head_dim, const void *kc, const void *vc,
-                       enum wf_engine_dev_kv type, const uint32_t *kv_first,
-                       const uint32_t *n_kv, float scale, float *out, struct wf_diag *diag);
+                       enum wf_engine_dev_kv type, const uint32_t *kv_first, const uint32_t *n_kv,
+                       float scale, float *out, struct wf_diag *diag);
 
 /* wf__cuda_attention on host memory (kc and vc: the layer's cache bytes), in the kernel's
  * partition: warp w takes positions w, w + WARPS, ..., lane l the elements l, l + 32, ...

@@ -237,7 +237,8 @@ template <> struct wf_dq<WF_DTYPE_Q6_K> {
 
 /* Calls f.template operator()<T>() for a supported type T == t, else returns ret_unsupported:
  * one instantiation per type from a runtime wf_dtype (f: a struct with a member template). */
-template <class F, class R> static __host__ R wf_dq_dispatch(enum wf_dtype t, F &f, R ret_unsupported)
+template <class F, class R>
+static __host__ R wf_dq_dispatch(enum wf_dtype t, F &f, R ret_unsupported)
 {
 	switch (t) {
 	case WF_DTYPE_F32:

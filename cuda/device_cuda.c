@@ -91,15 +91,16 @@ static int no_device(cudaError_t e, struct wf_diag *diag)
 	switch (e) {
 	case cudaErrorInsufficientDriver:
 		if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0)
-			return wf_diag_set(diag, -ENODEV,
-			                   "no CUDA driver found (libcuda.so.1 is not installed or "
-			                   "cannot be loaded): is there an NVIDIA GPU and its driver? "
-			                   "(--device host runs without one)");
-		return wf_diag_set(diag, -ENODEV,
-		                   "the CUDA driver (%d.%d) is older than the CUDA %d.%d runtime this "
-		                   "worker was built with: update the driver",
-		                   drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000,
-		                   CUDART_VERSION % 1000 / 10);
+			return wf_diag_set(
+			    diag, -ENODEV,
+			    "no CUDA driver found (libcuda.so.1 is not installed or "
+			    "cannot be loaded): is there an NVIDIA GPU and its driver? "
+			    "(--device host runs without one)");
+		return wf_diag_set(
+		    diag, -ENODEV,
+		    "the CUDA driver (%d.%d) is older than the CUDA %d.%d runtime this "
+		    "worker was built with: update the driver",
+		    drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
 	case cudaErrorNoDevice:
 		return wf_diag_set(diag, -ENODEV,
 		                   "no CUDA GPU found (the driver sees no device: check "

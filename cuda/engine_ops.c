@@ -15,18 +15,19 @@
 #include <stdlib.h>
 
 static int ctx_create(struct wf_device *dev, struct wf_device_stream *stream,
-                      const struct wf_engine_dev_limits *lim, void **ret_ctx,
-                      struct wf_diag *diag)
+                      const struct wf_engine_dev_limits *lim, void **ret_ctx, struct wf_diag *diag)
 {
 	if (wf_device_kind(dev) != WF_DEVICE_KIND_CUDA || wf_device_stream_device(stream) != dev)
-		return wf_diag_set(diag, WF_EINVAL, "CUDA engine ops need a stream of a CUDA device");
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "CUDA engine ops need a stream of a CUDA device");
 	/* The kernels' own limits (attention.cu, moe.cu), refused here rather than at the first
 	 * decode. */
 	if (lim->head_dim > 256 || lim->max_expert > 4096)
-		return wf_diag_set(diag, WF_EUNSUPPORTED,
-		                   "the CUDA kernels take heads of up to 256 and up to 4096 experts "
-		                   "(this model: %u, %u)",
-		                   lim->head_dim, lim->max_expert);
+		return wf_diag_set(
+		    diag, WF_EUNSUPPORTED,
+		    "the CUDA kernels take heads of up to 256 and up to 4096 experts "
+		    "(this model: %u, %u)",
+		    lim->head_dim, lim->max_expert);
 	struct wf__cuda_engine_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return wf_diag_set(diag, -ENOMEM, "CUDA engine context");

@@ -31,9 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define MV_WARPS 4 /* weight rows per mat-vec block */
+#define MV_WARPS   4 /* weight rows per mat-vec block */
 #define MV_THREADS (32 * MV_WARPS)
-#define MV_MAX_N 8
+#define MV_MAX_N   8
 #define EW_THREADS 256
 /* The F16 weight workspace's cap (128 MiB): an 8k-wide matrix still goes in slabs of 8k rows,
  * large enough for the GEMM to fill the GPU, and the output head needs no 1 GiB buffer. */
@@ -42,9 +42,9 @@
 struct wf__cuda_mm {
 	struct wf_device *dev;
 	cublasHandle_t blas;
-	__half *wh;       /* dequantized weight rows, ne0 halves each */
+	__half *wh; /* dequantized weight rows, ne0 halves each */
 	int64_t wh_halves;
-	__half *xh;       /* activations in F16, ne0 halves per row */
+	__half *xh; /* activations in F16, ne0 halves per row */
 	int64_t xh_halves;
 };
 
@@ -59,8 +59,8 @@ static struct {
 	decltype(&cublasSetStream_v2) set_stream;
 	decltype(&cublasSetMathMode) set_math_mode;
 	/* The C symbol; C++ overloads the name in the header. */
-	cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-	                          const void *, const void *, cudaDataType, int, const void *,
+	cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+	                          int, const void *, const void *, cudaDataType, int, const void *,
 	                          cudaDataType, int, const void *, void *, cudaDataType, int,
 	                          cublasComputeType_t, cublasGemmAlgo_t);
 	decltype(&cublasGetStatusName) status_name;
@@ -134,9 +134,8 @@ static unsigned ew_blocks(const struct wf__cuda_engine_ctx *c, int64_t total)
  * lane + lanes, ... and, for plain types, the tail elements the same way. Runs on the host too
  * (wf__cuda_matvec_host), so the unit tests check which lane reads which bytes. */
 template <enum wf_dtype T, int N>
-static __host__ __device__ __forceinline__ void mv_lane(const uint8_t *row, int64_t ne0,
-                                                        const float *x, size_t xs, int lane,
-                                                        int lanes, float *acc)
+static __host__ __device__ __forceinline__ void
+mv_lane(const uint8_t *row, int64_t ne0, const float *x, size_t xs, int lane, int lanes, float *acc)
 {
 	const int64_t groups = ne0 / WF_DQ_GROUP;
 
@@ -211,7 +210,8 @@ static __global__ void __launch_bounds__(EW_THREADS)
 		const int64_t tail = ne0 - groups * WF_DQ_GROUP;
 		for (int64_t i = first; i < rows * tail; i += stride) {
 			const int64_t r = i / tail, e = groups * WF_DQ_GROUP + i % tail;
-			out[r * ne0 + e] = __float2half_rn(wf_dq_elem<T>(w + (size_t)r * row_size, e));
+			out[r * ne0 + e] =
+			    __float2half_rn(wf_dq_elem<T>(w + (size_t)r * row_size, e));
 		}
 	}
 }
@@ -220,8 +220,8 @@ static __global__ void __launch_bounds__(EW_THREADS)
  * bounds (the engine checks token ids before; bad bytes must not fault the device). */
 template <enum wf_dtype T>
 static __global__ void __launch_bounds__(EW_THREADS)
-    get_rows_kernel(const uint8_t *w, size_t row_size, int64_t ne0, int64_t ne1,
-                    const int32_t *ids, int64_t n, float *y)
+    get_rows_kernel(const uint8_t *w, size_t row_size, int64_t ne0, int64_t ne1, const int32_t *ids,
+                    int64_t n, float *y)
 {
 	const int64_t groups = ne0 / WF_DQ_GROUP;
 	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -249,8 +249,9 @@ static __global__ void __launch_bounds__(EW_THREADS)
 		for (int64_t i = first; i < n * tail; i += stride) {
 			const int64_t j = i / tail, e = groups * WF_DQ_GROUP + i % tail;
 			const int32_t id = ids[j];
-			y[j * ne0 + e] =
-			    id >= 0 && id < ne1 ? wf_dq_elem<T>(w + (size_t)id * row_size, e) : 0.0f;
+			y[j * ne0 + e] = id >= 0 && id < ne1
+			                     ? wf_dq_elem<T>(w + (size_t)id * row_size, e)
+			                     : 0.0f;
 		}
 	}
 }
@@ -283,15 +284,32 @@ struct row_bytes_fn {
 template <enum wf_dtype T, class F> static int with_rows(F &f, uint32_t n)
 {
 	switch (n) {
-	case 1: f.template go<T, 1>(); break;
-	case 2: f.template go<T, 2>(); break;
-	case 3: f.template go<T, 3>(); break;
-	case 4: f.template go<T, 4>(); break;
-	case 5: f.template go<T, 5>(); break;
-	case 6: f.template go<T, 6>(); break;
-	case 7: f.template go<T, 7>(); break;
-	case 8: f.template go<T, 8>(); break;
-	default: return WF_EINVAL;
+	case 1:
+		f.template go<T, 1>();
+		break;
+	case 2:
+		f.template go<T, 2>();
+		break;
+	case 3:
+		f.template go<T, 3>();
+		break;
+	case 4:
+		f.template go<T, 4>();
+		break;
+	case 5:
+		f.template go<T, 5>();
+		break;
+	case 6:
+		f.template go<T, 6>();
+		break;
+	case 7:
+		f.template go<T, 7>();
+		break;
+	case 8:
+		f.template go<T, 8>();
+		break;
+	default:
+		return WF_EINVAL;
 	}
 	return 0;
 }
@@ -355,20 +373,20 @@ struct get_rows_launch_fn {
 static int check_matrix(const struct wf_engine_dev_matrix *w, const char *op, struct wf_diag *diag)
 {
 	if (!wf__cuda_supports(w->type))
-		return wf_diag_set(diag, WF_EUNSUPPORTED, "%s: weight type %d has no CUDA kernel", op,
-		                   (int)w->type);
+		return wf_diag_set(diag, WF_EUNSUPPORTED, "%s: weight type %d has no CUDA kernel",
+		                   op, (int)w->type);
 	row_bytes_fn rb = {w->ne0};
 	const int64_t bytes = wf_dq_dispatch(w->type, rb, (int64_t)-1);
 	if (w->ne0 <= 0 || w->ne1 <= 0 || w->ne0 > INT_MAX || w->ne1 > INT_MAX || bytes < 0 ||
 	    w->row_size < (size_t)bytes || !w->data)
 		return wf_diag_set(diag, WF_EINVAL,
-		                   "%s: bad weight matrix (%lld x %lld of type %d, rows %zu bytes)", op,
-		                   (long long)w->ne0, (long long)w->ne1, (int)w->type, w->row_size);
+		                   "%s: bad weight matrix (%lld x %lld of type %d, rows %zu bytes)",
+		                   op, (long long)w->ne0, (long long)w->ne1, (int)w->type,
+		                   w->row_size);
 	return 0;
 }
 
 /* ---- The ops (C linkage from their declarations in matmul.h) ---------- */
-
 
 bool wf__cuda_supports(enum wf_dtype type)
 {
@@ -428,7 +446,8 @@ int wf__cuda_mm_create(struct wf__cuda_engine_ctx *c, struct wf_diag *diag)
 	/* Workspaces only where the GEMM path can run: more than MV_MAX_N rows. */
 	if (lim->max_rows > MV_MAX_N && lim->max_ne0 > 0 && lim->max_ne1 > 0) {
 		if (lim->max_ne0 > INT_MAX || lim->max_ne1 > INT_MAX) {
-			rc = wf_diag_set(diag, WF_EINVAL, "CUDA matmul: matrix limits %lld x %lld too large",
+			rc = wf_diag_set(diag, WF_EINVAL,
+			                 "CUDA matmul: matrix limits %lld x %lld too large",
 			                 (long long)lim->max_ne0, (long long)lim->max_ne1);
 			goto fail;
 		}
@@ -462,21 +481,25 @@ int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float
 	if (rc < 0 || n == 0)
 		return rc;
 	if (n > 1 && (x_stride < (size_t)w->ne0 || y_stride < (size_t)w->ne1))
-		return wf_diag_set(diag, WF_EINVAL, "matmul: strides %zu, %zu shorter than rows %lld, %lld",
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "matmul: strides %zu, %zu shorter than rows %lld, %lld",
 		                   x_stride, y_stride, (long long)w->ne0, (long long)w->ne1);
 	if (n <= MV_MAX_N) {
-		mv_launch_fn f = {wd, w->row_size, w->ne0, w->ne1, x, x_stride, n, y, y_stride, c->stream};
+		mv_launch_fn f = {wd,       w->row_size, w->ne0, w->ne1,   x,
+		                  x_stride, n,           y,      y_stride, c->stream};
 		rc = wf_dq_dispatch(w->type, f, (int)WF_EUNSUPPORTED);
-		return rc < 0 ? wf_diag_set(diag, rc, "matmul: n %u", n) : wf__cuda_launched(diag, "matmul (mat-vec)");
+		return rc < 0 ? wf_diag_set(diag, rc, "matmul: n %u", n)
+		              : wf__cuda_launched(diag, "matmul (mat-vec)");
 	}
 
 	if (!mm->wh || n > c->lim.max_rows || w->ne0 > c->lim.max_ne0 || y_stride > INT_MAX)
-		return wf_diag_set(diag, WF_EINVAL,
-		                   "matmul: %u rows of %lld exceed the context's limits (%u rows of %lld)",
-		                   n, (long long)w->ne0, c->lim.max_rows, (long long)c->lim.max_ne0);
+		return wf_diag_set(
+		    diag, WF_EINVAL,
+		    "matmul: %u rows of %lld exceed the context's limits (%u rows of %lld)", n,
+		    (long long)w->ne0, c->lim.max_rows, (long long)c->lim.max_ne0);
 	const int64_t ne0 = w->ne0, ne1 = w->ne1;
 	x_f16_kernel<<<ew_blocks(c, (int64_t)n * ne0), EW_THREADS, 0, c->stream>>>(x, x_stride, ne0,
-	                                                                            n, mm->xh);
+	                                                                           n, mm->xh);
 	rc = wf__cuda_launched(diag, "matmul (activations to F16)");
 	if (rc < 0)
 		return rc;
@@ -485,8 +508,13 @@ int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float
 	const int64_t slab = mm->wh_halves / ne0; /* >= 1: the workspace holds a max_ne0 row */
 	for (int64_t i0 = 0; i0 < ne1; i0 += slab) {
 		const int64_t m = ne1 - i0 < slab ? ne1 - i0 : slab;
-		dq_f16_launch_fn f = {wd + (size_t)i0 * w->row_size, w->row_size, ne0, m, mm->wh,
-		                      ew_blocks(c, m * (ne0 / WF_DQ_GROUP + ne0 % WF_DQ_GROUP)), c->stream};
+		dq_f16_launch_fn f = {wd + (size_t)i0 * w->row_size,
+		                      w->row_size,
+		                      ne0,
+		                      m,
+		                      mm->wh,
+		                      ew_blocks(c, m * (ne0 / WF_DQ_GROUP + ne0 % WF_DQ_GROUP)),
+		                      c->stream};
 		(void)wf_dq_dispatch(w->type, f, 0);
 		rc = wf__cuda_launched(diag, "matmul (weights to F16)");
 		if (rc < 0)
@@ -494,10 +522,10 @@ int wf__cuda_matmul(void *ctx, const struct wf_engine_dev_matrix *w, const float
 		/* Column-major: W's rows are the columns of an ne0 x m matrix (lda ne0), x's the
 		 * columns of ne0 x n (ldb ne0), and y's rows the columns of ne1 x n (ldc y_stride),
 		 * so y^T[i0 .. i0+m) = W^T-op(A) * x^T. */
-		cublasStatus_t st = blas.gemm_ex(mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n,
-		                                 (int)ne0, &one, mm->wh, CUDA_R_16F, (int)ne0, mm->xh,
-		                                 CUDA_R_16F, (int)ne0, &zero, y + i0, CUDA_R_32F,
-		                                 (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+		cublasStatus_t st = blas.gemm_ex(
+		    mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)ne0, &one, mm->wh,
+		    CUDA_R_16F, (int)ne0, mm->xh, CUDA_R_16F, (int)ne0, &zero, y + i0, CUDA_R_32F,
+		    (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 		if (st != CUBLAS_STATUS_SUCCESS)
 			return blas_fail(st, diag, "matmul: cublasGemmEx");
 	}
@@ -515,8 +543,9 @@ int wf__cuda_matmul_experts(void *ctx, const struct wf_engine_dev_matrix *w, siz
 	for (uint32_t g = 0; g < n_groups; g++) {
 		struct wf_engine_dev_matrix m = *w;
 		m.data = (const uint8_t *)w->data + (size_t)index[g] * stride;
-		const int rc = wf__cuda_matmul(ctx, &m, x + (size_t)first[g] * x_stride, x_stride,
-		                               count[g], y + (size_t)first[g] * y_stride, y_stride, diag);
+		const int rc =
+		    wf__cuda_matmul(ctx, &m, x + (size_t)first[g] * x_stride, x_stride, count[g],
+		                    y + (size_t)first[g] * y_stride, y_stride, diag);
 		if (rc < 0)
 			return rc;
 	}
@@ -532,7 +561,13 @@ int wf__cuda_get_rows(void *ctx, const struct wf_engine_dev_matrix *w, const int
 	if (rc < 0 || n == 0)
 		return rc;
 	const int64_t ne0 = w->ne0;
-	get_rows_launch_fn f = {(const uint8_t *)w->data, w->row_size, ne0, w->ne1, ids, (int64_t)n, y,
+	get_rows_launch_fn f = {(const uint8_t *)w->data,
+	                        w->row_size,
+	                        ne0,
+	                        w->ne1,
+	                        ids,
+	                        (int64_t)n,
+	                        y,
 	                        ew_blocks(c, (int64_t)n * (ne0 / WF_DQ_GROUP + ne0 % WF_DQ_GROUP)),
 	                        c->stream};
 	(void)wf_dq_dispatch(w->type, f, 0);
@@ -582,7 +617,8 @@ struct host_mv_fn {
 		float acc[32][N], t[32][N];
 		for (int64_t r = 0; r < ne1; r++) {
 			for (int lane = 0; lane < 32; lane++)
-				mv_lane<T, N>(w + (size_t)r * row_size, ne0, x, xs, lane, 32, acc[lane]);
+				mv_lane<T, N>(w + (size_t)r * row_size, ne0, x, xs, lane, 32,
+				              acc[lane]);
 			for (int off = 16; off > 0; off >>= 1) {
 				for (int lane = 0; lane < 32; lane++)
 					for (int j = 0; j < N; j++)
@@ -608,8 +644,7 @@ int wf__cuda_matvec_host(const struct wf_engine_dev_matrix *w, const float *x, s
 		return WF_EUNSUPPORTED;
 	if (check_matrix(w, "matvec", NULL) < 0)
 		return WF_EINVAL;
-	host_mv_fn f = {(const uint8_t *)w->data, w->row_size, w->ne0, w->ne1, x, x_stride, n, y,
-	                y_stride};
+	host_mv_fn f = {
+	    (const uint8_t *)w->data, w->row_size, w->ne0, w->ne1, x, x_stride, n, y, y_stride};
 	return wf_dq_dispatch(w->type, f, (int)WF_EUNSUPPORTED);
 }
-

@@ -10,9 +10,9 @@
  * model) leave no comparable probability: a round then takes the lowest untaken id, as the CPU
  * does, so ids stay in bounds. The rest are grid-stride element-wise kernels; moe_sum rounds
  * each product and sum as written, so it is the CPU's sum bit for bit. */
-#include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
 #include "cuda/moe.h"
+#include "cuda/rn.cuh"
 
 #include "base/error.h"
 

@@ -8,9 +8,9 @@
  * angle by repeated float multiplication with a step powf() made once; the kernel does the
  * same products with the step computed on the host by the same powf, so the angles are the
  * CPU's bit for bit and only sincosf's last ulp can differ. */
-#include "cuda/rn.cuh"
 #include "cuda/engine_ctx.h"
 #include "cuda/norm_rope.h"
+#include "cuda/rn.cuh"
 
 #include "base/error.h"
 

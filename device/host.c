@@ -678,7 +678,8 @@ static int host_memcpy_async(void *impl, void *stream, void *dst, const void *sr
 	int inject = 0;
 	if (d->fail_every && kind == WF_DEVICE_COPY_H2D &&
 	    (inject = injected(d, src, size)) == WF_EDEVICE)
-		return wf_diag_set(diag, WF_EDEVICE, "host device: injected copy failure (fail=%llu)",
+		return wf_diag_set(diag, WF_EDEVICE,
+		                   "host device: injected copy failure (fail=%llu)",
 		                   (unsigned long long)d->fail_every);
 	struct op *op = calloc(1, sizeof(*op));
 

@@ -74,7 +74,8 @@ void wf__mm_run(const struct wf__cpu *cpu, struct wf__mm_phase *ph)
 	ph->first_chunk[0] = 0;
 	for (uint32_t i = 0; i < ph->n_jobs; i++) {
 		const uint64_t rows = (uint64_t)ph->jobs[i].w->ne[1];
-		ph->first_chunk[i + 1] = ph->first_chunk[i] + (uint32_t)((rows + chunk - 1) / chunk);
+		ph->first_chunk[i + 1] =
+		    ph->first_chunk[i] + (uint32_t)((rows + chunk - 1) / chunk);
 	}
 	wf_pool_run(cpu->pool, mm_task, ph, ph->first_chunk[ph->n_jobs]);
 	ph->n_jobs = 0;
@@ -94,14 +95,15 @@ static void quant_task(void *arg, uint32_t task, uint32_t thread)
 {
 	(void)thread;
 	const struct quant_job *q = arg;
-	q->cpu->ops->from_float[q->act](q->src + task * q->src_stride, q->dst + task * q->dst_stride,
-	                              q->n_cols);
+	q->cpu->ops->from_float[q->act](q->src + task * q->src_stride,
+	                                q->dst + task * q->dst_stride, q->n_cols);
 }
 
 size_t wf__quantize_rows(const struct wf__cpu *cpu, enum wf_dtype act, const float *src,
                          size_t src_stride, uint32_t n, int64_t n_cols, uint8_t *dst)
 {
-	struct quant_job q = {cpu, src, src_stride, dst, wf__act_row_bytes(act, n_cols), n_cols, act};
+	struct quant_job q = {cpu,    src, src_stride, dst, wf__act_row_bytes(act, n_cols),
+	                      n_cols, act};
 	if (n <= 2) {
 		for (uint32_t i = 0; i < n; i++)
 			quant_task(&q, i, 0);
@@ -111,12 +113,11 @@ size_t wf__quantize_rows(const struct wf__cpu *cpu, enum wf_dtype act, const flo
 	return q.dst_stride;
 }
 
-
 void wf__matmul(const struct wf__cpu *cpu, struct wf__mm_phase *ph, const struct wf__wt *w,
-                const float *x, size_t x_stride, uint32_t n, uint8_t *qa, float *y,
-                size_t y_stride)
+                const float *x, size_t x_stride, uint32_t n, uint8_t *qa, float *y, size_t y_stride)
 {
-	const size_t stride = wf__quantize_rows(cpu, w->ops->vec_dot_type, x, x_stride, n, w->ne[0], qa);
+	const size_t stride =
+	    wf__quantize_rows(cpu, w->ops->vec_dot_type, x, x_stride, n, w->ne[0], qa);
 	wf__mm_add(ph, w, 0, NULL, qa, stride, n, y, y_stride);
 	wf__mm_run(cpu, ph);
 }

@@ -56,15 +56,15 @@ struct wf_engine_dev_matrix {
 
 /* What a context must be ready for, so it can size its workspaces once at create. */
 struct wf_engine_dev_limits {
-	uint32_t n_threads;      /* host implementation: threads of its own pool (the caller's
-	                            counted), when host_pool is NULL */
-	void *host_pool;         /* host implementation: the engine's struct wf_pool to compute
-	                            on; other implementations ignore it */
-	uint32_t max_expert;     /* the most experts route takes */
-	uint32_t max_rows;       /* the most activation rows one op takes (tokens x experts used) */
-	int64_t max_ne0, max_ne1;/* the widest and tallest weight matrix */
-	uint32_t max_kv;         /* positions one attention may cover (the engine's n_ctx) */
-	uint32_t head_dim;       /* attention's head size */
+	uint32_t n_threads;  /* host implementation: threads of its own pool (the caller's
+	                        counted), when host_pool is NULL */
+	void *host_pool;     /* host implementation: the engine's struct wf_pool to compute
+	                        on; other implementations ignore it */
+	uint32_t max_expert; /* the most experts route takes */
+	uint32_t max_rows;   /* the most activation rows one op takes (tokens x experts used) */
+	int64_t max_ne0, max_ne1; /* the widest and tallest weight matrix */
+	uint32_t max_kv;          /* positions one attention may cover (the engine's n_ctx) */
+	uint32_t head_dim;        /* attention's head size */
 };
 
 enum wf_engine_dev_kv { WF_ENGINE_DEV_KV_F16 = 0, WF_ENGINE_DEV_KV_F32 = 1 };
@@ -88,12 +88,12 @@ struct wf_engine_dev_ops {
 	/* y[j * y_stride + i] = sum_k W[i][k] * x[j * x_stride + k] for i < w->ne1, j < n (strides
 	 * in floats; x rows hold w->ne0 floats). One decode token (n small) is a mat-vec; a prompt
 	 * may go through cuBLAS. n <= lim.max_rows. */
-	int (*matmul)(void *ctx, const struct wf_engine_dev_matrix *w, const float *x, size_t x_stride,
-	              uint32_t n, float *y, size_t y_stride, struct wf_diag *diag);
+	int (*matmul)(void *ctx, const struct wf_engine_dev_matrix *w, const float *x,
+	              size_t x_stride, uint32_t n, float *y, size_t y_stride, struct wf_diag *diag);
 	/* The experts of one layer in one call (ggml's mul_mat_id): for each group g < n_groups,
-	 * rows [first[g], first[g] + count[g]) of y = matrix index[g] of a stack times the same rows
-	 * of x, where matrix i lies at w->data + i * stride (an expert stack, or the expert cache's
-	 * equally spaced slots) and has w's type and shape. index, first and count are host
+	 * rows [first[g], first[g] + count[g]) of y = matrix index[g] of a stack times the same
+	 * rows of x, where matrix i lies at w->data + i * stride (an expert stack, or the expert
+	 * cache's equally spaced slots) and has w's type and shape. index, first and count are host
 	 * arrays (the engine orders the rows on the host); strides of x and y in floats. */
 	int (*matmul_experts)(void *ctx, const struct wf_engine_dev_matrix *w, size_t stride,
 	                      uint32_t n_groups, const uint32_t *index, const uint32_t *first,
@@ -119,10 +119,10 @@ struct wf_engine_dev_ops {
 	                const uint32_t *dst_row, void *kc, void *vc, enum wf_engine_dev_kv type,
 	                struct wf_diag *diag);
 	/* Causal attention for n tokens: token t's n_head query heads (q + t * q_stride, head_dim
-	 * floats each) over rows kv_first[t] .. kv_first[t] + n_kv[t] - 1 of one layer's cache (rows
-	 * of n_head_kv * head_dim elements; query head h reads kv head h / (n_head / n_head_kv)),
-	 * scaled by scale, softmax, weighted V into out (same layout as q). F16 cache: llama.cpp's
-	 * flash-attention numerics within tolerance. kv_first, n_kv: uint32, n. */
+	 * floats each) over rows kv_first[t] .. kv_first[t] + n_kv[t] - 1 of one layer's cache
+	 * (rows of n_head_kv * head_dim elements; query head h reads kv head h / (n_head /
+	 * n_head_kv)), scaled by scale, softmax, weighted V into out (same layout as q). F16 cache:
+	 * llama.cpp's flash-attention numerics within tolerance. kv_first, n_kv: uint32, n. */
 	int (*attention)(void *ctx, const float *q, size_t q_stride, uint32_t n, uint32_t n_head,
 	                 uint32_t n_head_kv, uint32_t head_dim, const void *kc, const void *vc,
 	                 enum wf_engine_dev_kv type, const uint32_t *kv_first, const uint32_t *n_kv,

@@ -18,12 +18,12 @@ struct host_ctx {
 	struct wf__cpu cpu;
 	bool own_pool;
 	struct wf_engine_dev_limits lim;
-	uint8_t *qa;       /* quantized activations: max_rows rows of the widest type */
+	uint8_t *qa; /* quantized activations: max_rows rows of the widest type */
 	struct wf__mm_phase *ph;
-	float *att;        /* per thread: 2 * head_dim + max_kv + 16 floats */
+	float *att; /* per thread: 2 * head_dim + max_kv + 16 floats */
 	size_t att_floats;
-	float *probs;      /* max_expert floats */
-	float *cs;         /* rope angles: head_dim floats */
+	float *probs; /* max_expert floats */
+	float *cs;    /* rope angles: head_dim floats */
 };
 
 static void host_ctx_destroy(void *ctx)
@@ -47,7 +47,8 @@ static int host_ctx_create(struct wf_device *dev, struct wf_device_stream *strea
                            struct wf_diag *diag)
 {
 	if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST || wf_device_stream_device(stream) != dev)
-		return wf_diag_set(diag, WF_EINVAL, "host engine ops need a stream of a host device");
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "host engine ops need a stream of a host device");
 	struct host_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return wf_diag_set(diag, -ENOMEM, "host engine ops");
@@ -56,7 +57,8 @@ static int host_ctx_create(struct wf_device *dev, struct wf_device_stream *strea
 	c->cpu.ops = wf_kernels_cpu_ops();
 	int rc = 0;
 	if (!c->cpu.ops) {
-		rc = wf_diag_set(diag, WF_EUNSUPPORTED, "WF_KERNELS names a kernel level this CPU lacks");
+		rc = wf_diag_set(diag, WF_EUNSUPPORTED,
+		                 "WF_KERNELS names a kernel level this CPU lacks");
 		goto fail;
 	}
 	if (lim->host_pool) {
@@ -119,14 +121,14 @@ static int as_wt(const struct host_ctx *c, const struct wf_engine_dev_matrix *m,
 }
 
 static int host_matmul(void *ctx, const struct wf_engine_dev_matrix *m, const float *x,
-                       size_t x_stride, uint32_t n, float *y, size_t y_stride,
-                       struct wf_diag *diag)
+                       size_t x_stride, uint32_t n, float *y, size_t y_stride, struct wf_diag *diag)
 {
 	struct host_ctx *c = ctx;
 	struct wf__wt w;
 	int rc = ready(c, diag);
 	if (rc == 0 && n > c->lim.max_rows)
-		rc = wf_diag_set(diag, WF_EINVAL, "matmul of %u rows (at most %u)", n, c->lim.max_rows);
+		rc = wf_diag_set(diag, WF_EINVAL, "matmul of %u rows (at most %u)", n,
+		                 c->lim.max_rows);
 	if (rc == 0)
 		rc = as_wt(c, m, &w, diag);
 	if (rc == 0 && n)
@@ -174,7 +176,8 @@ static int host_get_rows(void *ctx, const struct wf_engine_dev_matrix *m, const 
 		rc = as_wt(c, m, &w, diag);
 	for (uint32_t j = 0; rc == 0 && j < n; j++) {
 		if (ids[j] < 0 || ids[j] >= m->ne1)
-			return wf_diag_set(diag, WF_EINVAL, "row %d of %lld", ids[j], (long long)m->ne1);
+			return wf_diag_set(diag, WF_EINVAL, "row %d of %lld", ids[j],
+			                   (long long)m->ne1);
 		w.ops->dequantize_row((const uint8_t *)m->data + (size_t)ids[j] * m->row_size,
 		                      y + (size_t)j * m->ne0, m->ne0);
 	}
@@ -248,8 +251,8 @@ static void attn_task(void *arg, uint32_t task, uint32_t thread)
 	const size_t elem = a->type == WF_ENGINE_DEV_KV_F16 ? 2 : 4;
 	const size_t row = (size_t)a->n_head_kv * D * elem;
 	const size_t off = (size_t)a->kv_first[t] * row + (size_t)kvh * D * elem;
-	wf__attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row, a->n_kv[t],
-	           D, a->scale,
+	wf__attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row,
+	           a->n_kv[t], D, a->scale,
 	           a->type == WF_ENGINE_DEV_KV_F16 ? WF_ENGINE_KV_F16 : WF_ENGINE_KV_F32,
 	           a->c->att + thread * a->c->att_floats, a->out + t * a->q_stride + (size_t)h * D);
 }
@@ -268,8 +271,8 @@ static int host_attention(void *ctx, const float *q, size_t q_stride, uint32_t n
 	for (uint32_t t = 0; t < n; t++)
 		if (n_kv[t] == 0 || n_kv[t] > c->lim.max_kv)
 			return wf_diag_set(diag, WF_EINVAL, "attention over %u positions", n_kv[t]);
-	struct attn_job a = {c, q, q_stride, n_head, n_head_kv, head_dim, kc, vc, type, kv_first,
-	                     n_kv, scale, out};
+	struct attn_job a = {c,  q,    q_stride, n_head, n_head_kv, head_dim, kc,
+	                     vc, type, kv_first, n_kv,   scale,     out};
 	wf_pool_run(c->cpu.pool, attn_task, &a, n * n_head);
 	return 0;
 }
@@ -313,9 +316,8 @@ static int host_add(void *ctx, float *y, const float *x, size_t count, struct wf
 	return rc;
 }
 
-static int host_moe_sum(void *ctx, const float *down, const uint32_t *slot_of,
-                        const float *weights, uint32_t n, uint32_t k, uint32_t len, float *y,
-                        struct wf_diag *diag)
+static int host_moe_sum(void *ctx, const float *down, const uint32_t *slot_of, const float *weights,
+                        uint32_t n, uint32_t k, uint32_t len, float *y, struct wf_diag *diag)
 {
 	int rc = ready(ctx, diag);
 	if (rc == 0)

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define WF_ENGINE_MAX_SEQ 256       /* sequences one engine holds KV slots for */
+#define WF_ENGINE_MAX_SEQ     256 /* sequences one engine holds KV slots for */
 #define WF_ENGINE_MAX_THREADS 256
 
 enum wf_engine_kv_type {
@@ -38,10 +38,10 @@ enum wf_engine_kv_type {
 struct wf_device;
 
 struct wf_engine_config {
-	uint32_t n_ctx;      /* KV positions per sequence; 0: the model's context_length
-	                        (capped at 4096 when the model says more, to bound memory) */
-	uint32_t n_seq_max;  /* sequences with their own KV cache; 0: 1 */
-	uint32_t n_threads;  /* 0: the CPUs this process may run on */
+	uint32_t n_ctx;     /* KV positions per sequence; 0: the model's context_length
+	                       (capped at 4096 when the model says more, to bound memory) */
+	uint32_t n_seq_max; /* sequences with their own KV cache; 0: 1 */
+	uint32_t n_threads; /* 0: the CPUs this process may run on */
 	enum wf_engine_kv_type kv_type;
 	/* The device the engine computes on, and post-fetch (engine/postfetch.h): with a device,
 	 * the selected host-side experts' down projections are copied to it right after routing
@@ -72,7 +72,7 @@ struct wf_engine_config {
 
 /* The architecture-level view of a model, resolved at create. */
 struct wf_engine_info {
-	const char *arch;      /* "qwen3moe" or "llama" */
+	const char *arch; /* "qwen3moe" or "llama" */
 	uint32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim;
 	uint32_t n_expert, n_expert_used, n_ff_exp; /* 0 for a dense model */
 	uint32_t n_ctx, n_seq_max, n_threads;
@@ -111,8 +111,8 @@ struct wf_engine_batch {
 	uint32_t n;
 	const int32_t *tokens;
 	const uint32_t *pos;
-	const uint32_t *seq;        /* < n_seq_max */
-	const bool *want_logits;    /* NULL: logits for the last token only */
+	const uint32_t *seq;     /* < n_seq_max */
+	const bool *want_logits; /* NULL: logits for the last token only */
 };
 
 /* Runs the batch and writes n_vocab float logits per token whose want_logits is set, in batch

@@ -3,10 +3,10 @@
 #ifndef WF_ENGINE_INTERNAL_H
 #define WF_ENGINE_INTERNAL_H
 
+#include "device/device.h"
 #include "engine/engine.h"
 #include "engine/pool.h"
 #include "engine/postfetch.h"
-#include "device/device.h"
 #include "kernels/kernels.h"
 
 #include <stddef.h>
@@ -16,9 +16,9 @@
 struct wf__wt {
 	const void *data;
 	enum wf_dtype type;
-	int64_t ne[3];        /* ne[0] the row width, ne[1] rows, ne[2] experts (1 otherwise) */
-	size_t row_size;      /* bytes of one row */
-	size_t matrix_size;   /* bytes of one [ne0, ne1] matrix: an expert's stride */
+	int64_t ne[3];      /* ne[0] the row width, ne[1] rows, ne[2] experts (1 otherwise) */
+	size_t row_size;    /* bytes of one row */
+	size_t matrix_size; /* bytes of one [ne0, ne1] matrix: an expert's stride */
 	const struct wf_kernel_type_ops *ops; /* NULL for F32 norms read directly */
 };
 
@@ -59,11 +59,11 @@ void wf__weights_fini(struct wf__weights *w);
 /* KV cache: per layer and sequence, n_ctx rows of n_head_kv * head_dim elements for K and V. */
 struct wf__kv {
 	enum wf_engine_kv_type type;
-	uint32_t n_layer, n_seq, n_ctx, row;     /* row: elements per position */
-	size_t elem;                             /* 2 or 4 */
-	size_t bytes;                            /* of k, and of v */
-	uint8_t *k, *v;                          /* [layer][seq][pos][row] */
-	uint32_t *len;                           /* per sequence */
+	uint32_t n_layer, n_seq, n_ctx, row; /* row: elements per position */
+	size_t elem;                         /* 2 or 4 */
+	size_t bytes;                        /* of k, and of v */
+	uint8_t *k, *v;                      /* [layer][seq][pos][row] */
+	uint32_t *len;                       /* per sequence */
 };
 int wf__kv_init(struct wf__kv *kv, enum wf_engine_kv_type type, uint32_t n_layer, uint32_t n_seq,
                 uint32_t n_ctx, uint32_t row);
@@ -105,7 +105,8 @@ void wf__moe_sum(const float *down, const uint32_t *slot_of, const float *weight
 
 /* Attention of one query head over n_kv cached positions of one sequence (positions 0..n_kv-1),
  * writing head_dim floats to out. F16 cache: llama.cpp's flash-attention CPU path (query in F16,
- * online softmax, V accumulated in F16); F32 cache: a plain softmax. scratch: 2 * head_dim floats. */
+ * online softmax, V accumulated in F16); F32 cache: a plain softmax. scratch: 2 * head_dim floats.
+ */
 void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride_bytes,
                 uint32_t n_kv, uint32_t head_dim, float scale, enum wf_engine_kv_type type,
                 float *scratch, float *out);
@@ -115,16 +116,16 @@ void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_st
  * its simulator takes this constant to replay the engine's rule). */
 #define WF__FETCH_LRFU_HALF_LIFE 16.0
 struct wf__fetch_stats {
-	uint64_t hits, misses;     /* selected experts found in a cache slot, or not */
-	uint64_t resident;         /* selected experts of resident layers (never missed) */
-	uint64_t experts;          /* copies queued (the misses that got a slot) */
-	uint64_t bytes;            /* bytes they moved */
-	uint64_t used;             /* experts whose down projection was computed from a slot */
-	uint64_t fallbacks;        /* experts with a slot computed on the CPU after all */
-	uint64_t errors;           /* copies or events that failed */
-	uint64_t wait_ns;          /* time blocked on copies */
-	uint64_t copy_ns;          /* copy time of the timed steps */
-	uint64_t wait_ns_timed;    /* the part of wait_ns spent in the timed steps */
+	uint64_t hits, misses;  /* selected experts found in a cache slot, or not */
+	uint64_t resident;      /* selected experts of resident layers (never missed) */
+	uint64_t experts;       /* copies queued (the misses that got a slot) */
+	uint64_t bytes;         /* bytes they moved */
+	uint64_t used;          /* experts whose down projection was computed from a slot */
+	uint64_t fallbacks;     /* experts with a slot computed on the CPU after all */
+	uint64_t errors;        /* copies or events that failed */
+	uint64_t wait_ns;       /* time blocked on copies */
+	uint64_t copy_ns;       /* copy time of the timed steps */
+	uint64_t wait_ns_timed; /* the part of wait_ns spent in the timed steps */
 	uint64_t steps_timed;
 	uint64_t whole;            /* hits whose gate and up were in the slot too (whole slots) */
 	uint64_t scratchpad_bytes; /* the post-fetch slots' device memory (scratchpad or cache) */
@@ -135,11 +136,11 @@ struct wf__fetch_shape {
 	size_t max_g, max_u;   /* whole slots: the largest gate and up (placed after it) */
 	uint32_t step_experts; /* the most experts one step can select */
 	uint32_t n_layer, n_expert;
-	uint64_t cache_mb;     /* 0: a scratchpad (WF_POSTFETCH_SCRATCHPAD_MB or step_experts slots) */
-	uint32_t n_resident;   /* slots kept for resident experts (wf__fetch_pin), never evicted */
-	bool postfetch;        /* misses are copied; false: resident experts only, misses on the CPU */
-	bool whole;            /* cache slots hold gate and up too (copied after the step's down
-	                          projections), so a later hit computes wholly on the device */
+	uint64_t cache_mb; /* 0: a scratchpad (WF_POSTFETCH_SCRATCHPAD_MB or step_experts slots) */
+	uint32_t n_resident; /* slots kept for resident experts (wf__fetch_pin), never evicted */
+	bool postfetch; /* misses are copied; false: resident experts only, misses on the CPU */
+	bool whole;     /* cache slots hold gate and up too (copied after the step's down
+	                   projections), so a later hit computes wholly on the device */
 };
 /* One selected expert's matrices in the view: down always, gate and up for whole slots. */
 struct wf__fetch_src {

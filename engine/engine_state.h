@@ -20,18 +20,18 @@ struct wf_engine {
 
 	/* Scratch for UBATCH_MAX tokens (slots: tokens x experts used). */
 	float *x, *xn, *q, *k, *v, *attn, *tmp;
-	float *rope_cs;                          /* [token][rope_dim]: cos, sin per pair */
+	float *rope_cs; /* [token][rope_dim]: cos, sin per pair */
 	float *router, *probs, *sel_w;
 	int32_t *sel;
-	float *gate, *up, *hbuf, *down;          /* [slots][n_ff] / [slots][n_embd] */
-	uint32_t *slot_of;                       /* [token * k + j]: row in the expert-sorted order */
-	uint32_t *expert_first, *expert_count;   /* per expert: its rows in that order */
-	uint32_t *row_token;                     /* per sorted row: the token */
-	uint8_t *qa, *qb;                        /* quantized activations */
+	float *gate, *up, *hbuf, *down;        /* [slots][n_ff] / [slots][n_embd] */
+	uint32_t *slot_of;                     /* [token * k + j]: row in the expert-sorted order */
+	uint32_t *expert_first, *expert_count; /* per expert: its rows in that order */
+	uint32_t *row_token;                   /* per sorted row: the token */
+	uint8_t *qa, *qb;                      /* quantized activations */
 	size_t qa_size;
-	float *att_scratch;                      /* per thread */
+	float *att_scratch; /* per thread */
 	size_t att_scratch_floats;
-	uint32_t *out_rows;                      /* tokens whose logits are wanted, per slice */
+	uint32_t *out_rows; /* tokens whose logits are wanted, per slice */
 
 	struct wf__mm_phase *ph;
 	void *scratch; /* the mapping all the buffers above live in */
@@ -42,15 +42,15 @@ struct wf_engine {
 	wf_engine_log_fn log_fn;
 	void *log_arg;
 	struct wf_engine_stats stats;
-	struct wf__fetch *fetch;    /* post-fetch; NULL: every expert from the floor */
+	struct wf__fetch *fetch; /* post-fetch; NULL: every expert from the floor */
 	bool fetch_debug;
 	struct wf__fetch_src *fetch_src; /* per step: the matrices to copy, in expert order */
-	bool *fetch_whole;          /* per step: the slot holds the expert whole */
-	uint32_t *fetch_ids;        /* per step: the selected experts, in order */
-	int32_t *fetch_step_slot;   /* per step: their slots */
-	int32_t *fetch_slot;        /* per expert: its slot this step, -1 */
-	struct wf_device *reg_dev;  /* the floor range registered for post-fetch's copies */
-	const void *reg_base;       /* (its start), or NULL */
+	bool *fetch_whole;               /* per step: the slot holds the expert whole */
+	uint32_t *fetch_ids;             /* per step: the selected experts, in order */
+	int32_t *fetch_step_slot;        /* per step: their slots */
+	int32_t *fetch_slot;             /* per expert: its slot this step, -1 */
+	struct wf_device *reg_dev;       /* the floor range registered for post-fetch's copies */
+	const void *reg_base;            /* (its start), or NULL */
 	struct wf__devfwd *devfwd; /* the device forward pass (forward_dev.c); NULL: the CPU's */
 	uint64_t dense_step_bytes; /* every dense matrix once (wf__weights.bytes_per_token less the
 	                              experts and the embedding row) */
@@ -64,8 +64,7 @@ struct wf_engine {
  * whether its slot holds it whole. Returns the experts looked up. wf__moe_gate_up: gate, up and
  * swiglu on the CPU from the floor for the experts skip does not mark (NULL: all), into rows
  * of h (n_ff floats each, expert order); xn: the layer's normalized input, n rows. */
-void wf__moe_order(struct wf_engine *e, const struct wf__layer *L, const int32_t *ids,
-                   uint32_t n);
+void wf__moe_order(struct wf_engine *e, const struct wf__layer *L, const int32_t *ids, uint32_t n);
 uint32_t wf__moe_fetch(struct wf_engine *e, uint32_t il, const struct wf__layer *L,
                        uint8_t *ret_whole);
 void wf__moe_gate_up(struct wf_engine *e, const struct wf__layer *L, const float *xn, uint32_t n,

@@ -28,12 +28,12 @@
 #include <time.h>
 
 #define FETCH_STREAMS_DEDICATED 4u
-#define NO_KEY UINT64_MAX
+#define NO_KEY                  UINT64_MAX
 
 struct slot {
-	uint64_t key;      /* layer * n_expert + expert, NO_KEY: empty */
-	bool failed;       /* its last copy could not be queued */
-	bool whole;        /* gate and up were queued after the down projection */
+	uint64_t key; /* layer * n_expert + expert, NO_KEY: empty */
+	bool failed;  /* its last copy could not be queued */
+	bool whole;   /* gate and up were queued after the down projection */
 };
 
 struct wf__fetch {
@@ -47,15 +47,15 @@ struct wf__fetch {
 	uint32_t n_slots, n_streams;
 	uint32_t n_expert;
 	struct slot *slots;
-	struct wf_lru_item *lru;       /* per slot, for base/lru.h */
-	int32_t *slot_of_key;          /* [n_layer * n_expert]: slot, -1 */
-	struct wf_lrfu_score *score;   /* [n_layer * n_expert]: kept when evicted */
-	double lambda;                 /* decay per step: 1 / (half-life x layers) */
-	double *value;                 /* per slot: its expert's LRFU rank, -INFINITY empty */
+	struct wf_lru_item *lru;     /* per slot, for base/lru.h */
+	int32_t *slot_of_key;        /* [n_layer * n_expert]: slot, -1 */
+	struct wf_lrfu_score *score; /* [n_layer * n_expert]: kept when evicted */
+	double lambda;               /* decay per step: 1 / (half-life x layers) */
+	double *value;               /* per slot: its expert's LRFU rank, -INFINITY empty */
 	uint64_t n_keys;
 	uint64_t stamp;
 	struct wf_device_stream *streams[FETCH_STREAMS_DEDICATED];
-	struct wf_device_event **ev;   /* per slot: its down projection landed */
+	struct wf_device_event **ev;       /* per slot: its down projection landed */
 	struct wf_device_event **ev_whole; /* per slot: gate and up landed too (whole slots) */
 	bool whole;
 	size_t off_g, off_u;           /* whole slots: gate's and up's offsets in a slot */
@@ -104,9 +104,10 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		n = (mb << 20) / f->slot_bytes;
 		if (n == 0) {
 			free(f);
-			return wf_diag_set(diag, WF_EINVAL,
-			                   "%s of %llu MiB holds no expert's down projection (%zu bytes)",
-			                   what, (unsigned long long)mb, shape->slot_bytes);
+			return wf_diag_set(
+			    diag, WF_EINVAL,
+			    "%s of %llu MiB holds no expert's down projection (%zu bytes)", what,
+			    (unsigned long long)mb, shape->slot_bytes);
 		}
 		const uint64_t all = (uint64_t)shape->n_layer * shape->n_expert;
 		if (n > (f->cache ? all : shape->step_experts))
@@ -151,7 +152,8 @@ int wf__fetch_create(struct wf_device *dev, const struct wf_postfetch_settings *
 		if ((rc = wf_device_stream_create(dev, &f->streams[i], diag)) < 0)
 			goto fail;
 	for (uint32_t i = 0; i < f->n_slots; i++)
-		if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->ev[i], diag)) < 0 ||
+		if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->ev[i], diag)) <
+		        0 ||
 		    (f->whole && (rc = wf_device_event_create(dev, 0, &f->ev_whole[i], diag)) < 0))
 			goto fail;
 	if ((rc = wf_device_event_create(dev, WF_DEVICE_EVENT_TIMING, &f->start, diag)) < 0)
@@ -269,9 +271,9 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			f->lru[slot].busy = true;
 			f->lru[slot].last_used = f->stamp;
 			ret_slot[i] = slot;
-			/* Whole once gate and up have landed, the down projection too (a failed copy
-			 * of it reports on its own event only); until then the down projection only. A
-			 * failed gate/up copy is queued again below. */
+			/* Whole once gate and up have landed, the down projection too (a failed
+			 * copy of it reports on its own event only); until then the down projection
+			 * only. A failed gate/up copy is queued again below. */
 			if (ret_whole && f->slots[slot].whole) {
 				const int q = wf_device_event_query(f->ev_whole[slot], NULL);
 				if (q == 0 && wf_device_event_query(f->ev[slot], NULL) == 0) {
@@ -286,8 +288,7 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		}
 		f->st.misses++;
 		ret_slot[i] = -1;
-		if (!f->postfetch ||
-		    (f->s.max_transfers && f->step_copies >= f->s.max_transfers))
+		if (!f->postfetch || (f->s.max_transfers && f->step_copies >= f->s.max_transfers))
 			continue;
 		/* An empty slot first, else the lowest rank among those this step does not use
 		 * (ranks change only with their key's use: nothing to decay here). */
@@ -302,7 +303,8 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 		}
 		struct slot *sl = &f->slots[slot];
 		sl->whole = false;
-		sl->failed = !queue_copy(f, (uint32_t)slot, 0, src[i].d, src[i].d_bytes, f->ev[slot]);
+		sl->failed =
+		    !queue_copy(f, (uint32_t)slot, 0, src[i].d, src[i].d_bytes, f->ev[slot]);
 		f->lru[slot].busy = true;
 		f->lru[slot].last_used = f->stamp;
 		f->step_copies++;
@@ -331,13 +333,14 @@ void wf__fetch_step(struct wf__fetch *f, uint32_t layer, uint32_t n, const uint3
 			continue;
 		if (f->slots[slot].key != (uint64_t)layer * f->n_expert + experts[i])
 			continue;
-		const bool ok = queue_copy(f, (uint32_t)slot, f->off_g, src[i].g, src[i].g_bytes,
-		                           NULL) &&
-		                queue_copy(f, (uint32_t)slot, f->off_u, src[i].u, src[i].u_bytes,
-		                           f->ev_whole[slot]);
+		const bool ok =
+		    queue_copy(f, (uint32_t)slot, f->off_g, src[i].g, src[i].g_bytes, NULL) &&
+		    queue_copy(f, (uint32_t)slot, f->off_u, src[i].u, src[i].u_bytes,
+		               f->ev_whole[slot]);
 		if (!ok) {
 			f->st.errors++;
-			continue; /* the down projection stays usable; gate and up stay on the CPU */
+			continue; /* the down projection stays usable; gate and up stay on the CPU
+			           */
 		}
 		f->slots[slot].whole = true;
 		f->st.bytes += src[i].g_bytes + src[i].u_bytes;

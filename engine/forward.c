@@ -20,7 +20,6 @@
 
 #define CTX_DEFAULT_CAP 4096u
 
-
 /* y[n][rows] = W . x[n][cols] for one plain matrix. */
 static void matmul(struct wf_engine *e, struct wf__mm_phase *ph, const struct wf__wt *w,
                    const float *x, uint32_t n, float *y)
@@ -48,7 +47,8 @@ static void attn_task(void *arg, uint32_t task, uint32_t thread)
 	const uint8_t *k = wf__kv_k(&e->kv, a->layer, a->seq[t], 0) + (size_t)kvh * D * e->kv.elem;
 	const uint8_t *v = wf__kv_v(&e->kv, a->layer, a->seq[t], 0) + (size_t)kvh * D * e->kv.elem;
 	wf__attend(e->q + (size_t)t * e->q_dim + (size_t)h * D, k, v, kv_stride, a->pos[t] + 1, D,
-	           1.0f / sqrtf((float)D), e->kv.type, e->att_scratch + thread * e->att_scratch_floats,
+	           1.0f / sqrtf((float)D), e->kv.type,
+	           e->att_scratch + thread * e->att_scratch_floats,
 	           e->attn + (size_t)t * e->q_dim + (size_t)h * D);
 }
 
@@ -123,7 +123,8 @@ static void dense_ffn(struct wf_engine *e, struct wf__mm_phase *ph, const struct
                       uint32_t n)
 {
 	const uint32_t E = e->w.n_embd, F = e->w.n_ff;
-	size_t stride = wf__quantize_rows(&e->cpu, L->ffn_gate.ops->vec_dot_type, e->xn, E, n, E, e->qa);
+	size_t stride =
+	    wf__quantize_rows(&e->cpu, L->ffn_gate.ops->vec_dot_type, e->xn, E, n, E, e->qa);
 	wf__mm_add(ph, &L->ffn_gate, 0, NULL, e->qa, stride, n, e->gate, F);
 	const uint8_t *ua = e->qa;
 	size_t us = stride;
@@ -134,7 +135,8 @@ static void dense_ffn(struct wf_engine *e, struct wf__mm_phase *ph, const struct
 	wf__mm_add(ph, &L->ffn_up, 0, NULL, ua, us, n, e->up, F);
 	wf__mm_run(&e->cpu, ph);
 	for (uint32_t t = 0; t < n; t++)
-		wf__swiglu(e->gate + (size_t)t * F, e->up + (size_t)t * F, e->hbuf + (size_t)t * F, F);
+		wf__swiglu(e->gate + (size_t)t * F, e->up + (size_t)t * F, e->hbuf + (size_t)t * F,
+		           F);
 	stride = wf__quantize_rows(&e->cpu, L->ffn_down.ops->vec_dot_type, e->hbuf, F, n, F, e->qa);
 	wf__mm_add(ph, &L->ffn_down, 0, NULL, e->qa, stride, n, e->tmp, E);
 	wf__mm_run(&e->cpu, ph);
@@ -179,12 +181,12 @@ uint32_t wf__moe_fetch(struct wf_engine *e, uint32_t il, const struct wf__layer 
 		if (!e->expert_count[x])
 			continue;
 		e->fetch_ids[nf] = x;
-		e->fetch_src[nf] = (struct wf__fetch_src){
-		    .d = (const uint8_t *)L->down_exps.data + (size_t)x * L->down_exps.matrix_size,
-		    .d_bytes = L->down_exps.matrix_size};
+		e->fetch_src[nf] = (struct wf__fetch_src){.d = (const uint8_t *)L->down_exps.data +
+		                                               (size_t)x * L->down_exps.matrix_size,
+		                                          .d_bytes = L->down_exps.matrix_size};
 		if (ret_whole) {
-			e->fetch_src[nf].g =
-			    (const uint8_t *)L->gate_exps.data + (size_t)x * L->gate_exps.matrix_size;
+			e->fetch_src[nf].g = (const uint8_t *)L->gate_exps.data +
+			                     (size_t)x * L->gate_exps.matrix_size;
 			e->fetch_src[nf].u =
 			    (const uint8_t *)L->up_exps.data + (size_t)x * L->up_exps.matrix_size;
 			e->fetch_src[nf].g_bytes = L->gate_exps.matrix_size;
@@ -223,20 +225,24 @@ void wf__moe_gate_up(struct wf_engine *e, const struct wf__layer *L, const float
 	}
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = skip && skip[x] ? 0 : e->expert_count[x], f = e->expert_first[x];
-		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c, e->gate + (size_t)f * F, F);
-		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F, F);
+		wf__mm_add(ph, &L->gate_exps, x, NULL, rows_g + f * gs, gs, c,
+		           e->gate + (size_t)f * F, F);
+		wf__mm_add(ph, &L->up_exps, x, NULL, rows_u + f * us, us, c, e->up + (size_t)f * F,
+		           F);
 	}
 	wf__mm_run(&e->cpu, ph);
 	for (uint32_t x = 0; x < X; x++) {
 		if (skip && skip[x])
 			continue;
-		for (uint32_t r = e->expert_first[x]; r < e->expert_first[x] + e->expert_count[x]; r++)
-			wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F, h + (size_t)r * F, F);
+		for (uint32_t r = e->expert_first[x]; r < e->expert_first[x] + e->expert_count[x];
+		     r++)
+			wf__swiglu(e->gate + (size_t)r * F, e->up + (size_t)r * F,
+			           h + (size_t)r * F, F);
 	}
 }
 
-static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, const struct wf__layer *L,
-                    uint32_t n)
+static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il,
+                    const struct wf__layer *L, uint32_t n)
 {
 	const struct wf__weights *w = &e->w;
 	const uint32_t E = w->n_embd, F = w->n_ff, X = w->n_expert, K = w->n_expert_used;
@@ -264,8 +270,8 @@ static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, c
 		const void *copy = NULL;
 		if (c && e->fetch)
 			copy = wf__fetch_ready(e->fetch, e->fetch_slot[x]);
-		wf__mm_add(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c, e->down + (size_t)f * E,
-		            E);
+		wf__mm_add(ph, &L->down_exps, x, copy, e->qa + f * ds, ds, c,
+		           e->down + (size_t)f * E, E);
 	}
 	wf__mm_run(&e->cpu, ph);
 	if (e->fetch) {
@@ -274,14 +280,15 @@ static void moe_ffn(struct wf_engine *e, struct wf__mm_phase *ph, uint32_t il, c
 			struct wf__fetch_stats after;
 			wf__fetch_get_stats(e->fetch, &after);
 			char line[192];
-			snprintf(line, sizeof line,
-			         "post-fetch layer %u: %u experts, %llu cached, %llu copied, %llu from "
-			         "the device, %llu on the cpu, %.3f ms blocked",
-			         il, n_fetch, (unsigned long long)(after.hits - before.hits),
-			         (unsigned long long)(after.experts - before.experts),
-			         (unsigned long long)(after.used - before.used),
-			         (unsigned long long)(after.fallbacks - before.fallbacks),
-			         (double)(after.wait_ns - before.wait_ns) / 1e6);
+			snprintf(
+			    line, sizeof line,
+			    "post-fetch layer %u: %u experts, %llu cached, %llu copied, %llu from "
+			    "the device, %llu on the cpu, %.3f ms blocked",
+			    il, n_fetch, (unsigned long long)(after.hits - before.hits),
+			    (unsigned long long)(after.experts - before.experts),
+			    (unsigned long long)(after.used - before.used),
+			    (unsigned long long)(after.fallbacks - before.fallbacks),
+			    (double)(after.wait_ns - before.wait_ns) / 1e6);
 			e->log_fn(e->log_arg, line);
 		}
 	}
@@ -300,7 +307,8 @@ static void forward_slice(struct wf_engine *e, struct wf__mm_phase *ph, const in
 	e->stats.weight_bytes += e->dense_step_bytes + (uint64_t)n * w->tok_embd.row_size;
 	/* RoPE angles depend on the position only: once per token, for every head and layer. */
 	for (uint32_t t = 0; t < n; t++)
-		wf__rope_angles(pos[t], w->rope_dim, w->rope_base, e->rope_cs + (size_t)t * w->rope_dim);
+		wf__rope_angles(pos[t], w->rope_dim, w->rope_base,
+		                e->rope_cs + (size_t)t * w->rope_dim);
 	for (uint32_t t = 0; t < n; t++)
 		w->tok_embd.ops->dequantize_row((const uint8_t *)w->tok_embd.data +
 		                                    (size_t)tokens[t] * w->tok_embd.row_size,
@@ -321,8 +329,8 @@ static void forward_slice(struct wf_engine *e, struct wf__mm_phase *ph, const in
 			rows = n_out;
 		}
 		for (uint32_t t = 0; t < rows; t++)
-			wf__rms_norm(e->x + (size_t)t * E, L->ffn_norm.data, e->xn + (size_t)t * E, E,
-			             w->rms_eps);
+			wf__rms_norm(e->x + (size_t)t * E, L->ffn_norm.data, e->xn + (size_t)t * E,
+			             E, w->rms_eps);
 		if (w->moe)
 			moe_ffn(e, ph, il, L, rows);
 		else
@@ -359,9 +367,10 @@ static enum wf_dtype widest_act(const struct wf_engine *e)
 			list[n++] = &w->output;
 		} else {
 			const struct wf__layer *L = &w->layers[il];
-			const struct wf__wt *all[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate_inp,
-			                              &L->gate_exps, &L->up_exps, &L->down_exps,
-			                              &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+			const struct wf__wt *all[] = {&L->wq,      &L->wk,        &L->wv,
+			                              &L->wo,      &L->gate_inp,  &L->gate_exps,
+			                              &L->up_exps, &L->down_exps, &L->ffn_gate,
+			                              &L->ffn_up,  &L->ffn_down};
 			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 				if (all[i]->ops)
 					list[n++] = all[i];
@@ -388,8 +397,9 @@ static int alloc_scratch(struct wf_engine *e)
 	const size_t E = w->n_embd, F = w->n_ff, X = w->moe ? w->n_expert : 1;
 	/* Quantized activations, for every row a phase quantizes (three inputs of Q/K/V, or the
 	 * slots' rows twice), at the widest activation type any weight pairs with. */
-	e->qa_size = S * wf__act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u +
-	             4096u;
+	e->qa_size =
+	    S * wf__act_row_bytes(widest_act(e), (int64_t)((e->max_dim + 255u) & ~255u)) * 3u +
+	    4096u;
 	e->att_scratch_floats = 2u * w->head_dim + e->n_ctx + 16u;
 	struct {
 		void **ptr;
@@ -418,7 +428,8 @@ static int alloc_scratch(struct wf_engine *e)
 	    {(void **)&e->out_rows, U * sizeof(uint32_t)},
 	    {(void **)&e->qa, e->qa_size},
 	    {(void **)&e->qb, e->qa_size},
-	    {(void **)&e->att_scratch, (size_t)e->n_threads * e->att_scratch_floats * sizeof(float)},
+	    {(void **)&e->att_scratch,
+	     (size_t)e->n_threads * e->att_scratch_floats * sizeof(float)},
 	    {(void **)&e->ph, sizeof(*e->ph)},
 	};
 	size_t total = 0;
@@ -450,7 +461,8 @@ static void register_floor(struct wf_engine *e, struct wf_device *dev, uint32_t 
 		for (int i = 0; i < 3; i++) {
 			if (!t[i]->data)
 				continue;
-			const uintptr_t a = (uintptr_t)t[i]->data, b = a + t[i]->matrix_size * (size_t)t[i]->ne[2];
+			const uintptr_t a = (uintptr_t)t[i]->data,
+			                b = a + t[i]->matrix_size * (size_t)t[i]->ne[2];
 			lo = a < lo ? a : lo;
 			hi = b > hi ? b : hi;
 		}
@@ -460,8 +472,8 @@ static void register_floor(struct wf_engine *e, struct wf_device *dev, uint32_t 
 	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 	lo &= ~(page - 1);
 	hi = (hi + page - 1) & ~(page - 1);
-	if (wf_device_host_register(dev, (const void *)lo, hi - lo, WF_DEVICE_REGISTER_READONLY, NULL,
-	                            NULL) == 0) {
+	if (wf_device_host_register(dev, (const void *)lo, hi - lo, WF_DEVICE_REGISTER_READONLY,
+	                            NULL, NULL) == 0) {
 		e->reg_dev = dev;
 		e->reg_base = (const void *)lo;
 	}
@@ -474,8 +486,7 @@ static bool dev_forward(const struct wf_engine_config *cfg)
 }
 
 /* Post-fetch when the engine has a device, a MoE model, and the settings ask for it. */
-static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
-                      struct wf_diag *diag)
+static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg, struct wf_diag *diag)
 {
 	struct wf_postfetch_settings s;
 	if (cfg->postfetch)
@@ -495,9 +506,11 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	const uint32_t n_resident = (w->n_layer - first_resident) * w->n_expert;
 	if (!w->moe || (!pf && n_resident == 0))
 		return 0;
-	struct wf__fetch_shape shape = {.n_layer = w->n_layer, .n_expert = w->n_expert,
+	struct wf__fetch_shape shape = {.n_layer = w->n_layer,
+	                                .n_expert = w->n_expert,
 	                                .cache_mb = cfg->expert_cache_mb,
-	                                .n_resident = n_resident, .postfetch = pf};
+	                                .n_resident = n_resident,
+	                                .postfetch = pf};
 	/* The device forward pass keeps experts whole in its cache, so a hit runs on the device
 	 * entirely; the CPU forward pass computes gate and up itself and caches down only. */
 	shape.whole = dev_forward(cfg) && cfg->expert_cache_mb;
@@ -525,7 +538,8 @@ static int fetch_init(struct wf_engine *e, const struct wf_engine_config *cfg,
 	for (uint32_t il = first_resident; rc == 0 && il < w->n_layer; il++) {
 		const struct wf__wt *d = &w->layers[il].down_exps;
 		for (uint32_t x = 0; rc == 0 && x < w->n_expert; x++)
-			rc = wf__fetch_pin(e->fetch, il, x, (const uint8_t *)d->data + x * d->matrix_size,
+			rc = wf__fetch_pin(e->fetch, il, x,
+			                   (const uint8_t *)d->data + x * d->matrix_size,
 			                   d->matrix_size, diag);
 	}
 	return rc;
@@ -563,18 +577,19 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		e->n_ctx = w->n_ctx_train && w->n_ctx_train < CTX_DEFAULT_CAP ? w->n_ctx_train
 		                                                              : CTX_DEFAULT_CAP;
 	if (w->n_ctx_train && e->n_ctx > w->n_ctx_train) {
-		rc = wf_diag_set(diag, WF_ELIMIT, "context %u exceeds the model's context_length %u",
-		                 e->n_ctx, w->n_ctx_train);
+		rc =
+		    wf_diag_set(diag, WF_ELIMIT, "context %u exceeds the model's context_length %u",
+		                e->n_ctx, w->n_ctx_train);
 		goto fail;
 	}
 	e->n_seq_max = cfg->n_seq_max ? cfg->n_seq_max : 1;
 	e->dense_step_bytes = w->bytes_per_token - w->tok_embd.row_size;
 	if (w->moe)
 		for (uint32_t il = 0; il < w->n_layer; il++)
-			e->dense_step_bytes -= (uint64_t)w->n_expert_used *
-			                       (w->layers[il].gate_exps.matrix_size +
-			                        w->layers[il].up_exps.matrix_size +
-			                        w->layers[il].down_exps.matrix_size);
+			e->dense_step_bytes -=
+			    (uint64_t)w->n_expert_used * (w->layers[il].gate_exps.matrix_size +
+			                                  w->layers[il].up_exps.matrix_size +
+			                                  w->layers[il].down_exps.matrix_size);
 	e->n_threads = cfg->n_threads ? cfg->n_threads : online_cpus();
 	e->cpu.n_threads = e->n_threads;
 	e->q_dim = w->n_head * w->head_dim;
@@ -584,8 +599,8 @@ int wf_engine_create(const struct wf_model *model, const void *const *tensor_dat
 		e->max_dim = w->n_ff;
 	if (e->q_dim > e->max_dim)
 		e->max_dim = e->q_dim;
-	if ((rc = wf__kv_init(&e->kv, cfg->kv_type, w->n_layer, e->n_seq_max, e->n_ctx, e->kv_dim)) <
-	    0) {
+	if ((rc = wf__kv_init(&e->kv, cfg->kv_type, w->n_layer, e->n_seq_max, e->n_ctx,
+	                      e->kv_dim)) < 0) {
 		wf_diag_set(diag, rc, "KV cache of %u x %u positions", e->n_seq_max, e->n_ctx);
 		goto fail;
 	}
@@ -675,21 +690,24 @@ static int check_batch(const struct wf_engine *e, const struct wf_engine_batch *
 	memcpy(next, e->kv.len, e->n_seq_max * sizeof(uint32_t));
 	for (uint32_t i = 0; i < b->n; i++) {
 		if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= e->w.n_vocab)
-			return wf_diag_set(diag, WF_EINVAL, "token %d is outside the vocabulary of %u",
-			                   b->tokens[i], e->w.n_vocab);
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "token %d is outside the vocabulary of %u", b->tokens[i],
+			                   e->w.n_vocab);
 		const uint32_t s = b->seq[i];
 		if (s >= e->n_seq_max)
-			return wf_diag_set(diag, WF_EINVAL, "sequence %u is out of range (%u sequences)",
-			                   s, e->n_seq_max);
-		if (b->pos[i] != next[s])
 			return wf_diag_set(diag, WF_EINVAL,
-			                   "sequence %u: position %u does not continue its %u cached "
-			                   "positions",
-			                   s, b->pos[i], next[s]);
+			                   "sequence %u is out of range (%u sequences)", s,
+			                   e->n_seq_max);
+		if (b->pos[i] != next[s])
+			return wf_diag_set(
+			    diag, WF_EINVAL,
+			    "sequence %u: position %u does not continue its %u cached "
+			    "positions",
+			    s, b->pos[i], next[s]);
 		if (next[s] >= e->n_ctx)
 			return wf_diag_set(diag, WF_ELIMIT,
-			                   "sequence %u would pass the context length of %u tokens", s,
-			                   e->n_ctx);
+			                   "sequence %u would pass the context length of %u tokens",
+			                   s, e->n_ctx);
 		next[s]++;
 	}
 	return 0;
@@ -714,12 +732,14 @@ int wf_engine_decode(struct wf_engine *e, const struct wf_engine_batch *b, float
 			for (uint32_t i = 0; i < n; i++)
 				last_only[i] = s0 + i == b->n - 1;
 		if (e->devfwd) {
-			rc = wf__devfwd_slice(e, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out,
-			                      diag);
+			rc = wf__devfwd_slice(e, b->tokens + s0, b->pos + s0, b->seq + s0, want, n,
+			                      out, diag);
 			if (rc < 0)
-				return rc; /* KV lengths unchanged: the sequences are as they were */
+				return rc; /* KV lengths unchanged: the sequences are as they were
+				            */
 		} else {
-			forward_slice(e, ph, b->tokens + s0, b->pos + s0, b->seq + s0, want, n, out);
+			forward_slice(e, ph, b->tokens + s0, b->pos + s0, b->seq + s0, want, n,
+			              out);
 		}
 		for (uint32_t i = 0; i < n; i++)
 			if (want[i])

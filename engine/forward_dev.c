@@ -68,8 +68,9 @@ struct wf__devfwd {
 	uint8_t *amem; /* activations and indices */
 	size_t abytes;
 	float *x, *xn, *q, *k, *v, *attn, *tmp, *router, *wts, *rows, *gate, *up, *down, *out;
-	int32_t *ids;  /* the router's choices, S */
-	uint32_t *idx; /* [tok pos kv_first n_kv dst_row oidx] x UBATCH_MAX, then [slot_of gidx] x S */
+	int32_t *ids; /* the router's choices, S */
+	uint32_t
+	    *idx; /* [tok pos kv_first n_kv dst_row oidx] x UBATCH_MAX, then [slot_of gidx] x S */
 
 	uint8_t *pmem; /* pinned host buffers */
 	size_t pbytes;
@@ -77,8 +78,8 @@ struct wf__devfwd {
 	int32_t *h_ids;
 	float *h_xn, *h_h, *h_down, *h_router;
 
-	uint8_t *on_dev;      /* per expert, this step: its down projection ran on the device */
-	uint8_t *whole;       /* per expert, this step: the cache holds it whole (all on the device) */
+	uint8_t *on_dev; /* per expert, this step: its down projection ran on the device */
+	uint8_t *whole;  /* per expert, this step: the cache holds it whole (all on the device) */
 	uint32_t *g_index, *g_first, *g_count; /* a grouped product's groups, one per expert */
 };
 
@@ -136,14 +137,14 @@ static int place_all(struct wf__devfwd *d, const struct wf__weights *w, size_t *
                      struct wf_diag *diag)
 {
 	int rc = 0;
-#define PUT(t, m, f)                                                                              \
-	do {                                                                                      \
-		if (rc == 0) {                                                                    \
-			if (d->wmem)                                                              \
-				rc = place(d, (t), at, (m), (f), diag);                           \
-			else                                                                      \
-				*at += align256(wt_bytes(t));                                     \
-		}                                                                                 \
+#define PUT(t, m, f)                                                                               \
+	do {                                                                                       \
+		if (rc == 0) {                                                                     \
+			if (d->wmem)                                                               \
+				rc = place(d, (t), at, (m), (f), diag);                            \
+			else                                                                       \
+				*at += align256(wt_bytes(t));                                      \
+		}                                                                                  \
 	} while (0)
 	PUT(&w->tok_embd, &d->tok_embd, NULL);
 	PUT(&w->output_norm, NULL, &d->output_norm);
@@ -195,8 +196,7 @@ static const struct wf_engine_dev_ops *ops_for(struct wf_device *dev, struct wf_
 	return t->ops;
 }
 
-int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
-                      struct wf_diag *diag)
+int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg, struct wf_diag *diag)
 {
 	const struct wf__weights *w = &e->w;
 	struct wf__devfwd *d = calloc(1, sizeof(*d));
@@ -246,24 +246,33 @@ int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
 	struct {
 		void **ptr;
 		size_t bytes;
-	} dev_bufs[] = {
-	    {(void **)&d->x, U * E * 4},          {(void **)&d->xn, U * E * 4},
-	    {(void **)&d->tmp, U * E * 4},        {(void **)&d->q, U * e->q_dim * 4},
-	    {(void **)&d->attn, U * e->q_dim * 4}, {(void **)&d->k, U * e->kv_dim * 4},
-	    {(void **)&d->v, U * e->kv_dim * 4},  {(void **)&d->router, U * X * 4},
-	    {(void **)&d->wts, S * 4},            {(void **)&d->rows, S * E * 4},
-	    {(void **)&d->ids, S * 4},
-	    {(void **)&d->gate, S * F * 4},       {(void **)&d->up, S * F * 4},
-	    {(void **)&d->down, S * E * 4},       {(void **)&d->out, OUT_CHUNK * V * 4},
-	    {(void **)&d->idx, (I_STEP_ARRAYS * U + 2 * S) * 4},
-	}, pin_bufs[] = {
-	    {(void **)&d->h_idx, (I_STEP_ARRAYS * U + 2 * S) * 4},
-	    {(void **)&d->h_ids, S * 4},
-	    {(void **)&d->h_xn, U * E * 4},
-	    {(void **)&d->h_h, S * F * 4},
-	    {(void **)&d->h_down, S * E * 4},
-	    {(void **)&d->h_router, U * X * 4},
-	};
+	} dev_bufs[] =
+	    {
+	        {(void **)&d->x, U * E * 4},
+	        {(void **)&d->xn, U * E * 4},
+	        {(void **)&d->tmp, U * E * 4},
+	        {(void **)&d->q, U * e->q_dim * 4},
+	        {(void **)&d->attn, U * e->q_dim * 4},
+	        {(void **)&d->k, U * e->kv_dim * 4},
+	        {(void **)&d->v, U * e->kv_dim * 4},
+	        {(void **)&d->router, U * X * 4},
+	        {(void **)&d->wts, S * 4},
+	        {(void **)&d->rows, S * E * 4},
+	        {(void **)&d->ids, S * 4},
+	        {(void **)&d->gate, S * F * 4},
+	        {(void **)&d->up, S * F * 4},
+	        {(void **)&d->down, S * E * 4},
+	        {(void **)&d->out, OUT_CHUNK * V * 4},
+	        {(void **)&d->idx, (I_STEP_ARRAYS * U + 2 * S) * 4},
+	    },
+	  pin_bufs[] = {
+	      {(void **)&d->h_idx, (I_STEP_ARRAYS * U + 2 * S) * 4},
+	      {(void **)&d->h_ids, S * 4},
+	      {(void **)&d->h_xn, U * E * 4},
+	      {(void **)&d->h_h, S * F * 4},
+	      {(void **)&d->h_down, S * E * 4},
+	      {(void **)&d->h_router, U * X * 4},
+	  };
 	for (int pass = 0; pass < 2; pass++) {
 		const bool pinned = pass == 1;
 		size_t total = 0;
@@ -304,9 +313,9 @@ int wf__devfwd_create(struct wf_engine *e, const struct wf_engine_config *cfg,
 	}
 	for (uint32_t il = 0; il < w->n_layer; il++) {
 		const struct wf__layer *L = &w->layers[il];
-		const struct wf__wt *m[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
-		                            &L->gate_inp,  &L->gate_exps, &L->up_exps, &L->down_exps,
-		                            &L->ffn_gate,  &L->ffn_up,  &L->ffn_down};
+		const struct wf__wt *m[] = {&L->wq,       &L->wk,        &L->wv,      &L->wo,
+		                            &L->gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps,
+		                            &L->ffn_gate, &L->ffn_up,    &L->ffn_down};
 		for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
 			if (!m[i]->data)
 				continue;
@@ -360,10 +369,10 @@ uint64_t wf__devfwd_resident_bytes(const struct wf__devfwd *d, const struct wf__
 
 /* ---- the forward pass ------------------------------------------------------------------------ */
 
-#define TRY(call)                                                                                 \
-	do {                                                                                      \
-		if ((rc = (call)) < 0)                                                            \
-			return rc;                                                                \
+#define TRY(call)                                                                                  \
+	do {                                                                                       \
+		if ((rc = (call)) < 0)                                                             \
+			return rc;                                                                 \
 	} while (0)
 
 static int h2d(struct wf__devfwd *d, void *dst, const void *src, size_t bytes, struct wf_diag *diag)
@@ -394,8 +403,8 @@ static int attention_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t i
 	if (w->qk_norm) {
 		TRY(o->rms_norm(d->ctx, d->q, D->q_norm, d->q, n * w->n_head, HD, HD, w->rms_eps,
 		                diag));
-		TRY(o->rms_norm(d->ctx, d->k, D->k_norm, d->k, n * w->n_head_kv, HD, HD,
-		                w->rms_eps, diag));
+		TRY(o->rms_norm(d->ctx, d->k, D->k_norm, d->k, n * w->n_head_kv, HD, HD, w->rms_eps,
+		                diag));
 	}
 	const enum wf_engine_dev_rope rk =
 	    w->rope == WF__ROPE_NEOX ? WF_ENGINE_DEV_ROPE_NEOX : WF_ENGINE_DEV_ROPE_NORM;
@@ -462,7 +471,8 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 			           d->h_down + (size_t)f * E, E);
 			continue;
 		}
-		TRY(h2d(d, d->gate + (size_t)f * F, d->h_h + (size_t)f * F, (size_t)c * F * 4, diag));
+		TRY(h2d(d, d->gate + (size_t)f * F, d->h_h + (size_t)f * F, (size_t)c * F * 4,
+		        diag));
 		group_add(&gr, (uint32_t)e->fetch_slot[x], f, c);
 	}
 	if (gr.n) {
@@ -477,8 +487,8 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 	for (uint32_t x = 0; x < X; x++) {
 		const uint32_t c = e->expert_count[x], f = e->expert_first[x];
 		if (c && !d->on_dev[x])
-			TRY(h2d(d, d->down + (size_t)f * E, d->h_down + (size_t)f * E, (size_t)c * E * 4,
-			        diag));
+			TRY(h2d(d, d->down + (size_t)f * E, d->h_down + (size_t)f * E,
+			        (size_t)c * E * 4, diag));
 	}
 	return 0;
 }
@@ -490,9 +500,9 @@ static int host_experts(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, 
 static int device_experts(struct wf__devfwd *d, const struct groups *gr,
                           const struct wf_engine_dev_matrix *g,
                           const struct wf_engine_dev_matrix *u,
-                          const struct wf_engine_dev_matrix *dn, size_t g_stride,
-                          size_t u_stride, size_t d_stride, uint32_t E, uint32_t F,
-                          uint32_t all_rows, struct wf_diag *diag)
+                          const struct wf_engine_dev_matrix *dn, size_t g_stride, size_t u_stride,
+                          size_t d_stride, uint32_t E, uint32_t F, uint32_t all_rows,
+                          struct wf_diag *diag)
 {
 	const struct wf_engine_dev_ops *o = d->ops;
 	int rc;
@@ -514,7 +524,6 @@ static int device_experts(struct wf__devfwd *d, const struct groups *gr,
 	return o->matmul_experts(d->ctx, dn, d_stride, gr->n, gr->index, gr->first, gr->count,
 	                         d->gate, F, d->down, E, diag);
 }
-
 
 static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uint32_t n,
                      struct wf_diag *diag)
@@ -581,7 +590,8 @@ static int moe_block(struct wf_engine *e, struct wf__devfwd *d, uint32_t il, uin
 			                                  u = dev_matrix(&L->up_exps, su),
 			                                  dn = dev_matrix(&L->down_exps, sd);
 			TRY(o->gather(d->ctx, d->xn, dgidx, n * K, E, d->rows, diag));
-			TRY(device_experts(d, &gr, &g, &u, &dn, stride, stride, stride, E, F, 0, diag));
+			TRY(device_experts(d, &gr, &g, &u, &dn, stride, stride, stride, E, F, 0,
+			                   diag));
 		}
 		TRY(host_experts(e, d, il, n, diag));
 		if (e->fetch)
@@ -633,14 +643,16 @@ int wf__devfwd_slice(struct wf_engine *e, const int32_t *tokens, const uint32_t 
 	for (uint32_t il = 0; il < w->n_layer; il++) {
 		TRY(attention_block(e, d, il, rows, diag));
 		if (il == w->n_layer - 1 && n_out < rows) {
-			TRY(o->gather(d->ctx, d->x, d->idx + I_OUT * UBATCH_MAX, n_out, E, d->tmp, diag));
+			TRY(o->gather(d->ctx, d->x, d->idx + I_OUT * UBATCH_MAX, n_out, E, d->tmp,
+			              diag));
 			TRY(wf_device_memcpy_async(d->stream, d->x, d->tmp, (size_t)n_out * E * 4,
 			                           WF_DEVICE_COPY_D2D, diag));
 			rows = n_out;
 		}
 		if (rows == 0)
 			break;
-		TRY(o->rms_norm(d->ctx, d->x, d->L[il].ffn_norm, d->xn, rows, E, E, w->rms_eps, diag));
+		TRY(o->rms_norm(d->ctx, d->x, d->L[il].ffn_norm, d->xn, rows, E, E, w->rms_eps,
+		                diag));
 		TRY(w->moe ? moe_block(e, d, il, rows, diag) : dense_block(e, d, il, rows, diag));
 		TRY(o->add(d->ctx, d->x, d->tmp, (size_t)rows * E, diag));
 	}

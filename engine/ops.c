@@ -71,8 +71,8 @@ void wf__softmax(float *x, uint32_t n)
 		x[i] *= inv;
 }
 
-void wf__route(const float *logits, uint32_t n_expert, uint32_t k, float *probs,
-               int32_t *ret_ids, float *ret_weights)
+void wf__route(const float *logits, uint32_t n_expert, uint32_t k, float *probs, int32_t *ret_ids,
+               float *ret_weights)
 {
 	memcpy(probs, logits, n_expert * sizeof(float));
 	wf__softmax(probs, n_expert);
@@ -160,8 +160,8 @@ static const struct f16_ops f16_portable = {dot_h_lanes, scale_h_portable, mad_h
 /* llama.cpp's one-chunk flash-attention step per cached position: the score, then either a new
  * maximum (rescale the accumulator) or a weight below one, then the V row added. */
 static void attend_f16(const struct f16_ops *ops, const float *qh, const uint8_t *k,
-                       const uint8_t *v, size_t kv_stride, uint32_t n_kv, uint32_t D,
-                       float scale, uint16_t *acc, struct f16_state *st)
+                       const uint8_t *v, size_t kv_stride, uint32_t n_kv, uint32_t D, float scale,
+                       uint16_t *acc, struct f16_state *st)
 {
 	for (uint32_t p = 0; p < n_kv; p++) {
 		const uint16_t *kp = (const uint16_t *)(k + p * kv_stride);
@@ -194,7 +194,7 @@ F16C_FNS static float dot_h_lanes_f16c(const uint16_t *k, const float *qh, uint3
 		l = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
 		                    _mm256_loadu_ps(qh + i), l);
 	__m128 x = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
-	x = _mm_add_ps(x, _mm_movehl_ps(x, x));        /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x)); /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
 	x = _mm_add_ss(x, _mm_movehdup_ps(x));
 	float s = _mm_cvtss_f32(x);
 	for (; i < n; i++)
@@ -222,8 +222,8 @@ F16C_FNS static void mad_h(uint16_t *acc, const uint16_t *vp, uint32_t D, float 
 	for (; i + 8 <= D; i += 8) {
 		__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(acc + i)));
 		__m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + i)));
-		_mm_storeu_si128((__m128i *)(acc + i),
-		                 _mm256_cvtps_ph(_mm256_fmadd_ps(x, m, a), _MM_FROUND_TO_NEAREST_INT));
+		_mm_storeu_si128((__m128i *)(acc + i), _mm256_cvtps_ph(_mm256_fmadd_ps(x, m, a),
+		                                                       _MM_FROUND_TO_NEAREST_INT));
 	}
 	for (; i < D; i++)
 		acc[i] = f2h(fmaf(h2f(vp[i]), vs, h2f(acc[i])));
@@ -241,9 +241,9 @@ static bool have_f16c(void)
 }
 #endif
 
-void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
-                uint32_t n_kv, uint32_t head_dim, float scale, enum wf_engine_kv_type type,
-                float *scratch, float *out)
+void wf__attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride, uint32_t n_kv,
+                uint32_t head_dim, float scale, enum wf_engine_kv_type type, float *scratch,
+                float *out)
 {
 	if (type == WF_ENGINE_KV_F16) {
 		/* scratch: the query rounded to F16 (as floats), then the accumulator's F16 bits */

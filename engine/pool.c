@@ -44,10 +44,10 @@ struct wf_pool {
 	wf_pool_task_fn fn;
 	void *arg;
 	uint32_t n_tasks;
-	_Atomic uint32_t next;    /* next task to claim */
-	_Atomic uint32_t done;    /* tasks finished */
-	_Atomic uint32_t gen;     /* odd while a run is being written; the futex word */
-	_Atomic uint32_t active;  /* workers between their claim of a run and its end */
+	_Atomic uint32_t next;   /* next task to claim */
+	_Atomic uint32_t done;   /* tasks finished */
+	_Atomic uint32_t gen;    /* odd while a run is being written; the futex word */
+	_Atomic uint32_t active; /* workers between their claim of a run and its end */
 	_Atomic uint32_t sleepers;
 	_Atomic bool stop;
 };

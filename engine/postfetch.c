@@ -23,16 +23,15 @@ static const struct setting {
 	size_t offset;
 	uint32_t max;
 } settings[] = {
-	{"ENABLE", KIND_BOOL, offsetof(struct wf_postfetch_settings, enable), 1},
-	{"FORCE_CPU", KIND_BOOL, offsetof(struct wf_postfetch_settings, force_cpu), 1},
-	{"BLOCK_ON_MISS", KIND_BOOL, offsetof(struct wf_postfetch_settings, block_on_miss), 1},
-	{"MAX_TRANSFERS", KIND_U32, offsetof(struct wf_postfetch_settings, max_transfers),
-	 WF_POSTFETCH_MAX_TRANSFERS_MAX},
-	{"SCRATCHPAD_MB", KIND_U32, offsetof(struct wf_postfetch_settings, scratchpad_mb),
-	 WF_POSTFETCH_SCRATCHPAD_MB_MAX},
-	{"DEDICATED_STREAMS", KIND_BOOL, offsetof(struct wf_postfetch_settings, dedicated_streams),
-	 1},
-	{"DEBUG", KIND_BOOL, offsetof(struct wf_postfetch_settings, debug), 1},
+    {"ENABLE", KIND_BOOL, offsetof(struct wf_postfetch_settings, enable), 1},
+    {"FORCE_CPU", KIND_BOOL, offsetof(struct wf_postfetch_settings, force_cpu), 1},
+    {"BLOCK_ON_MISS", KIND_BOOL, offsetof(struct wf_postfetch_settings, block_on_miss), 1},
+    {"MAX_TRANSFERS", KIND_U32, offsetof(struct wf_postfetch_settings, max_transfers),
+     WF_POSTFETCH_MAX_TRANSFERS_MAX},
+    {"SCRATCHPAD_MB", KIND_U32, offsetof(struct wf_postfetch_settings, scratchpad_mb),
+     WF_POSTFETCH_SCRATCHPAD_MB_MAX},
+    {"DEDICATED_STREAMS", KIND_BOOL, offsetof(struct wf_postfetch_settings, dedicated_streams), 1},
+    {"DEBUG", KIND_BOOL, offsetof(struct wf_postfetch_settings, debug), 1},
 };
 
 void wf_postfetch_settings_default(struct wf_postfetch_settings *s)
@@ -71,8 +70,8 @@ static int parse_bool(const char *v, bool *ret)
 	return WF_EINVAL;
 }
 
-int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name,
-                              const char *value, struct wf_diag *diag)
+int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name, const char *value,
+                              struct wf_diag *diag)
 {
 	char key[64];
 	if (!name || !value || !normalize(name, key, sizeof key))
@@ -87,8 +86,9 @@ int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name,
 			bool b;
 			if (parse_bool(value, &b) < 0)
 				return wf_diag_set(diag, WF_EINVAL,
-				                   PREFIX "%s: '%s' is not 0, 1, true, false, yes, no, on "
-				                          "or off",
+				                   PREFIX
+				                   "%s: '%s' is not 0, 1, true, false, yes, no, on "
+				                   "or off",
 				                   st->name, value);
 			*(bool *)(void *)field = b;
 			return 0;
@@ -96,8 +96,8 @@ int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name,
 		uint64_t v;
 		if (wf_parse_uint(value, st->max, &v) < 0)
 			return wf_diag_set(diag, WF_EINVAL,
-			                   PREFIX "%s: '%s' is not a whole number from 0 to %u", st->name,
-			                   value, st->max);
+			                   PREFIX "%s: '%s' is not a whole number from 0 to %u",
+			                   st->name, value, st->max);
 		*(uint32_t *)(void *)field = (uint32_t)v;
 		return 0;
 	}
@@ -116,7 +116,8 @@ int wf_postfetch_settings_from_env(struct wf_postfetch_settings *s, struct wf_di
 		char name[96];
 		size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
 		if (!eq || n >= sizeof name)
-			return wf_diag_set(diag, WF_EINVAL, "malformed environment entry '%.64s'", *e);
+			return wf_diag_set(diag, WF_EINVAL, "malformed environment entry '%.64s'",
+			                   *e);
 		memcpy(name, *e, n);
 		name[n] = '\0';
 		int rc = wf_postfetch_settings_set(s, name, eq + 1, diag);

@@ -14,9 +14,9 @@
  *   WF_POSTFETCH_MAX_TRANSFERS     N     experts fetched per layer and step, 0 = no limit (<= 4096)
  *   WF_POSTFETCH_SCRATCHPAD_MB     N     scratchpad MiB, 0 = sized for the largest layer's active
  *                                        experts at the engine's largest batch (<= 1048576)
- *   WF_POSTFETCH_DEDICATED_STREAMS 0|1   one copy stream per layer parity rather than one (default 0)
- *   WF_POSTFETCH_DEBUG             0|1   per-layer fetch lines through the engine's log hook
- * A value that is not one of these is refused with a message naming the variable. */
+ *   WF_POSTFETCH_DEDICATED_STREAMS 0|1   one copy stream per layer parity rather than one (default
+ * 0) WF_POSTFETCH_DEBUG             0|1   per-layer fetch lines through the engine's log hook A
+ * value that is not one of these is refused with a message naming the variable. */
 #ifndef WF_ENGINE_POSTFETCH_H
 #define WF_ENGINE_POSTFETCH_H
 
@@ -49,8 +49,8 @@ void wf_postfetch_settings_default(struct wf_postfetch_settings *ret_settings);
  * ("BLOCK_ON_MISS", "block_on_miss", "WF_POSTFETCH_BLOCK_ON_MISS"; a flag's --block-on-miss
  * spelling with '-' too). Booleans take 0/1/true/false/yes/no/on/off. Returns 0, WF_ENOT_FOUND
  * for an unknown name, or WF_EINVAL for a bad value; diag names the setting and the value. */
-int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name,
-                              const char *value, struct wf_diag *diag);
+int wf_postfetch_settings_set(struct wf_postfetch_settings *s, const char *name, const char *value,
+                              struct wf_diag *diag);
 
 /* Applies every WF_POSTFETCH_* variable of the environment over s (a variable with that prefix
  * that names no setting is refused too, so a typo is not silently ignored). Not thread-safe

@@ -18,10 +18,10 @@ struct wf_sampler {
 	struct wf_sampler_params p;
 	uint32_t n_vocab;
 	struct cand *cand;
-	float *prob;        /* the candidates' unnormalized probabilities */
-	uint32_t *seen;     /* per token: the stamp of the last penalty pass that touched it */
+	float *prob;    /* the candidates' unnormalized probabilities */
+	uint32_t *seen; /* per token: the stamp of the last penalty pass that touched it */
 	uint32_t stamp;
-	int32_t *hist;      /* ring of the last repeat_last_n accepted tokens */
+	int32_t *hist; /* ring of the last repeat_last_n accepted tokens */
 	uint32_t hist_len, hist_pos;
 	uint64_t rng;
 };
@@ -39,24 +39,25 @@ int wf_sampler_params_check(const struct wf_sampler_params *p, struct wf_diag *d
 	if (!isfinite(p->temperature))
 		return wf_diag_set(diag, WF_EINVAL, "temperature must be a finite number");
 	if (p->top_k < 0)
-		return wf_diag_set(diag, WF_EINVAL, "top_k must be >= 0 (0: off), not %d", p->top_k);
+		return wf_diag_set(diag, WF_EINVAL, "top_k must be >= 0 (0: off), not %d",
+		                   p->top_k);
 	if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
 		return wf_diag_set(diag, WF_EINVAL, "top_p must be in [0, 1] (1: off), not %g",
-				   (double)p->top_p);
+		                   (double)p->top_p);
 	if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
 		return wf_diag_set(diag, WF_EINVAL, "min_p must be in [0, 1] (0: off), not %g",
-				   (double)p->min_p);
+		                   (double)p->min_p);
 	if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
 		return wf_diag_set(diag, WF_EINVAL, "repeat_penalty must be > 0 (1: off), not %g",
-				   (double)p->repeat_penalty);
+		                   (double)p->repeat_penalty);
 	if (p->repeat_last_n > WF_SAMPLER_LAST_N_MAX)
 		return wf_diag_set(diag, WF_EINVAL, "repeat_last_n must be at most %u, not %u",
-				   WF_SAMPLER_LAST_N_MAX, p->repeat_last_n);
+		                   WF_SAMPLER_LAST_N_MAX, p->repeat_last_n);
 	return 0;
 }
 
 int wf_sampler_create(const struct wf_sampler_params *params, uint32_t n_vocab,
-		      struct wf_sampler **ret_sampler, struct wf_diag *diag)
+                      struct wf_sampler **ret_sampler, struct wf_diag *diag)
 {
 	int rc = wf_sampler_params_check(params, diag);
 	if (rc < 0)

@@ -68,8 +68,8 @@ static double now_s(void)
 
 const char *wf_sched_finish_name(enum wf_sched_finish reason)
 {
-	static const char *const names[WF_SCHED_FINISH_MAX] = {
-	    "eos", "stop", "length", "context", "canceled", "error"};
+	static const char *const names[WF_SCHED_FINISH_MAX] = {"eos",     "stop",     "length",
+	                                                       "context", "canceled", "error"};
 	return (unsigned)reason < WF_SCHED_FINISH_MAX ? names[reason] : "?";
 }
 
@@ -89,15 +89,15 @@ static void req_free(struct req *r)
 static void *step_main(void *arg);
 
 int wf_sched_create(struct wf_engine *engine, const struct wf_tokenizer *tok,
-		    const struct wf_sched_config *cfg, struct wf_sched **ret_sched,
-		    struct wf_diag *diag)
+                    const struct wf_sched_config *cfg, struct wf_sched **ret_sched,
+                    struct wf_diag *diag)
 {
 	struct wf_engine_info info;
 	wf_engine_get_info(engine, &info);
 	if (wf_tokenizer_n_vocab(tok) != info.n_vocab)
 		return wf_diag_set(diag, WF_EINVAL,
-				   "the tokenizer has %u tokens, the model's output %u",
-				   wf_tokenizer_n_vocab(tok), info.n_vocab);
+		                   "the tokenizer has %u tokens, the model's output %u",
+		                   wf_tokenizer_n_vocab(tok), info.n_vocab);
 	struct wf_sched *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -142,7 +142,7 @@ err:
 }
 
 int wf_sched_submit(struct wf_sched *s, const struct wf_sched_request *q, uint64_t *ret_id,
-		    struct wf_diag *diag)
+                    struct wf_diag *diag)
 {
 	if (!q->on_done)
 		return wf_diag_set(diag, WF_EINVAL, "no completion callback");
@@ -150,16 +150,16 @@ int wf_sched_submit(struct wf_sched *s, const struct wf_sched_request *q, uint64
 		return wf_diag_set(diag, WF_EINVAL, "empty prompt");
 	if (q->n_tokens > s->n_ctx)
 		return wf_diag_set(diag, WF_ELIMIT,
-				   "the prompt has %zu tokens, more than the context of %u",
-				   q->n_tokens, s->n_ctx);
+		                   "the prompt has %zu tokens, more than the context of %u",
+		                   q->n_tokens, s->n_ctx);
 	for (size_t i = 0; i < q->n_tokens; i++)
 		if (q->tokens[i] < 0 || (uint32_t)q->tokens[i] >= s->n_vocab)
 			return wf_diag_set(diag, WF_EINVAL,
-					   "prompt token %zu is %d, outside the vocabulary of %u",
-					   i, q->tokens[i], s->n_vocab);
+			                   "prompt token %zu is %d, outside the vocabulary of %u",
+			                   i, q->tokens[i], s->n_vocab);
 	if (q->n_stop > WF_SCHED_STOP_MAX)
 		return wf_diag_set(diag, WF_EINVAL, "%zu stop strings: at most %d", q->n_stop,
-				   WF_SCHED_STOP_MAX);
+		                   WF_SCHED_STOP_MAX);
 	struct req *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -174,7 +174,7 @@ int wf_sched_submit(struct wf_sched *s, const struct wf_sched_request *q, uint64
 		size_t len = q->stop[i] ? strlen(q->stop[i]) : 0;
 		if (len == 0 || len > WF_SCHED_STOP_LEN_MAX) {
 			rc = wf_diag_set(diag, WF_EINVAL, "stop string %zu must be 1-%d bytes", i,
-					 WF_SCHED_STOP_LEN_MAX);
+			                 WF_SCHED_STOP_LEN_MAX);
 			goto err;
 		}
 		if (!(r->stop[i] = strdup(q->stop[i])))
@@ -254,7 +254,7 @@ void wf_sched_get_stats(struct wf_sched *s, struct wf_sched_stats *ret)
 /* Ends r: the sequence is freed for the next request, then the done callback. r must have left
  * the queue; a running r leaves its slot here. */
 static void finish(struct wf_sched *s, struct req *r, bool running, enum wf_sched_finish why,
-		   int error, const char *msg)
+                   int error, const char *msg)
 {
 	if (running) {
 		pthread_mutex_lock(&s->mu);
@@ -532,8 +532,11 @@ static void *step_main(void *arg)
 			}
 			r->n_fed += take;
 		}
-		struct wf_engine_batch b = {.n = n, .tokens = s->b_tok, .pos = s->b_pos,
-					    .seq = s->b_seq, .want_logits = s->b_want};
+		struct wf_engine_batch b = {.n = n,
+		                            .tokens = s->b_tok,
+		                            .pos = s->b_pos,
+		                            .seq = s->b_seq,
+		                            .want_logits = s->b_want};
 		struct wf_diag d = {{0}};
 		int rc = wf_engine_decode(s->engine, &b, s->logits, &d);
 		pthread_mutex_lock(&s->mu);
@@ -557,8 +560,8 @@ static void *step_main(void *arg)
 			if (!s->b_want[i])
 				continue;
 			struct req *r = s->b_req[i];
-			int32_t tok = wf_sampler_sample(r->sampler,
-							s->logits + (size_t)row++ * s->n_vocab);
+			int32_t tok =
+			    wf_sampler_sample(r->sampler, s->logits + (size_t)row++ * s->n_vocab);
 			(void)take_token(s, r, tok);
 		}
 		(void)n_logits;

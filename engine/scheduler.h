@@ -58,14 +58,14 @@ const char *wf_sched_finish_name(enum wf_sched_finish reason);
 
 struct wf_sched_result {
 	enum wf_sched_finish reason;
-	int error;          /* ERROR: the engine's code; CONTEXT: WF_ELIMIT; else 0 */
+	int error;                 /* ERROR: the engine's code; CONTEXT: WF_ELIMIT; else 0 */
 	char message[WF_DIAG_MAX]; /* why, for ERROR and CONTEXT */
-	uint32_t n_prompt;  /* prompt tokens */
-	uint32_t n_gen;     /* tokens sampled (the EOS token and one that completed a stop string
-	                       included) */
-	double queue_s;     /* submit to a sequence being assigned */
-	double prompt_s;    /* assigned to the first token sampled (prompt processing) */
-	double decode_s;    /* first token sampled to the last */
+	uint32_t n_prompt;         /* prompt tokens */
+	uint32_t n_gen;       /* tokens sampled (the EOS token and one that completed a stop string
+	                         included) */
+	double queue_s;       /* submit to a sequence being assigned */
+	double prompt_s;      /* assigned to the first token sampled (prompt processing) */
+	double decode_s;      /* first token sampled to the last */
 	double first_token_s; /* submit to the first token sampled; 0 when none was */
 };
 
@@ -80,10 +80,10 @@ struct wf_sched_request {
 	const int32_t *tokens; /* the prompt, copied; at least one, each < n_vocab */
 	size_t n_tokens;       /* at most n_ctx */
 	struct wf_sampler_params sampling;
-	uint32_t max_tokens;   /* 0: until EOS, a stop string or a full context */
+	uint32_t max_tokens;     /* 0: until EOS, a stop string or a full context */
 	const char *const *stop; /* copied */
 	size_t n_stop;
-	bool ignore_eos;       /* keep going past EOS (benchmarks) */
+	bool ignore_eos;            /* keep going past EOS (benchmarks) */
 	wf_sched_token_fn on_token; /* optional */
 	wf_sched_done_fn on_done;   /* required */
 	void *arg;
@@ -106,8 +106,8 @@ int wf_sched_create(struct wf_engine *engine, const struct wf_tokenizer *tok,
  * error no callback is ever called: WF_EINVAL (empty prompt, a token out of the vocabulary, bad
  * sampling, too many or too long stop strings, no on_done: diag says which), WF_ELIMIT (a prompt
  * longer than the context; the queue is full), WF_ECANCELED (closed), -ENOMEM. */
-int wf_sched_submit(struct wf_sched *sched, const struct wf_sched_request *req,
-                    uint64_t *ret_id, struct wf_diag *diag);
+int wf_sched_submit(struct wf_sched *sched, const struct wf_sched_request *req, uint64_t *ret_id,
+                    struct wf_diag *diag);
 
 /* Asks request id to finish with CANCELED (at the next step; a queued one at once, on the step
  * thread). Returns 0, or WF_ENOT_FOUND when it has finished already or never existed. */

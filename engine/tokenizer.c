@@ -27,7 +27,7 @@ struct smap {
 		const char *key;
 		uint32_t len;
 		int32_t val;
-	} *slots;
+	} * slots;
 };
 
 struct wf_tokenizer {
@@ -35,12 +35,12 @@ struct wf_tokenizer {
 	uint32_t n;
 	struct token *tokens;
 	struct smap by_text;
-	struct smap merges;   /* BPE: "first second" -> rank */
-	char **merge_keys;    /* owned storage of the merge keys */
+	struct smap merges; /* BPE: "first second" -> rank */
+	char **merge_keys;  /* owned storage of the merge keys */
 	uint32_t n_merge_keys;
 	int32_t bos, eos, unk;
 	bool add_bos, add_eos, add_space_prefix, clean_spaces;
-	int32_t *specials;   /* ids of CONTROL, USER_DEFINED, UNKNOWN tokens, longest text first */
+	int32_t *specials; /* ids of CONTROL, USER_DEFINED, UNKNOWN tokens, longest text first */
 	uint32_t n_specials;
 };
 
@@ -80,7 +80,8 @@ static int32_t smap_get(const struct smap *m, const char *key, uint32_t len)
 	}
 }
 
-/* Inserts unless the key is present; returns false when it was (the map is never full: cap > 2n). */
+/* Inserts unless the key is present; returns false when it was (the map is never full: cap > 2n).
+ */
 static bool smap_put(struct smap *m, const char *key, uint32_t len, int32_t val)
 {
 	uint64_t i = hash_bytes(key, len) & (m->cap - 1);
@@ -258,7 +259,8 @@ static int cmp_special(const void *a, const void *b, void *arg)
 	uint32_t lb = t->tokens[*(const int32_t *)b].len;
 	if (la != lb)
 		return la > lb ? -1 : 1;
-	/* llama.cpp's std::sort leaves equal lengths in an unspecified order; ids make ours fixed */
+	/* llama.cpp's std::sort leaves equal lengths in an unspecified order; ids make ours fixed
+	 */
 	return *(const int32_t *)a < *(const int32_t *)b ? -1 : 1;
 }
 
@@ -326,9 +328,10 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 		t->clean_spaces = true;
 		rc = wf_kv_get_str(kv, "tokenizer.ggml.pre", &pre);
 		if (rc == 0 && strcmp(pre, "default") != 0) {
-			rc = wf_diag_set(diag, WF_EUNSUPPORTED,
-			                 "tokenizer.ggml.pre '%s': only the default pre-tokenizer is supported",
-			                 pre);
+			rc = wf_diag_set(
+			    diag, WF_EUNSUPPORTED,
+			    "tokenizer.ggml.pre '%s': only the default pre-tokenizer is supported",
+			    pre);
 			goto err;
 		}
 		if (rc < 0 && rc != WF_ENOT_FOUND) {
@@ -337,7 +340,8 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 		}
 	} else {
 		rc = wf_diag_set(diag, WF_EUNSUPPORTED,
-		                 "unknown tokenizer.ggml.model '%s' (supported: llama, gpt2)", model);
+		                 "unknown tokenizer.ggml.model '%s' (supported: llama, gpt2)",
+		                 model);
 		goto err;
 	}
 	rc = get_flag(kv, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, diag);
@@ -350,7 +354,8 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 		goto err;
 	if (toks->n == 0 || toks->n > MAX_TOKENS) {
 		rc = wf_diag_set(diag, toks->n ? WF_ELIMIT : WF_EFORMAT,
-		                 "tokenizer.ggml.tokens has %llu entries", (unsigned long long)toks->n);
+		                 "tokenizer.ggml.tokens has %llu entries",
+		                 (unsigned long long)toks->n);
 		goto err;
 	}
 	t->n = (uint32_t)toks->n;
@@ -358,12 +363,14 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 	if (e) {
 		if (e->v.type != WF_KV_ARRAY ||
 		    (e->v.u.arr.elem != WF_KV_F32 && e->v.u.arr.elem != WF_KV_I32)) {
-			rc = wf_diag_set(diag, WF_EFORMAT, "tokenizer.ggml.scores is not an f32 or i32 array");
+			rc = wf_diag_set(diag, WF_EFORMAT,
+			                 "tokenizer.ggml.scores is not an f32 or i32 array");
 			goto err;
 		}
 		scores = &e->v.u.arr;
 		if (scores->n < t->n) {
-			rc = wf_diag_set(diag, WF_EFORMAT, "tokenizer.ggml.scores has %llu entries for %u tokens",
+			rc = wf_diag_set(diag, WF_EFORMAT,
+			                 "tokenizer.ggml.scores has %llu entries for %u tokens",
 			                 (unsigned long long)scores->n, t->n);
 			goto err;
 		}
@@ -371,7 +378,8 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 	e = wf_kv_find(kv, "tokenizer.ggml.token_type");
 	if (e) {
 		if (e->v.type != WF_KV_ARRAY || e->v.u.arr.elem != WF_KV_I32) {
-			rc = wf_diag_set(diag, WF_EFORMAT, "tokenizer.ggml.token_type is not an i32 array");
+			rc = wf_diag_set(diag, WF_EFORMAT,
+			                 "tokenizer.ggml.token_type is not an i32 array");
 			goto err;
 		}
 		types = &e->v.u.arr;
@@ -412,18 +420,21 @@ int wf_tokenizer_create(const struct wf_kv_set *kv, struct wf_tokenizer **ret_to
 		}
 		k->len = s->n ? (uint32_t)s->n : (uint32_t)strlen(k->text);
 		if (scores)
-			k->score = scores->elem == WF_KV_F32 ? ((const float *)scores->u.scalars)[i]
-			                                     : (float)((const int32_t *)scores->u.scalars)[i];
+			k->score = scores->elem == WF_KV_F32
+			               ? ((const float *)scores->u.scalars)[i]
+			               : (float)((const int32_t *)scores->u.scalars)[i];
 		k->type = WF_TOKEN_TYPE_NORMAL;
 		if (types) {
 			int32_t ty = ((const int32_t *)types->u.scalars)[i];
-			k->type = ty >= WF_TOKEN_TYPE_NORMAL && ty <= WF_TOKEN_TYPE_BYTE ? ty
-			                                                                 : WF_TOKEN_TYPE_UNDEFINED;
+			k->type = ty >= WF_TOKEN_TYPE_NORMAL && ty <= WF_TOKEN_TYPE_BYTE
+			              ? ty
+			              : WF_TOKEN_TYPE_UNDEFINED;
 		}
 		/* llama.cpp asserts that texts are unique; a duplicate makes ids ambiguous */
 		if (!smap_put(&t->by_text, k->text, k->len, (int32_t)i)) {
-			rc = wf_diag_set(diag, WF_EFORMAT, "tokenizer.ggml.tokens: token %u '%s' is a duplicate",
-			                 i, k->text);
+			rc = wf_diag_set(diag, WF_EFORMAT,
+			                 "tokenizer.ggml.tokens: token %u '%s' is a duplicate", i,
+			                 k->text);
 			goto err;
 		}
 		if (k->type == WF_TOKEN_TYPE_CONTROL || k->type == WF_TOKEN_TYPE_USER_DEFINED ||
@@ -475,10 +486,22 @@ void wf_tokenizer_destroy(struct wf_tokenizer *tok)
 	free(tok);
 }
 
-enum wf_tokenizer_kind wf_tokenizer_kind(const struct wf_tokenizer *tok) { return tok->kind; }
-uint32_t wf_tokenizer_n_vocab(const struct wf_tokenizer *tok) { return tok->n; }
-int32_t wf_tokenizer_bos(const struct wf_tokenizer *tok) { return tok->bos; }
-int32_t wf_tokenizer_eos(const struct wf_tokenizer *tok) { return tok->eos; }
+enum wf_tokenizer_kind wf_tokenizer_kind(const struct wf_tokenizer *tok)
+{
+	return tok->kind;
+}
+uint32_t wf_tokenizer_n_vocab(const struct wf_tokenizer *tok)
+{
+	return tok->n;
+}
+int32_t wf_tokenizer_bos(const struct wf_tokenizer *tok)
+{
+	return tok->bos;
+}
+int32_t wf_tokenizer_eos(const struct wf_tokenizer *tok)
+{
+	return tok->eos;
+}
 
 const char *wf_tokenizer_text(const struct wf_tokenizer *tok, int32_t id)
 {
@@ -591,7 +614,8 @@ static int add_bigram(struct session *s, int32_t left, int32_t right)
 	} else {
 		s->scratch.n = 0;
 		int rc;
-		if ((rc = buf_put(&s->scratch, l->text, l->n)) < 0 || (rc = buf_put(&s->scratch, " ", 1)) < 0 ||
+		if ((rc = buf_put(&s->scratch, l->text, l->n)) < 0 ||
+		    (rc = buf_put(&s->scratch, " ", 1)) < 0 ||
 		    (rc = buf_put(&s->scratch, r->text, r->n)) < 0)
 			return rc;
 		int32_t rank = smap_get(&s->t->merges, s->scratch.p, (uint32_t)s->scratch.n);
@@ -624,7 +648,8 @@ static int merge_all(struct session *s, const char *text, size_t len)
 		l->next = r->next;
 		if (r->next >= 0)
 			s->syms[r->next].prev = b.left;
-		if ((rc = add_bigram(s, l->prev, b.left)) < 0 || (rc = add_bigram(s, b.left, l->next)) < 0)
+		if ((rc = add_bigram(s, l->prev, b.left)) < 0 ||
+		    (rc = add_bigram(s, b.left, l->next)) < 0)
 			return rc;
 	}
 	return 0;
@@ -641,7 +666,8 @@ static int spm_byte_token(const struct wf_tokenizer *t, unsigned char c, int32_t
 	if (id == WF_TOKEN_NULL)
 		id = smap_get(&t->by_text, (const char *)&c, 1);
 	if (id == WF_TOKEN_NULL)
-		return wf_diag_set(diag, WF_ENOT_FOUND, "byte 0x%02X has no token (no <0x%02X>)", c, c);
+		return wf_diag_set(diag, WF_ENOT_FOUND, "byte 0x%02X has no token (no <0x%02X>)", c,
+		                   c);
 	*ret = id;
 	return 0;
 }
@@ -734,7 +760,7 @@ static int gpt2_split(const struct cps *c, size_t b, size_t e, struct spans *out
 	size_t pos = b;
 	int rc;
 #define CLS(i) ((i) < e ? c->cls[i] : -1)
-#define CP(i) ((i) < e ? c->cp[i] : 0xFFFFFFFFu)
+#define CP(i)  ((i) < e ? c->cp[i] : 0xFFFFFFFFu)
 	while (pos < e) {
 		uint32_t x = c->cp[pos];
 		if (x == '\'' && pos + 1 < e) {
@@ -745,7 +771,8 @@ static int gpt2_split(const struct cps *c, size_t b, size_t e, struct spans *out
 			}
 			if (pos + 2 < e) {
 				uint32_t z = CP(pos + 2);
-				if ((y == 'r' && z == 'e') || (y == 'v' && z == 'e') || (y == 'l' && z == 'l')) {
+				if ((y == 'r' && z == 'e') || (y == 'v' && z == 'e') ||
+				    (y == 'l' && z == 'l')) {
 					pos += 3;
 					goto emit;
 				}
@@ -812,7 +839,8 @@ static int split_runs(const struct cps *c, const struct spans *in, struct spans 
 				if (i + 3 <= e && D(i) && D(i + 1) && D(i + 2))
 					j = i + 3;
 				else
-					while (j < e && !(j + 3 <= e && D(j) && D(j + 1) && D(j + 2)))
+					while (j < e &&
+					       !(j + 3 <= e && D(j) && D(j + 1) && D(j + 2)))
 						j++;
 #undef D
 			}
@@ -839,7 +867,8 @@ static uint32_t byte_to_cp(unsigned char b)
 static int cp_to_byte(uint32_t cp)
 {
 	if (cp < 256)
-		return (cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || cp >= 174 ? (int)cp : -1;
+		return (cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || cp >= 174 ? (int)cp
+		                                                                        : -1;
 	uint32_t n = 0;
 	for (unsigned x = 0; x < 256; x++)
 		if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174))
@@ -893,8 +922,8 @@ static int bpe_fragment(struct session *s, const char *frag, size_t len, struct 
 					goto out;
 				continue;
 			}
-			/* llama.cpp tries each raw byte of the mapped text as a token and drops those
-			 * that are not */
+			/* llama.cpp tries each raw byte of the mapped text as a token and drops
+			 * those that are not */
 			for (uint32_t j = 0; j < y->n; j++) {
 				id = smap_get(&s->t->by_text, y->text + j, 1);
 				if (id != WF_TOKEN_NULL && (rc = ids_push(out, id)) < 0)
@@ -960,7 +989,8 @@ static int partition(const struct wf_tokenizer *t, const char *text, struct frag
 			size_t at = (size_t)(m - text);
 			struct frag left = {r.off, at - r.off, WF_TOKEN_NULL};
 			struct frag tokf = {at, k->len, id};
-			struct frag right = {at + k->len, r.off + r.len - at - k->len, WF_TOKEN_NULL};
+			struct frag right = {at + k->len, r.off + r.len - at - k->len,
+			                     WF_TOKEN_NULL};
 			size_t j = i;
 			if (left.len) {
 				f->v[j++] = left;
@@ -1049,7 +1079,8 @@ static int piece_into(const struct wf_tokenizer *t, int32_t id, bool special, in
 		if (t->kind == WF_TOKENIZER_SPM) {
 			for (uint32_t i = 0; i < k->len && rc == 0; i++) {
 				if (i + 2 < k->len && (unsigned char)k->text[i] == 0xE2 &&
-				    (unsigned char)k->text[i + 1] == 0x96 && (unsigned char)k->text[i + 2] == 0x81) {
+				    (unsigned char)k->text[i + 1] == 0x96 &&
+				    (unsigned char)k->text[i + 2] == 0x81) {
 					rc = buf_put(b, " ", 1);
 					i += 2;
 				} else {
@@ -1057,11 +1088,12 @@ static int piece_into(const struct wf_tokenizer *t, int32_t id, bool special, in
 				}
 			}
 		} else {
-			/* llama_decode_text: each character back to its byte; one outside the map is
-			 * written as llama.cpp writes it */
+			/* llama_decode_text: each character back to its byte; one outside the map
+			 * is written as llama.cpp writes it */
 			for (size_t pos = 0; pos < k->len && rc == 0;) {
 				size_t p0 = pos;
-				uint32_t cp = utf8_next((const unsigned char *)k->text, k->len, &pos);
+				uint32_t cp =
+				    utf8_next((const unsigned char *)k->text, k->len, &pos);
 				int byte = cp_to_byte(cp);
 				if (byte >= 0) {
 					char c = (char)byte;
@@ -1072,7 +1104,8 @@ static int piece_into(const struct wf_tokenizer *t, int32_t id, bool special, in
 					(void)p0;
 					rc = buf_put(b, "[UNK_BYTE_0x", 12);
 					for (size_t j = 0; j < nu && rc == 0; j++) {
-						snprintf(hx, sizeof(hx), "%02x", (unsigned char)u[j]);
+						snprintf(hx, sizeof(hx), "%02x",
+						         (unsigned char)u[j]);
 						rc = buf_put(b, hx, 2);
 					}
 					if (rc == 0)
@@ -1088,8 +1121,10 @@ static int piece_into(const struct wf_tokenizer *t, int32_t id, bool special, in
 		unsigned v = 0;
 		for (uint32_t i = 3; i < 5 && i < k->len; i++) {
 			char ch = k->text[i];
-			int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-			        : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+			int d = ch >= '0' && ch <= '9'   ? ch - '0'
+			        : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+			        : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+			                                 : -1;
 			if (d < 0)
 				break;
 			v = v * 16 + (unsigned)d;
@@ -1177,8 +1212,7 @@ static void clean_spaces(struct buf *b)
 }
 
 int wf_tokenizer_decode(const struct wf_tokenizer *tok, const int32_t *ids, size_t n,
-                        bool remove_special, bool unparse_special, char **ret_text,
-                        size_t *ret_len)
+                        bool remove_special, bool unparse_special, char **ret_text, size_t *ret_len)
 {
 	struct buf b = {0};
 	int rc;

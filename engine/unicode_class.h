@@ -8,11 +8,11 @@
 #include <stdint.h>
 
 enum wf_uclass {
-	WF_UCLASS_OTHER = 0,  /* symbols, marks, controls, format and private-use characters */
-	WF_UCLASS_LETTER = 1, /* L* */
-	WF_UCLASS_NUMBER = 2, /* N* */
-	WF_UCLASS_PUNCT = 3,  /* P* */
-	WF_UCLASS_SPACE = 4,  /* White_Space */
+	WF_UCLASS_OTHER = 0,      /* symbols, marks, controls, format and private-use characters */
+	WF_UCLASS_LETTER = 1,     /* L* */
+	WF_UCLASS_NUMBER = 2,     /* N* */
+	WF_UCLASS_PUNCT = 3,      /* P* */
+	WF_UCLASS_SPACE = 4,      /* White_Space */
 	WF_UCLASS_UNASSIGNED = 5, /* Cn and beyond U+10FFFF: llama.cpp gives these no flags at all,
 	                             and its GPT-2 splitter makes each one a word of its own */
 };

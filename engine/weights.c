@@ -42,22 +42,24 @@ static int take(struct resolver *r, const char *name, const int64_t want[3], boo
 	r->used[idx] = true;
 	for (uint32_t d = 3; d < t->n_dims; d++)
 		if (t->ne[d] != 1)
-			return wf_diag_set(r->diag, WF_EFORMAT, "tensor '%s' has %u dimensions", name,
-			                   t->n_dims);
+			return wf_diag_set(r->diag, WF_EFORMAT, "tensor '%s' has %u dimensions",
+			                   name, t->n_dims);
 	for (int d = 0; d < 3; d++) {
 		const int64_t ne = d < (int)t->n_dims ? t->ne[d] : 1;
 		if (want[d] && ne != want[d])
 			return wf_diag_set(r->diag, WF_EFORMAT,
-			                   "tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64
-			                   "], want [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+			                   "tensor '%s' has shape [%" PRId64 ", %" PRId64
+			                   ", %" PRId64 "], want [%" PRId64 ", %" PRId64
+			                   ", %" PRId64 "]",
 			                   name, t->ne[0], t->n_dims > 1 ? t->ne[1] : 1,
-			                   t->n_dims > 2 ? t->ne[2] : 1, want[0], want[1] ? want[1] : 1,
-			                   want[2] ? want[2] : 1);
+			                   t->n_dims > 2 ? t->ne[2] : 1, want[0],
+			                   want[1] ? want[1] : 1, want[2] ? want[2] : 1);
 		ret->ne[d] = ne;
 	}
 	if (f32_only && t->dtype != WF_DTYPE_F32)
-		return wf_diag_set(r->diag, WF_EUNSUPPORTED, "tensor '%s' is %s; the engine wants F32",
-		                   name, dtype_name(t->dtype));
+		return wf_diag_set(r->diag, WF_EUNSUPPORTED,
+		                   "tensor '%s' is %s; the engine wants F32", name,
+		                   dtype_name(t->dtype));
 	if (!f32_only) {
 		ret->ops = wf_kernel_ops_type(r->ops, t->dtype);
 		if (!ret->ops)
@@ -68,7 +70,8 @@ static int take(struct resolver *r, const char *name, const int64_t want[3], boo
 		const struct wf_dtype_info *act = wf_dtype_info(ret->ops->vec_dot_type);
 		if (!act || ret->ne[0] % act->block_size != 0)
 			return wf_diag_set(r->diag, WF_EFORMAT,
-			                   "tensor '%s': rows of %" PRId64 " elements do not fit %s blocks",
+			                   "tensor '%s': rows of %" PRId64
+			                   " elements do not fit %s blocks",
 			                   name, ret->ne[0], act ? act->name : "?");
 	}
 	if (!r->data[idx])
@@ -104,11 +107,11 @@ static int resolve_layer(struct resolver *r, struct wf__weights *w, uint32_t il)
 	              KV = (int64_t)w->n_head_kv * w->head_dim;
 	char name[96];
 	int rc;
-#define TAKE(field, suffix, shape, f32, opt)                                               \
-	do {                                                                                \
-		snprintf(name, sizeof(name), "blk.%u.%s.weight", il, suffix);               \
-		if ((rc = take(r, name, shape, f32, opt, &L->field)) < 0)                   \
-			return rc;                                                          \
+#define TAKE(field, suffix, shape, f32, opt)                                                       \
+	do {                                                                                       \
+		snprintf(name, sizeof(name), "blk.%u.%s.weight", il, suffix);                      \
+		if ((rc = take(r, name, shape, f32, opt, &L->field)) < 0)                          \
+			return rc;                                                                 \
 	} while (0)
 	TAKE(attn_norm, "attn_norm", V3(E, 1, 1), true, false);
 	TAKE(wq, "attn_q", V3(E, Q, 1), false, false);
@@ -151,7 +154,8 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 		w->rope = WF__ROPE_NORM;
 	} else {
 		return wf_diag_set(diag, WF_EUNSUPPORTED,
-		                   "architecture '%s' is not supported (qwen3moe, llama)", hp->arch);
+		                   "architecture '%s' is not supported (qwen3moe, llama)",
+		                   hp->arch);
 	}
 	snprintf(w->arch, sizeof(w->arch), "%s", hp->arch);
 	w->n_layer = hp->n_layer;
@@ -178,8 +182,8 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 		return krc;
 	if (value_len && key_len && value_len != key_len)
 		return wf_diag_set(diag, WF_EUNSUPPORTED,
-		                   "attention.value_length %u differs from key_length %u", value_len,
-		                   key_len);
+		                   "attention.value_length %u differs from key_length %u",
+		                   value_len, key_len);
 	if (!w->n_layer || !w->n_embd || !w->n_head || !w->head_dim || !w->n_ff)
 		return wf_diag_set(diag, WF_ENOT_FOUND,
 		                   "%s: block_count, embedding_length, attention.head_count or "
@@ -188,17 +192,20 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 	if (w->n_layer > 4096 || w->n_head > 4096 || w->head_dim > 4096 || w->n_embd > (1u << 20))
 		return wf_diag_set(diag, WF_ELIMIT, "%s: hyperparameters out of range", hp->arch);
 	if (w->n_head % w->n_head_kv != 0)
-		return wf_diag_set(diag, WF_EFORMAT, "head_count %u is not a multiple of head_count_kv %u",
-		                   w->n_head, w->n_head_kv);
+		return wf_diag_set(diag, WF_EFORMAT,
+		                   "head_count %u is not a multiple of head_count_kv %u", w->n_head,
+		                   w->n_head_kv);
 	if (w->rope_dim > w->head_dim || w->rope_dim % 2 || w->head_dim % 2)
-		return wf_diag_set(diag, WF_EFORMAT, "rope.dimension_count %u does not fit head size %u",
-		                   w->rope_dim, w->head_dim);
+		return wf_diag_set(diag, WF_EFORMAT,
+		                   "rope.dimension_count %u does not fit head size %u", w->rope_dim,
+		                   w->head_dim);
 	if (!(w->rms_eps > 0.0f))
-		return wf_diag_set(diag, WF_ENOT_FOUND, "%s.attention.layer_norm_rms_epsilon is missing",
-		                   hp->arch);
+		return wf_diag_set(diag, WF_ENOT_FOUND,
+		                   "%s.attention.layer_norm_rms_epsilon is missing", hp->arch);
 	if (w->moe && (w->n_expert_used == 0 || w->n_expert_used > w->n_expert ||
 	               w->n_expert > WF__MAX_EXPERTS))
-		return wf_diag_set(diag, WF_EFORMAT, "expert_used_count %u does not fit expert_count %u",
+		return wf_diag_set(diag, WF_EFORMAT,
+		                   "expert_used_count %u does not fit expert_count %u",
 		                   w->n_expert_used, w->n_expert);
 
 	struct resolver r = {model, tensor_data, ops, calloc(model->n_tensors, sizeof(bool)), diag};
@@ -213,8 +220,9 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 	}
 	w->n_vocab = embd->n_dims > 1 ? (uint32_t)embd->ne[1] : 0;
 	if (hp->n_vocab && hp->n_vocab != w->n_vocab) {
-		rc = wf_diag_set(diag, WF_EFORMAT, "token_embd.weight has %u rows, the vocabulary %u",
-		                 w->n_vocab, hp->n_vocab);
+		rc = wf_diag_set(diag, WF_EFORMAT,
+		                 "token_embd.weight has %u rows, the vocabulary %u", w->n_vocab,
+		                 hp->n_vocab);
 		goto out;
 	}
 	if ((rc = take(&r, "token_embd.weight", V3(w->n_embd, w->n_vocab, 1), false, false,
@@ -223,8 +231,8 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 	if ((rc = take(&r, "output_norm.weight", V3(w->n_embd, 1, 1), true, false,
 	               &w->output_norm)) < 0)
 		goto out;
-	if ((rc = take(&r, "output.weight", V3(w->n_embd, w->n_vocab, 1), false, true, &w->output)) <
-	    0)
+	if ((rc = take(&r, "output.weight", V3(w->n_embd, w->n_vocab, 1), false, true,
+	               &w->output)) < 0)
 		goto out;
 	if (!w->output.data)
 		w->output = w->tok_embd; /* tied embeddings */
@@ -233,9 +241,10 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 			goto out;
 	for (uint32_t i = 0; i < model->n_tensors; i++) {
 		if (!r.used[i] && strcmp(model->tensors[i].name, "rope_freqs.weight") != 0) {
-			rc = wf_diag_set(diag, WF_EUNSUPPORTED,
-			                 "tensor '%s' is not part of the %s architecture the engine runs",
-			                 model->tensors[i].name, hp->arch);
+			rc = wf_diag_set(
+			    diag, WF_EUNSUPPORTED,
+			    "tensor '%s' is not part of the %s architecture the engine runs",
+			    model->tensors[i].name, hp->arch);
 			goto out;
 		}
 	}
@@ -244,7 +253,8 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 	uint64_t bytes = w->tok_embd.row_size + w->output.matrix_size + w->n_embd * 4u;
 	for (uint32_t il = 0; il < w->n_layer; il++) {
 		const struct wf__layer *L = &w->layers[il];
-		bytes += L->wq.matrix_size + L->wk.matrix_size + L->wv.matrix_size + L->wo.matrix_size;
+		bytes +=
+		    L->wq.matrix_size + L->wk.matrix_size + L->wv.matrix_size + L->wo.matrix_size;
 		bytes += 2u * w->n_embd * 4u;
 		if (w->moe)
 			bytes += L->gate_inp.matrix_size +
@@ -252,7 +262,8 @@ int wf__weights_resolve(const struct wf_model *model, const void *const *tensor_
 			             (L->gate_exps.matrix_size + L->up_exps.matrix_size +
 			              L->down_exps.matrix_size);
 		else
-			bytes += L->ffn_gate.matrix_size + L->ffn_up.matrix_size + L->ffn_down.matrix_size;
+			bytes += L->ffn_gate.matrix_size + L->ffn_up.matrix_size +
+			         L->ffn_down.matrix_size;
 	}
 	w->bytes_per_token = bytes;
 	rc = 0;

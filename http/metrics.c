@@ -12,19 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-const double wf_metrics_seconds_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-					     0.25,  0.5,    1,     2.5,  5,     10,   25,
-					     60,    150,    300,   600};
+const double wf_metrics_seconds_buckets[] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600};
 const size_t wf_metrics_seconds_buckets_n =
-	sizeof wf_metrics_seconds_buckets / sizeof wf_metrics_seconds_buckets[0];
+    sizeof wf_metrics_seconds_buckets / sizeof wf_metrics_seconds_buckets[0];
 
 #define MAX_COLLECTORS 8
 
 struct series {
 	char *values[WF_METRIC_MAX_LABELS];
-	double value;                             /* counter, gauge */
+	double value;                            /* counter, gauge */
 	uint64_t buckets[WF_METRIC_MAX_BUCKETS]; /* histogram: per bound, not cumulative */
-	uint64_t count;                           /* histogram: every observation (+Inf) */
+	uint64_t count;                          /* histogram: every observation (+Inf) */
 	double sum;
 };
 
@@ -108,7 +107,7 @@ static bool name_ok(const char *s, bool colon)
 	for (const char *p = s; *p; p++) {
 		char c = *p;
 		bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-			     (colon && c == ':');
+		             (colon && c == ':');
 		if (!alpha && !(p != s && c >= '0' && c <= '9'))
 			return false;
 	}
@@ -122,8 +121,8 @@ static bool ends_with(const char *s, const char *suffix)
 }
 
 int wf_metrics_add(struct wf_metrics *reg, enum wf_metric_type type, const char *name,
-		   const char *help, const char *const *labels, const double *bounds,
-		   size_t n_bounds, struct wf_metric **ret)
+                   const char *help, const char *const *labels, const double *bounds,
+                   size_t n_bounds, struct wf_metric **ret)
 {
 	if ((unsigned)type >= WF_METRIC_TYPE_MAX || !name_ok(name, true) || !help ||
 	    strchr(help, '\n'))
@@ -383,7 +382,7 @@ static void put_number(FILE *f, double v)
 
 /* name{labels[,le="x"]} */
 static void put_series_name(FILE *f, const struct wf_metric *m, const struct series *s,
-			    const char *suffix, const double *le)
+                            const char *suffix, const double *le)
 {
 	fputs(m->name, f);
 	fputs(suffix, f);
@@ -452,11 +451,11 @@ int wf_metrics_render(struct wf_metrics *reg, char **ret_text, size_t *ret_len)
 	uint64_t dropped = reg->dropped;
 	pthread_mutex_unlock(&reg->mu);
 	fprintf(f,
-		"# HELP weightfloor_metrics_dropped_total Series updates dropped (too many series "
-		"in a family, or no memory).\n"
-		"# TYPE weightfloor_metrics_dropped_total counter\n"
-		"weightfloor_metrics_dropped_total %llu\n",
-		(unsigned long long)dropped);
+	        "# HELP weightfloor_metrics_dropped_total Series updates dropped (too many series "
+	        "in a family, or no memory).\n"
+	        "# TYPE weightfloor_metrics_dropped_total counter\n"
+	        "weightfloor_metrics_dropped_total %llu\n",
+	        (unsigned long long)dropped);
 	int bad = ferror(f);
 	if (fclose(f) != 0 || bad) {
 		free(text);

@@ -56,8 +56,8 @@ void wf_metrics_destroy(struct wf_metrics *reg);
  * *ret, WF_EINVAL for a bad name, label or bounds, WF_EDUPLICATE when the name is taken, or
  * -ENOMEM. Thread-safe. */
 int wf_metrics_add(struct wf_metrics *reg, enum wf_metric_type type, const char *name,
-		   const char *help, const char *const *labels, const double *bounds,
-		   size_t n_bounds, struct wf_metric **ret);
+                   const char *help, const char *const *labels, const double *bounds,
+                   size_t n_bounds, struct wf_metric **ret);
 
 /* Updates. values holds one string per label name of the family (NULL when it has none; a NULL
  * value is rendered as ""). Return 0, WF_ELIMIT when the series would exceed

@@ -31,21 +31,21 @@ struct wf_http_server {
 };
 
 int wf_http_addr_parse(const char *spec, struct sockaddr_storage *ret_addr, socklen_t *ret_len,
-		       struct wf_diag *diag)
+                       struct wf_diag *diag)
 {
 	if (!spec)
 		return wf_diag_set(diag, WF_EINVAL, "no address given");
 	const char *colon = strrchr(spec, ':');
 	if (!colon)
 		return wf_diag_set(diag, WF_EINVAL, "'%s' is not HOST:PORT (e.g. 127.0.0.1:9400)",
-				   spec);
+		                   spec);
 	const char *port_s = colon + 1;
 	char *end;
 	errno = 0;
 	unsigned long port = strtoul(port_s, &end, 10);
 	if (!*port_s || *end || errno || port > 65535 || port_s[0] == '-' || port_s[0] == '+')
 		return wf_diag_set(diag, WF_EINVAL, "'%s': the port must be a number in 0..65535",
-				   spec);
+		                   spec);
 	char host[256];
 	size_t hl = (size_t)(colon - spec);
 	if (hl >= sizeof host)
@@ -56,24 +56,25 @@ int wf_http_addr_parse(const char *spec, struct sockaddr_storage *ret_addr, sock
 		memmove(host, host + 1, hl - 2);
 		host[hl - 2] = '\0';
 	} else if (strchr(host, ':') || strchr(host, '[') || strchr(host, ']')) {
-		return wf_diag_set(diag, WF_EINVAL, "'%s': write an IPv6 host in brackets "
-						    "([::1]:9400)",
-				   spec);
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "'%s': write an IPv6 host in brackets "
+		                   "([::1]:9400)",
+		                   spec);
 	}
 	/* No host, or "localhost", is the IPv4 loopback without asking the resolver: a minimal
 	 * root (a container, a fresh chroot) may have no /etc/hosts, and RFC 6761 lets localhost
 	 * mean loopback by definition. */
 	if (!host[0] || strcasecmp(host, "localhost") == 0)
 		snprintf(host, sizeof host, "127.0.0.1");
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_NUMERICSERV};
+	struct addrinfo hints = {
+	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	struct addrinfo *res = NULL;
 	char port_buf[8];
 	snprintf(port_buf, sizeof port_buf, "%lu", port);
 	int g = getaddrinfo(host, port_buf, &hints, &res);
 	if (g != 0 || !res)
 		return wf_diag_set(diag, WF_ENOT_FOUND, "'%s': cannot resolve '%s': %s", spec, host,
-				   gai_strerror(g));
+		                   gai_strerror(g));
 	memset(ret_addr, 0, sizeof(*ret_addr));
 	memcpy(ret_addr, res->ai_addr, res->ai_addrlen);
 	*ret_len = res->ai_addrlen;
@@ -82,8 +83,7 @@ int wf_http_addr_parse(const char *spec, struct sockaddr_storage *ret_addr, sock
 }
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
-			     char *body, size_t len, enum MHD_ResponseMemoryMode mode,
-			     bool allow)
+                             char *body, size_t len, enum MHD_ResponseMemoryMode mode, bool allow)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
 	if (!r) {
@@ -107,7 +107,7 @@ static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, con
 	if (n < 0 || (size_t)n >= sizeof buf)
 		n = (int)sizeof buf - 1;
 	return reply(c, status, "text/plain; charset=utf-8", buf, (size_t)n, MHD_RESPMEM_MUST_COPY,
-		     false);
+	             false);
 }
 
 /* A probe's reason made one printable line. */
@@ -119,8 +119,8 @@ static void one_line(char *s)
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-				  const char *method, const char *version, const char *upload_data,
-				  size_t *upload_data_size, void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
 	(void)version;
 	(void)upload_data;
@@ -131,7 +131,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		*upload_data_size = 0;
 		static const char msg[] = "method not allowed\n";
 		return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
-			     (char *)msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT, true);
+		             (char *)msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT, true);
 	}
 	if (strcmp(url, "/metrics") == 0) {
 		char *text = NULL;
@@ -139,14 +139,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		if (wf_metrics_render(s->opts.metrics, &text, &len) < 0)
 			return reply_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
 		return reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
-			     MHD_RESPMEM_MUST_FREE, false);
+		             MHD_RESPMEM_MUST_FREE, false);
 	}
 	char reason[REASON_MAX] = "";
 	if (strcmp(url, "/healthz") == 0) {
 		if (s->opts.live && !s->opts.live(s->opts.ctx, reason, sizeof reason)) {
 			one_line(reason);
 			return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE,
-					  reason[0] ? reason : "not healthy");
+			                  reason[0] ? reason : "not healthy");
 		}
 		return reply_text(c, MHD_HTTP_OK, "ok");
 	}
@@ -160,7 +160,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		if (!ready) {
 			one_line(reason);
 			return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE,
-					  reason[0] ? reason : "not ready");
+			                  reason[0] ? reason : "not ready");
 		}
 		return reply_text(c, MHD_HTTP_OK, "ready");
 	}
@@ -177,7 +177,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 }
 
 int wf_http_server_start(const struct wf_http_opts *opts, struct wf_http_server **ret,
-			 struct wf_diag *diag)
+                         struct wf_diag *diag)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl = 0;
@@ -207,9 +207,9 @@ int wf_http_server_start(const struct wf_http_opts *opts, struct wf_http_server 
 	socklen_t bl = sizeof bound;
 	uint16_t port = 0;
 	if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0)
-		port = ntohs(bound.ss_family == AF_INET6
-				     ? ((struct sockaddr_in6 *)&bound)->sin6_port
-				     : ((struct sockaddr_in *)&bound)->sin_port);
+		port =
+		    ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+		                                      : ((struct sockaddr_in *)&bound)->sin_port);
 
 	struct wf_http_server *s = calloc(1, sizeof(*s));
 	if (!s) {
@@ -221,20 +221,20 @@ int wf_http_server_start(const struct wf_http_opts *opts, struct wf_http_server 
 	pthread_mutex_init(&s->mu, NULL);
 	snprintf(s->reason, sizeof s->reason, "starting");
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-			 (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-	s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
-				  MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTION_LIMIT,
-				  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_IP_LIMIT,
-				  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY,
-				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
-				  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+	                 (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+	s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET,
+	                          (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
+	                          (unsigned)CONNECTION_LIMIT, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+	                          (unsigned)PER_IP_LIMIT, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+	                          (size_t)CONNECTION_MEMORY, MHD_OPTION_CONNECTION_TIMEOUT,
+	                          (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_EXTERNAL_LOGGER,
+	                          mhd_log, NULL, MHD_OPTION_END);
 	if (!s->mhd) {
 		close(fd);
 		pthread_mutex_destroy(&s->mu);
 		free(s);
 		return wf_diag_set(diag, WF_EINTERNAL, "libmicrohttpd did not start on %s",
-				   opts->addr);
+		                   opts->addr);
 	}
 	*ret = s;
 	return 0;

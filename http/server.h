@@ -34,7 +34,7 @@ extern "C" {
  * ":9400", it is 127.0.0.1) into *ret_addr and *ret_len. PORT 0..65535 (0: any free port).
  * Returns 0, WF_EINVAL (with the reason in diag) or the resolver's failure as WF_ENOT_FOUND. */
 int wf_http_addr_parse(const char *spec, struct sockaddr_storage *ret_addr, socklen_t *ret_len,
-		       struct wf_diag *diag);
+                       struct wf_diag *diag);
 
 /* A probe's answer: true when healthy / ready; else a one-line reason into reason[len]. Called
  * on the server's thread; must not block. */
@@ -56,7 +56,7 @@ struct wf_http_server;
  * listen (EADDRINUSE, EACCES, ...), or WF_EINTERNAL when libmicrohttpd refuses to start; the
  * reason in diag. */
 int wf_http_server_start(const struct wf_http_opts *opts, struct wf_http_server **ret,
-			 struct wf_diag *diag);
+                         struct wf_diag *diag);
 
 /* Readiness as the daemon sees it; reason (NULL: "not ready") is shown by /readyz while not
  * ready. Thread-safe. */

@@ -128,8 +128,8 @@ static void fill_weights(enum wf_dtype t, char *w, size_t bytes)
 		for (int k = 0; k < 2; k++) {
 			if (d_off[k] == SIZE_MAX)
 				continue;
-			uint16_t d = wf_kernels_fp32_to_fp16(
-			    1e-4f * (float)(1 + (uint8_t)w[b + 4 + k]));
+			uint16_t d =
+			    wf_kernels_fp32_to_fp16(1e-4f * (float)(1 + (uint8_t)w[b + 4 + k]));
 			memcpy(w + b + d_off[k], &d, 2);
 		}
 	}
@@ -198,8 +198,9 @@ int main(int argc, char **argv)
 	struct job cp = {.kind = JOB_COPY, .w = w, .dst = dst, .bytes = bytes};
 	const double t_read = best_of(5, &rd);
 	const double t_copy = best_of(5, &cp);
-	printf("# one thread, %ld MiB: memory read %.1f GB/s, memcpy %.1f GB/s (bytes copied / s)\n",
-	       mib, bytes / t_read / 1e9, bytes / t_copy / 1e9);
+	printf(
+	    "# one thread, %ld MiB: memory read %.1f GB/s, memcpy %.1f GB/s (bytes copied / s)\n",
+	    mib, bytes / t_read / 1e9, bytes / t_copy / 1e9);
 	printf("%-7s %-5s %6s %9s %8s %s\n", "level", "type", "n_act", "GB/s", "x n_act",
 	       "of read bw");
 
@@ -219,7 +220,8 @@ int main(int argc, char **argv)
 		    strcmp(level_arg, wf_kernel_level_name((enum wf_kernel_level)l)) != 0)
 			continue;
 		if (!ops) {
-			printf("# %s: not on this CPU\n", wf_kernel_level_name((enum wf_kernel_level)l));
+			printf("# %s: not on this CPU\n",
+			       wf_kernel_level_name((enum wf_kernel_level)l));
 			continue;
 		}
 		for (size_t ti = 0; ti < sizeof(all_types) / sizeof(all_types[0]); ti++) {
@@ -236,12 +238,13 @@ int main(int argc, char **argv)
 
 			fill_weights(t, w, bytes);
 			for (int64_t j = 0; j < 512; j++)
-				ops->from_float[o->vec_dot_type](x, (char *)act + (size_t)j * arow, n);
+				ops->from_float[o->vec_dot_type](x, (char *)act + (size_t)j * arow,
+				                                 n);
 			for (int a = 0; a < n_acts; a++) {
-				/* the whole buffer up to 16 activation rows (batched decode reads its
-				 * weights from memory too); a slice for prefill-sized batches, so a call
-				 * does about as many dots as 16 rows over the whole buffer; an eighth
-				 * for the reference, which is slow */
+				/* the whole buffer up to 16 activation rows (batched decode reads
+				 * its weights from memory too); a slice for prefill-sized batches,
+				 * so a call does about as many dots as 16 rows over the whole
+				 * buffer; an eighth for the reference, which is slow */
 				const int64_t na = acts[a] > 512 ? 512 : acts[a];
 				int64_t rows = (int64_t)(bytes / row);
 				if (na > 16)
@@ -252,16 +255,24 @@ int main(int argc, char **argv)
 					rows = (int64_t)(((size_t)1 << 26) / sizeof(float)) / na;
 				if (rows < 1)
 					rows = 1;
-				struct job g = {.kind = JOB_GEMM, .o = o, .w = w, .act = act, .row = row,
-				                .arow = arow, .n = n, .rows = rows, .na = na, .out = out};
+				struct job g = {.kind = JOB_GEMM,
+				                .o = o,
+				                .w = w,
+				                .act = act,
+				                .row = row,
+				                .arow = arow,
+				                .n = n,
+				                .rows = rows,
+				                .na = na,
+				                .out = out};
 				const double tt = best_of(5, &g);
 				const double gbs = (double)rows * (double)row / tt / 1e9;
 
 				if (acts[a] == 1)
 					gbs1 = gbs;
 				printf("%-7s %-5s %6ld %9.2f %8.2f %9.2f\n",
-				       wf_kernel_level_name((enum wf_kernel_level)l), info->name, (long)na,
-				       gbs, gbs1 > 0 ? gbs * (double)na / gbs1 : 0.0,
+				       wf_kernel_level_name((enum wf_kernel_level)l), info->name,
+				       (long)na, gbs, gbs1 > 0 ? gbs * (double)na / gbs1 : 0.0,
 				       gbs / (bytes / t_read / 1e9));
 				fflush(stdout);
 			}

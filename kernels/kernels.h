@@ -57,7 +57,8 @@ struct wf_kernel_type_ops {
 
 struct wf_kernel_ops {
 	struct wf_kernel_type_ops types[WF_DTYPE_GGML_COUNT_];
-	/* Activation quantizers, by activation type (F32, F16, BF16, Q8_0, Q8_K); NULL elsewhere. */
+	/* Activation quantizers, by activation type (F32, F16, BF16, Q8_0, Q8_K); NULL elsewhere.
+	 */
 	wf_kernel_from_float_fn from_float[WF_DTYPE_GGML_COUNT_];
 };
 

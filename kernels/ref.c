@@ -49,12 +49,13 @@ uint16_t wf_kernels_fp32_to_fp16(float f)
 
 	if (a > 0x7f800000u)
 		return sign | 0x7e00u; /* NaN: the canonical quiet one, as ggml writes it */
-	/* 65520 (0x477ff000) lies halfway between 65504 (odd mantissa) and 2^16: ties to even go up */
+	/* 65520 (0x477ff000) lies halfway between 65504 (odd mantissa) and 2^16: ties to even go up
+	 */
 	if (a >= 0x477ff000u)
 		return sign | 0x7c00u;
 	if (a < 0x38800000u) {
-		/* below 2^-14: a subnormal half (or zero); scaling by 2^24 is exact and rintf rounds
-		 * half to even in the default rounding mode */
+		/* below 2^-14: a subnormal half (or zero); scaling by 2^24 is exact and rintf
+		 * rounds half to even in the default rounding mode */
 		return sign | (uint16_t)rintf(bits_to_f32(a) * 0x1p24f);
 	}
 	a += 0xfffu + ((a >> 13) & 1u); /* round to nearest even; a carry bumps the exponent */
@@ -71,7 +72,8 @@ uint16_t wf_kernels_fp32_to_bf16(float f)
 	uint32_t w = f32_to_bits(f);
 
 	if ((w & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((w >> 16) | 0x40u); /* NaN: keep the payload's top, make it quiet */
+		return (uint16_t)((w >> 16) |
+		                  0x40u); /* NaN: keep the payload's top, make it quiet */
 	return (uint16_t)((w + 0x7fffu + ((w >> 16) & 1u)) >> 16);
 }
 
@@ -150,7 +152,8 @@ void wf_kernels_ref_dequantize_row_q4_K(const void *x, float *y, int64_t n)
 		const float d = wf_kernels_fp16_to_fp32(b[i].d);
 		const float dmin = wf_kernels_fp16_to_fp32(b[i].dmin);
 
-		/* four chunks of 64: the low nibbles of 32 bytes are sub-block 2c, the high ones 2c+1 */
+		/* four chunks of 64: the low nibbles of 32 bytes are sub-block 2c, the high ones
+		 * 2c+1 */
 		for (int c = 0; c < 4; c++) {
 			const uint8_t *q = b[i].qs + 32 * c;
 			uint8_t sc, m;
@@ -179,7 +182,8 @@ void wf_kernels_ref_dequantize_row_q5_K(const void *x, float *y, int64_t n)
 		for (int c = 0; c < 4; c++) {
 			const uint8_t *q = b[i].qs + 32 * c;
 			const uint8_t *qh = b[i].qh;
-			const uint8_t h1 = (uint8_t)(1u << (2 * c)), h2 = (uint8_t)(1u << (2 * c + 1));
+			const uint8_t h1 = (uint8_t)(1u << (2 * c)),
+			              h2 = (uint8_t)(1u << (2 * c + 1));
 			uint8_t sc, m;
 
 			k_scale_min(b[i].scales, 2 * c, &sc, &m);
@@ -299,8 +303,8 @@ void wf_kernels_ref_quantize_row_q8_K(const float *x, void *y, int64_t n)
 			memset(&b[i], 0, sizeof(b[i]));
 			continue;
 		}
-		/* -127 (not -128) as ggml has it: the largest element maps to -127 whatever its sign,
-		 * so d carries the opposite sign of that element */
+		/* -127 (not -128) as ggml has it: the largest element maps to -127 whatever its
+		 * sign, so d carries the opposite sign of that element */
 		const float iscale = -127.0f / max;
 
 		for (int j = 0; j < WF_QK_K; j++) {
@@ -363,7 +367,8 @@ float wf_kernels_ref_vec_dot_q8_0_q8_0(int64_t n, const void *x, const void *y)
 
 		for (int j = 0; j < WF_QK8_0; j++)
 			sumi += a[i].qs[j] * b[i].qs[j];
-		sum += (float)sumi * (wf_kernels_fp16_to_fp32(a[i].d) * wf_kernels_fp16_to_fp32(b[i].d));
+		sum += (float)sumi *
+		       (wf_kernels_fp16_to_fp32(a[i].d) * wf_kernels_fp16_to_fp32(b[i].d));
 	}
 	return sum;
 }
@@ -425,7 +430,8 @@ static float q45_K_dot(int64_t n, const void *x, const void *y, int bits5)
 
 		if (bits5) {
 			const struct wf_block_q5_K *blk = (const struct wf_block_q5_K *)x + i;
-			scales = blk->scales, qs = blk->qs, qh = blk->qh, d = blk->d, dmin = blk->dmin;
+			scales = blk->scales, qs = blk->qs, qh = blk->qh, d = blk->d,
+			dmin = blk->dmin;
 		} else {
 			const struct wf_block_q4_K *blk = (const struct wf_block_q4_K *)x + i;
 			scales = blk->scales, qs = blk->qs, d = blk->d, dmin = blk->dmin;
@@ -489,15 +495,15 @@ float wf_kernels_ref_vec_dot_q6_K_q8_K(int64_t n, const void *x, const void *y)
 
 /* ---- Batched dots -------------------------------------------------------------------------- */
 
-#define REF_GEMM(name)                                                                          \
-	WF_KERNELS_REF_GEMM(name)                                                               \
-	{                                                                                       \
-		for (int64_t j = 0; j < n_act; j++)                                             \
-			for (int64_t i = 0; i < n_rows; i++)                                    \
-				out[(size_t)j * out_stride + (size_t)i] =                       \
-				    wf_kernels_ref_vec_dot_##name(                              \
-					n, (const char *)w + (size_t)i * w_stride,              \
-					(const char *)act + (size_t)j * act_stride);            \
+#define REF_GEMM(name)                                                                             \
+	WF_KERNELS_REF_GEMM(name)                                                                  \
+	{                                                                                          \
+		for (int64_t j = 0; j < n_act; j++)                                                \
+			for (int64_t i = 0; i < n_rows; i++)                                       \
+				out[(size_t)j * out_stride + (size_t)i] =                          \
+				    wf_kernels_ref_vec_dot_##name(                                 \
+				        n, (const char *)w + (size_t)i * w_stride,                 \
+				        (const char *)act + (size_t)j * act_stride);               \
 	}
 
 REF_GEMM(f32_f32)

@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#define WF_QK8_0 32
-#define WF_QK4_0 32
-#define WF_QK_K 256
+#define WF_QK8_0        32
+#define WF_QK4_0        32
+#define WF_QK_K         256
 #define WF_K_SCALE_SIZE 12
 
 /* F16 and BF16 values are their raw bits; d fields are IEEE binary16 bits. */
@@ -43,9 +43,9 @@ struct wf_block_q4_0 {
 	uint8_t qs[WF_QK4_0 / 2]; /* element j in the low nibble of qs[j], j + 16 in the high one */
 };
 struct wf_block_q4_K {
-	uint16_t d, dmin;                    /* scales of the 6-bit sub-block scales and mins */
-	uint8_t scales[WF_K_SCALE_SIZE];     /* 8 scales + 8 mins, 6 bits each, packed */
-	uint8_t qs[WF_QK_K / 2];             /* 64-element chunks: low nibbles, then high ones */
+	uint16_t d, dmin;                /* scales of the 6-bit sub-block scales and mins */
+	uint8_t scales[WF_K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each, packed */
+	uint8_t qs[WF_QK_K / 2];         /* 64-element chunks: low nibbles, then high ones */
 };
 struct wf_block_q5_K {
 	uint16_t d, dmin;
@@ -54,9 +54,9 @@ struct wf_block_q5_K {
 	uint8_t qs[WF_QK_K / 2];
 };
 struct wf_block_q6_K {
-	uint8_t ql[WF_QK_K / 2];       /* low 4 bits */
-	uint8_t qh[WF_QK_K / 4];       /* high 2 bits */
-	int8_t scales[WF_QK_K / 16];   /* one per 16 elements */
+	uint8_t ql[WF_QK_K / 2];     /* low 4 bits */
+	uint8_t qh[WF_QK_K / 4];     /* high 2 bits */
+	int8_t scales[WF_QK_K / 16]; /* one per 16 elements */
 	uint16_t d;
 };
 struct wf_block_q8_K {

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TYPE(dt, deq, dot, act) \
-	[WF_DTYPE_##dt] = {wf_kernels_ref_dequantize_row_##deq, wf_kernels_ref_vec_dot_##dot, \
+#define TYPE(dt, deq, dot, act)                                                                    \
+	[WF_DTYPE_##dt] = {wf_kernels_ref_dequantize_row_##deq, wf_kernels_ref_vec_dot_##dot,      \
 	                   WF_DTYPE_##act, wf_kernels_ref_gemm_##dot}
 
 /* The pairing of weight and activation types is ggml's type_traits_cpu vec_dot_type at b10573. */
@@ -149,8 +149,7 @@ int wf_kernels_cpu_level(enum wf_kernel_level *ret_level)
 	return 0;
 }
 
-const struct wf_kernel_type_ops *wf_kernel_ops_type(const struct wf_kernel_ops *ops,
-                                                    uint32_t dtype)
+const struct wf_kernel_type_ops *wf_kernel_ops_type(const struct wf_kernel_ops *ops, uint32_t dtype)
 {
 	if (!ops || dtype >= WF_DTYPE_GGML_COUNT_ || !ops->types[dtype].vec_dot)
 		return NULL;

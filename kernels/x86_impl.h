@@ -11,9 +11,10 @@
  * Numerics. Integer products of a block are summed exactly (u8 x s8 pairs into int16 cannot
  * saturate: weights are at most 6 bits unsigned or |q| <= 128 and activations |q| <= 127, as the
  * quantizers write them), then scaled in float per block into eight float lanes per activation
- * row (sixteen for the AVX-512 Q4_K/Q5_K, see q45_K_tile); the lanes are added at the end. So the result differs from the reference only by float
- * summation order (and, for F32/F16/BF16, by FMA rounding instead of a double accumulator).
- * The quantizers reproduce the reference's float operations one for one and are bit-identical. */
+ * row (sixteen for the AVX-512 Q4_K/Q5_K, see q45_K_tile); the lanes are added at the end. So the
+ * result differs from the reference only by float summation order (and, for F32/F16/BF16, by FMA
+ * rounding instead of a double accumulator). The quantizers reproduce the reference's float
+ * operations one for one and are bit-identical. */
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
 #include "kernels/simd.h"
@@ -25,9 +26,9 @@
 #define UNROLL _Pragma("GCC unroll 8")
 
 enum {
-	/* activation rows per tile: their accumulators and the unpacked weight block stay in
-	 * registers (16 vector registers in AVX2, 32 in AVX-512, where 8 rows make a batch of 8
-	 * sequences one tile) */
+/* activation rows per tile: their accumulators and the unpacked weight block stay in
+ * registers (16 vector registers in AVX2, 32 in AVX-512, where 8 rows make a batch of 8
+ * sequences one tile) */
 #if WF_X86_AVX512
 	TILE = 8,
 #else
@@ -88,7 +89,7 @@ enum { PREFETCH = 2048 }; /* 1 KiB to 8 KiB measured the same; none was 30% slow
 INLINE void prefetch_ahead(const void *p, size_t bytes)
 {
 	UNROLL for (size_t k = 0; k < bytes; k += 64)
-		_mm_prefetch((const char *)p + PREFETCH + k, _MM_HINT_T0);
+	    _mm_prefetch((const char *)p + PREFETCH + k, _MM_HINT_T0);
 }
 
 INLINE __m256i loadu256(const void *p)
@@ -106,25 +107,26 @@ INLINE __m512i cat256(__m256i lo, __m256i hi)
 /* 4 x 8 int32 in element order to 32 int8 (saturating, which the callers' ranges never reach) */
 INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
-	const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+	const __m256i p =
+	    _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
 
 	/* packs works per 128-bit lane: dwords come out as v0lo v1lo v2lo v3lo v0hi v1hi ... */
 	return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 #if WF_X86_AVX512
-#define TILE_CASES_8(T)                                   \
-	case 7:                                           \
-		tile_##T(7, n, wr, a, as, o, os);         \
-		break;                                    \
-	case 6:                                           \
-		tile_##T(6, n, wr, a, as, o, os);         \
-		break;                                    \
-	case 5:                                           \
-		tile_##T(5, n, wr, a, as, o, os);         \
-		break;                                    \
-	case 4:                                           \
-		tile_##T(4, n, wr, a, as, o, os);         \
+#define TILE_CASES_8(T)                                                                            \
+	case 7:                                                                                    \
+		tile_##T(7, n, wr, a, as, o, os);                                                  \
+		break;                                                                             \
+	case 6:                                                                                    \
+		tile_##T(6, n, wr, a, as, o, os);                                                  \
+		break;                                                                             \
+	case 5:                                                                                    \
+		tile_##T(5, n, wr, a, as, o, os);                                                  \
+		break;                                                                             \
+	case 4:                                                                                    \
+		tile_##T(4, n, wr, a, as, o, os);                                                  \
 		break;
 #else
 #define TILE_CASES_8(T)
@@ -132,41 +134,41 @@ INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 
 /* The gemm loop around a tile function tile_<T>(C, n, w, act, act_stride, out, out_stride) that
  * writes out[c * out_stride] for its C activation rows; vec_dot is the 1 x 1 tile. */
-#define GEMM(T)                                                                                   \
-	static void gemm_##T(int64_t n, const void *w, size_t ws, int64_t nr, const void *act,    \
-	                     size_t as, int64_t na, float *out, size_t os)                        \
-	{                                                                                         \
-		for (int64_t j0 = 0; j0 < na; j0 += GROUP) {                                      \
-			const int64_t j1 = j0 + GROUP < na ? j0 + GROUP : na;                     \
-			for (int64_t i = 0; i < nr; i++) {                                        \
-				const char *wr = (const char *)w + (size_t)i * ws;                \
-				const char *a = (const char *)act + (size_t)j0 * as;              \
-				float *o = out + (size_t)j0 * os + (size_t)i;                     \
-				int64_t j = j0;                                                   \
-				for (; j + TILE <= j1; j += TILE, a += TILE * as, o += TILE * os) \
-					tile_##T(TILE, n, wr, a, as, o, os);                      \
-				switch (j1 - j) {                                                 \
-				TILE_CASES_8(T)                                                   \
-				case 3:                                                           \
-					tile_##T(3, n, wr, a, as, o, os);                         \
-					break;                                                    \
-				case 2:                                                           \
-					tile_##T(2, n, wr, a, as, o, os);                         \
-					break;                                                    \
-				case 1:                                                           \
-					tile_##T(1, n, wr, a, as, o, os);                         \
-					break;                                                    \
-				default:                                                          \
-					break;                                                    \
-				}                                                                 \
-			}                                                                         \
-		}                                                                                 \
-	}                                                                                         \
-	static float vec_dot_##T(int64_t n, const void *x, const void *y)                         \
-	{                                                                                         \
-		float r;                                                                          \
-		tile_##T(1, n, x, y, 0, &r, 0);                                                   \
-		return r;                                                                         \
+#define GEMM(T)                                                                                    \
+	static void gemm_##T(int64_t n, const void *w, size_t ws, int64_t nr, const void *act,     \
+	                     size_t as, int64_t na, float *out, size_t os)                         \
+	{                                                                                          \
+		for (int64_t j0 = 0; j0 < na; j0 += GROUP) {                                       \
+			const int64_t j1 = j0 + GROUP < na ? j0 + GROUP : na;                      \
+			for (int64_t i = 0; i < nr; i++) {                                         \
+				const char *wr = (const char *)w + (size_t)i * ws;                 \
+				const char *a = (const char *)act + (size_t)j0 * as;               \
+				float *o = out + (size_t)j0 * os + (size_t)i;                      \
+				int64_t j = j0;                                                    \
+				for (; j + TILE <= j1; j += TILE, a += TILE * as, o += TILE * os)  \
+					tile_##T(TILE, n, wr, a, as, o, os);                       \
+				switch (j1 - j) {                                                  \
+					TILE_CASES_8(T)                                            \
+				case 3:                                                            \
+					tile_##T(3, n, wr, a, as, o, os);                          \
+					break;                                                     \
+				case 2:                                                            \
+					tile_##T(2, n, wr, a, as, o, os);                          \
+					break;                                                     \
+				case 1:                                                            \
+					tile_##T(1, n, wr, a, as, o, os);                          \
+					break;                                                     \
+				default:                                                           \
+					break;                                                     \
+				}                                                                  \
+			}                                                                          \
+		}                                                                                  \
+	}                                                                                          \
+	static float vec_dot_##T(int64_t n, const void *x, const void *y)                          \
+	{                                                                                          \
+		float r;                                                                           \
+		tile_##T(1, n, x, y, 0, &r, 0);                                                    \
+		return r;                                                                          \
 	}
 
 /* ---- F32, F16, BF16 ------------------------------------------------------------------------ */
@@ -174,26 +176,26 @@ INLINE __m256i pack_i32_i8(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 #if WF_X86_AVX512
 typedef __m512 vf;
 enum { VL = 16 };
-#define VF_ZERO() _mm512_setzero_ps()
+#define VF_ZERO()       _mm512_setzero_ps()
 #define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VF_ADD(a, b) _mm512_add_ps(a, b)
-#define VF_HSUM(a) _mm512_reduce_add_ps(a)
-#define VF_LOAD_F32(p) _mm512_loadu_ps(p)
-#define VF_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VF_LOAD_BF16(p)                                                                 \
-	_mm512_castsi512_ps(_mm512_slli_epi32(                                          \
+#define VF_ADD(a, b)    _mm512_add_ps(a, b)
+#define VF_HSUM(a)      _mm512_reduce_add_ps(a)
+#define VF_LOAD_F32(p)  _mm512_loadu_ps(p)
+#define VF_LOAD_F16(p)  _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VF_LOAD_BF16(p)                                                                            \
+	_mm512_castsi512_ps(_mm512_slli_epi32(                                                     \
 	    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #else
 typedef __m256 vf;
 enum { VL = 8 };
-#define VF_ZERO() _mm256_setzero_ps()
+#define VF_ZERO()       _mm256_setzero_ps()
 #define VF_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VF_ADD(a, b) _mm256_add_ps(a, b)
-#define VF_HSUM(a) hsum_ps(a)
-#define VF_LOAD_F32(p) _mm256_loadu_ps(p)
-#define VF_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VF_LOAD_BF16(p)                                                                 \
-	_mm256_castsi256_ps(                                                            \
+#define VF_ADD(a, b)    _mm256_add_ps(a, b)
+#define VF_HSUM(a)      hsum_ps(a)
+#define VF_LOAD_F32(p)  _mm256_loadu_ps(p)
+#define VF_LOAD_F16(p)  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VF_LOAD_BF16(p)                                                                            \
+	_mm256_castsi256_ps(                                                                       \
 	    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #endif
 
@@ -215,41 +217,42 @@ INLINE float scalar_bf16(const void *p, int64_t i)
 }
 
 /* Two vectors per step so that a single activation row still has two FMA chains in flight. */
-#define FLOAT_TILE(T, ELT, LOAD, SCALAR)                                                          \
-	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,        \
-	                     float *out, size_t os)                                               \
-	{                                                                                         \
-		const ELT *x = (const ELT *)w;                                                    \
-		const ELT *y[TILE];                                                               \
-		vf acc0[TILE], acc1[TILE];                                                        \
-		int64_t i = 0;                                                                    \
-                                                                                                  \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-		{                                                                                 \
-			y[c] = (const ELT *)(act + (size_t)c * as);                               \
-			acc0[c] = VF_ZERO();                                                      \
-			acc1[c] = VF_ZERO();                                                      \
-		}                                                                                 \
-		for (; i + 2 * VL <= n; i += 2 * VL) {                                            \
-			prefetch_ahead(x + i, 2 * VL * sizeof(ELT));                              \
-			const vf x0 = LOAD(x + i), x1 = LOAD(x + i + VL);                         \
-			UNROLL for (int c = 0; c < C; c++)                                        \
-			{                                                                         \
-				acc0[c] = VF_FMA(x0, LOAD(y[c] + i), acc0[c]);                    \
-				acc1[c] = VF_FMA(x1, LOAD(y[c] + i + VL), acc1[c]);               \
-			}                                                                         \
-		}                                                                                 \
-		for (; i + VL <= n; i += VL) {                                                    \
-			const vf x0 = LOAD(x + i);                                                \
-			UNROLL for (int c = 0; c < C; c++) acc0[c] = VF_FMA(x0, LOAD(y[c] + i), acc0[c]); \
-		}                                                                                 \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-		{                                                                                 \
-			float s = VF_HSUM(VF_ADD(acc0[c], acc1[c]));                              \
-			for (int64_t k = i; k < n; k++)                                           \
-				s += SCALAR(x, k) * SCALAR(y[c], k);                              \
-			out[(size_t)c * os] = s;                                                  \
-		}                                                                                 \
+#define FLOAT_TILE(T, ELT, LOAD, SCALAR)                                                           \
+	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
+	                     float *out, size_t os)                                                \
+	{                                                                                          \
+		const ELT *x = (const ELT *)w;                                                     \
+		const ELT *y[TILE];                                                                \
+		vf acc0[TILE], acc1[TILE];                                                         \
+		int64_t i = 0;                                                                     \
+                                                                                                   \
+		UNROLL for (int c = 0; c < C; c++)                                                 \
+		{                                                                                  \
+			y[c] = (const ELT *)(act + (size_t)c * as);                                \
+			acc0[c] = VF_ZERO();                                                       \
+			acc1[c] = VF_ZERO();                                                       \
+		}                                                                                  \
+		for (; i + 2 * VL <= n; i += 2 * VL) {                                             \
+			prefetch_ahead(x + i, 2 * VL * sizeof(ELT));                               \
+			const vf x0 = LOAD(x + i), x1 = LOAD(x + i + VL);                          \
+			UNROLL for (int c = 0; c < C; c++)                                         \
+			{                                                                          \
+				acc0[c] = VF_FMA(x0, LOAD(y[c] + i), acc0[c]);                     \
+				acc1[c] = VF_FMA(x1, LOAD(y[c] + i + VL), acc1[c]);                \
+			}                                                                          \
+		}                                                                                  \
+		for (; i + VL <= n; i += VL) {                                                     \
+			const vf x0 = LOAD(x + i);                                                 \
+			UNROLL for (int c = 0; c < C; c++) acc0[c] =                               \
+			    VF_FMA(x0, LOAD(y[c] + i), acc0[c]);                                   \
+		}                                                                                  \
+		UNROLL for (int c = 0; c < C; c++)                                                 \
+		{                                                                                  \
+			float s = VF_HSUM(VF_ADD(acc0[c], acc1[c]));                               \
+			for (int64_t k = i; k < n; k++)                                            \
+				s += SCALAR(x, k) * SCALAR(y[c], k);                               \
+			out[(size_t)c * os] = s;                                                   \
+		}                                                                                  \
 	}
 
 FLOAT_TILE(f32, float, VF_LOAD_F32, scalar_f32)
@@ -263,15 +266,16 @@ GEMM(bf16)
 
 /* One block of signed weights qx (32 int8, scale dx) into C activation rows. s8 x s8 goes
  * through u8 x s8: |qx| times qy with qx's sign (exact; |qx| <= 128, |qy| <= 127). */
-INLINE void q8_block(int C, __m256i qx, float dx, const struct wf_block_q8_0 *const *y,
-                     int64_t b, __m256 *acc)
+INLINE void q8_block(int C, __m256i qx, float dx, const struct wf_block_q8_0 *const *y, int64_t b,
+                     __m256 *acc)
 {
 	const __m256i ax = _mm256_sign_epi8(qx, qx);
 
 	UNROLL for (int c = 0; c < C; c++)
 	{
 		const __m256i qy = loadu256(y[c][b].qs);
-		const __m256i p = mul_sum_u8s8(_mm256_setzero_si256(), ax, _mm256_sign_epi8(qy, qx));
+		const __m256i p =
+		    mul_sum_u8s8(_mm256_setzero_si256(), ax, _mm256_sign_epi8(qy, qx));
 
 		acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16(y[c][b].d)), _mm256_cvtepi32_ps(p),
 		                         acc[c]);
@@ -290,31 +294,31 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 
 #if !WF_X86_AVX512
 /* Blocks go in pairs with their own accumulators so that one activation row has two chains. */
-#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                                \
-	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,        \
-	                     float *out, size_t os)                                               \
-	{                                                                                         \
-		const XBLOCK *x = (const XBLOCK *)w;                                              \
-		const struct wf_block_q8_0 *y[TILE];                                              \
-		__m256 acc0[TILE], acc1[TILE];                                                    \
-		const int64_t nb = n / WF_QK8_0;                                                  \
-		int64_t b = 0;                                                                    \
-                                                                                                  \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-		{                                                                                 \
-			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);              \
-			acc0[c] = _mm256_setzero_ps();                                            \
-			acc1[c] = _mm256_setzero_ps();                                            \
-		}                                                                                 \
-		for (; b + 1 < nb; b += 2) {                                                      \
-			prefetch_ahead(&x[b], 2 * sizeof(*x));                                    \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                      \
-			q8_block(C, VALUES(&x[b + 1]), f16(x[b + 1].d), y, b + 1, acc1);          \
-		}                                                                                 \
-		if (b < nb)                                                                       \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                      \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-			out[(size_t)c * os] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
+#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                           \
+	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
+	                     float *out, size_t os)                                                \
+	{                                                                                          \
+		const XBLOCK *x = (const XBLOCK *)w;                                               \
+		const struct wf_block_q8_0 *y[TILE];                                               \
+		__m256 acc0[TILE], acc1[TILE];                                                     \
+		const int64_t nb = n / WF_QK8_0;                                                   \
+		int64_t b = 0;                                                                     \
+                                                                                                   \
+		UNROLL for (int c = 0; c < C; c++)                                                 \
+		{                                                                                  \
+			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);               \
+			acc0[c] = _mm256_setzero_ps();                                             \
+			acc1[c] = _mm256_setzero_ps();                                             \
+		}                                                                                  \
+		for (; b + 1 < nb; b += 2) {                                                       \
+			prefetch_ahead(&x[b], 2 * sizeof(*x));                                     \
+			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                       \
+			q8_block(C, VALUES(&x[b + 1]), f16(x[b + 1].d), y, b + 1, acc1);           \
+		}                                                                                  \
+		if (b < nb)                                                                        \
+			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                       \
+		UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] =                           \
+		    hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));                                      \
 	}
 
 #define Q4_0_PAIR_VALUES(blk) 0
@@ -323,31 +327,31 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 /* AVX-512: blocks b and b + 1 side by side in one register, weights and activations alike, so
  * the per-block work (products, conversion, scaling) runs once per pair. A block left over goes
  * through the 256-bit path. */
-#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                          \
-	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,        \
-	                     float *out, size_t os)                                               \
-	{                                                                                         \
-		const XBLOCK *x = (const XBLOCK *)w;                                              \
-		const struct wf_block_q8_0 *y[TILE];                                              \
-		__m512 acc[TILE];                                                                 \
-		__m256 tail[TILE];                                                                \
-		const int64_t nb = n / WF_QK8_0;                                                  \
-		int64_t b = 0;                                                                    \
-                                                                                                  \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-		{                                                                                 \
-			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);              \
-			acc[c] = _mm512_setzero_ps();                                             \
-			tail[c] = _mm256_setzero_ps();                                            \
-		}                                                                                 \
-		for (; b + 1 < nb; b += 2) {                                                      \
-			prefetch_ahead(&x[b], 2 * sizeof(*x));                                    \
-			q8_pair(C, PAIR(&x[b]), f16_pair(x[b].d, x[b + 1].d), y, b, acc);         \
-		}                                                                                 \
-		if (b < nb)                                                                       \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, tail);                      \
-		UNROLL for (int c = 0; c < C; c++)                                                \
-			out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]) + hsum_ps(tail[c]);    \
+#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                           \
+	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
+	                     float *out, size_t os)                                                \
+	{                                                                                          \
+		const XBLOCK *x = (const XBLOCK *)w;                                               \
+		const struct wf_block_q8_0 *y[TILE];                                               \
+		__m512 acc[TILE];                                                                  \
+		__m256 tail[TILE];                                                                 \
+		const int64_t nb = n / WF_QK8_0;                                                   \
+		int64_t b = 0;                                                                     \
+                                                                                                   \
+		UNROLL for (int c = 0; c < C; c++)                                                 \
+		{                                                                                  \
+			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);               \
+			acc[c] = _mm512_setzero_ps();                                              \
+			tail[c] = _mm256_setzero_ps();                                             \
+		}                                                                                  \
+		for (; b + 1 < nb; b += 2) {                                                       \
+			prefetch_ahead(&x[b], 2 * sizeof(*x));                                     \
+			q8_pair(C, PAIR(&x[b]), f16_pair(x[b].d, x[b + 1].d), y, b, acc);          \
+		}                                                                                  \
+		if (b < nb)                                                                        \
+			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, tail);                       \
+		UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] =                           \
+		    _mm512_reduce_add_ps(acc[c]) + hsum_ps(tail[c]);                               \
 	}
 
 /* two F16s as floats in lanes 0 and 1 */
@@ -359,8 +363,8 @@ INLINE __m128 f16_pair(uint16_t a, uint16_t b)
 /* A pair of blocks of signed weights (64 int8, scales in lanes 0 and 1 of dx) into C
  * activation rows. No vpsignb in AVX-512: the activation is negated under the weights' sign
  * mask instead. */
-INLINE void q8_pair(int C, __m512i qx, __m128 dx, const struct wf_block_q8_0 *const *y,
-                    int64_t b, __m512 *acc)
+INLINE void q8_pair(int C, __m512i qx, __m128 dx, const struct wf_block_q8_0 *const *y, int64_t b,
+                    __m512 *acc)
 {
 	const __m512i ax = _mm512_abs_epi8(qx);
 	const __mmask64 neg = _mm512_movepi8_mask(qx);
@@ -382,8 +386,9 @@ INLINE void q8_pair(int C, __m512i qx, __m128 dx, const struct wf_block_q8_0 *co
  * halves read [low nibbles = elements 0..15, high nibbles = 16..31] per block. */
 INLINE __m512i q4_0_pair_values(const struct wf_block_q4_0 *x)
 {
-	const __m512i v = cat256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[0].qs)),
-	                         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[1].qs)));
+	const __m512i v =
+	    cat256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[0].qs)),
+	           _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[1].qs)));
 	const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
 	                                        0x0004000400040004, 0x0004000400040004);
 	const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
@@ -417,8 +422,8 @@ INLINE void k_scales_mins(const uint8_t *s, __m128i *ret_sc, __m256i *ret_mn)
 	const __m128i lo =
 	    _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
 	                  _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-	const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2),
-	                                 _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+	const __m128i hi =
+	    _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
 	const __m128i r = _mm_or_si128(lo, hi); /* bytes: scales 0..7, mins 0..7 */
 
 	*ret_sc = _mm_cvtepu8_epi16(r);
@@ -509,7 +514,8 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 
 			UNROLL for (int c = 0; c < C; c++)
 			{
-				const __m256i p_lo = mul_sum_scaled(lo, loadu256(y[c][b].qs + 64 * k), s_lo);
+				const __m256i p_lo =
+				    mul_sum_scaled(lo, loadu256(y[c][b].qs + 64 * k), s_lo);
 				const __m256i p_hi =
 				    mul_sum_scaled(hi, loadu256(y[c][b].qs + 64 * k + 32), s_hi);
 
@@ -523,8 +529,8 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 			const __m256i summ = _mm256_madd_epi16(loadu256(y[c][b].bsums), mn);
 			const __m128 s = _mm_mul_ps(d_dmin, _mm_set1_ps(y[c][b].d));
 
-			acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), _mm256_cvtepi32_ps(sumi[c]),
-			                         acc[c]);
+			acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s),
+			                         _mm256_cvtepi32_ps(sumi[c]), acc[c]);
 			acc[c] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(s)),
 			                          _mm256_cvtepi32_ps(summ), acc[c]);
 		}
@@ -577,11 +583,12 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 			const __m256i sc = _mm256_broadcastsi128_si256(
 			    _mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
 			const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
-			const __m256i ql0 = loadu256(ql), ql1 = loadu256(ql + 32), qhv = loadu256(qh);
+			const __m256i ql0 = loadu256(ql), ql1 = loadu256(ql + 32),
+			              qhv = loadu256(qh);
 			__m256i u[4];
 
-			/* element l + 32k of the half: low nibble of ql[l + 32(k&1)] (high for k >= 2),
-			 * top bits at 2k of qh[l] */
+			/* element l + 32k of the half: low nibble of ql[l + 32(k&1)] (high for k >=
+			 * 2), top bits at 2k of qh[l] */
 			u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
 			                       _mm256_and_si256(_mm256_slli_epi16(qhv, 4), m30));
 			u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
@@ -599,7 +606,8 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 				{
 					const __m256i qy = loadu256(y[c][b].qs + 128 * h + 32 * k);
 
-					sumi[c] = _mm256_add_epi32(sumi[c], mul_sum_scaled(u[k], qy, s));
+					sumi[c] =
+					    _mm256_add_epi32(sumi[c], mul_sum_scaled(u[k], qy, s));
 				}
 			}
 		}
@@ -609,7 +617,8 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 		{
 			const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(corr[c], 5));
 
-			acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[c][b].d), _mm256_cvtepi32_ps(t), acc[c]);
+			acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[c][b].d),
+			                         _mm256_cvtepi32_ps(t), acc[c]);
 		}
 	}
 	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = hsum_ps(acc[c]);
@@ -685,21 +694,24 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 		UNROLL for (int k = 0; k < 4; k++)
 		{
 			v[k] = _mm512_and_si512(
-			    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4), m4);
+			    _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu256(qs + 32 * k)), hi4),
+			    m4);
 			s[k] = _mm512_permutexvar_epi32(
 			    cat256(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1)), sc32);
 		}
 		if (bits5) {
-			/* bit 2k of qh[l] is the fifth bit of element l of chunk k, bit 2k + 1 that of
-			 * element 32 + l */
+			/* bit 2k of qh[l] is the fifth bit of element l of chunk k, bit 2k + 1 that
+			 * of element 32 + l */
 			const __m512i qh2 = _mm512_broadcast_i64x4(loadu256(qh));
 
 			UNROLL for (int k = 0; k < 4; k++)
 			{
-				const __m512i bits = cat256(_mm256_set1_epi8((char)(1 << (2 * k))),
-				                            _mm256_set1_epi8((char)(1 << (2 * k + 1))));
+				const __m512i bits =
+				    cat256(_mm256_set1_epi8((char)(1 << (2 * k))),
+				           _mm256_set1_epi8((char)(1 << (2 * k + 1))));
 
-				v[k] = _mm512_mask_add_epi8(v[k], _mm512_test_epi8_mask(qh2, bits), v[k], m16);
+				v[k] = _mm512_mask_add_epi8(v[k], _mm512_test_epi8_mask(qh2, bits),
+				                            v[k], m16);
 			}
 		}
 		UNROLL for (int c = 0; c < C; c++)
@@ -708,8 +720,9 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 
 			UNROLL for (int k = 0; k < 4; k++)
 			{
-				const __m512i q4 = _mm512_dpbusd_epi32(
-				    _mm512_setzero_si512(), v[k], _mm512_loadu_si512(y[c][b].qs + 64 * k));
+				const __m512i q4 =
+				    _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[k],
+				                        _mm512_loadu_si512(y[c][b].qs + 64 * k));
 
 				p = _mm512_dpwssd_epi32(p, q4, s[k]);
 			}
@@ -719,8 +732,9 @@ INLINE void q45_K_tile(int C, int bits5, int64_t n, const char *w, const char *a
 			const __m512i t = _mm512_mask_add_epi32(
 			    m, 0x00ff, p, _mm512_shuffle_i64x2(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
 
-			acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t),
-			                         _mm512_mul_ps(dvec, _mm512_set1_ps(y[c][b].d)), acc[c]);
+			acc[c] =
+			    _mm512_fmadd_ps(_mm512_cvtepi32_ps(t),
+			                    _mm512_mul_ps(dvec, _mm512_set1_ps(y[c][b].d)), acc[c]);
 		}
 	}
 	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]);
@@ -757,7 +771,8 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 	}
 	for (int64_t b = 0; b < nb; b++) {
 		prefetch_ahead(&x[b], sizeof(*x));
-		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
+		const __m256i sc_all =
+		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
 		const __m512i sc512 = _mm512_castsi256_si512(sc_all);
 		__m512i sumi[TILE];
 		__m256i corr[TILE];
@@ -783,18 +798,20 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 				/* 64 elements = groups g0..g0+3, one per 128-bit lane */
 				const int g0 = 8 * h + 4 * k;
 				const __m512i idx = _mm512_set_epi16(
-				    g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 2,
-				    g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 1, g0 + 1,
-				    g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0, g0, g0, g0, g0, g0, g0,
-				    g0);
+				    g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3, g0 + 3,
+				    g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2, g0 + 2,
+				    g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1, g0 + 1,
+				    g0, g0, g0, g0, g0, g0, g0, g0);
 				const __m512i s = _mm512_permutexvar_epi16(idx, sc512);
 
 				UNROLL for (int c = 0; c < C; c++)
 				{
-					const __m512i qy = _mm512_loadu_si512(y[c][b].qs + 128 * h + 64 * k);
+					const __m512i qy =
+					    _mm512_loadu_si512(y[c][b].qs + 128 * h + 64 * k);
 
 					sumi[c] = _mm512_add_epi32(
-					    sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], qy), s));
+					    sumi[c],
+					    _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], qy), s));
 				}
 			}
 		}
@@ -802,11 +819,12 @@ INLINE void tile_q6_K(int C, int64_t n, const char *w, const char *act, size_t a
 
 		UNROLL for (int c = 0; c < C; c++)
 		{
-			const __m512i corr512 =
-			    _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32(corr[c], 5), 0);
+			const __m512i corr512 = _mm512_inserti64x4(
+			    _mm512_setzero_si512(), _mm256_slli_epi32(corr[c], 5), 0);
 			const __m512i t = _mm512_sub_epi32(sumi[c], corr512);
 
-			acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d * y[c][b].d), _mm512_cvtepi32_ps(t), acc[c]);
+			acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d * y[c][b].d),
+			                         _mm512_cvtepi32_ps(t), acc[c]);
 		}
 	}
 	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm512_reduce_add_ps(acc[c]);
@@ -856,7 +874,8 @@ static void quantize_row_q8_0(const float *x, void *vy, int64_t n)
 
 		yb[b].d = wf_kernels_fp32_to_fp16(d);
 		for (int q = 0; q < 4; q++)
-			v[q] = _mm256_cvttps_epi32(round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * q), id)));
+			v[q] = _mm256_cvttps_epi32(
+			    round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * q), id)));
 		_mm256_storeu_si256((__m256i *)yb[b].qs, pack_i32_i8(v[0], v[1], v[2], v[3]));
 	}
 }
@@ -945,16 +964,16 @@ static void quantize_row_bf16(const float *x, void *vy, int64_t n)
 			const __m256i w = _mm256_loadu_si256((const __m256i *)(x + i + 8 * q));
 			const __m256i hi = _mm256_srli_epi32(w, 16);
 			const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, abs_mask), inf);
-			const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-			                                      _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+			const __m256i bias = _mm256_add_epi32(
+			    _mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
 			const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(w, bias), 16);
 
-			r[q] = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)),
-			                          nan);
+			r[q] = _mm256_blendv_epi8(
+			    rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 		}
 		/* packus works per 128-bit lane; the permute puts the quads back in order */
-		_mm256_storeu_si256((__m256i *)(h + i),
-		                    _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8));
+		_mm256_storeu_si256((__m256i *)(h + i), _mm256_permute4x64_epi64(
+		                                            _mm256_packus_epi32(r[0], r[1]), 0xd8));
 	}
 	for (; i < n; i++)
 		h[i] = wf_kernels_fp32_to_bf16(x[i]);
@@ -964,10 +983,10 @@ static void quantize_row_bf16(const float *x, void *vy, int64_t n)
 
 void WF_X86_FILL(struct wf_kernel_ops *ops)
 {
-#define SET(DT, T)                                          \
-	do {                                                \
-		ops->types[WF_DTYPE_##DT].vec_dot = vec_dot_##T; \
-		ops->types[WF_DTYPE_##DT].gemm = gemm_##T;       \
+#define SET(DT, T)                                                                                 \
+	do {                                                                                       \
+		ops->types[WF_DTYPE_##DT].vec_dot = vec_dot_##T;                                   \
+		ops->types[WF_DTYPE_##DT].gemm = gemm_##T;                                         \
 	} while (0)
 	SET(F32, f32);
 	SET(F16, f16);

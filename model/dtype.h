@@ -4,8 +4,8 @@
  * The ggml part mirrors ggml/include/ggml.h (enum ggml_type) and the type_traits table of
  * ggml/src/ggml.c at llama.cpp tag b10573 (commit d775b896), which is also what the reference
  * models under tests/data/reference/ were made with. Block sizes and bytes per block were
- * checked by compiling ggml-common.h's block structs at that tag. That tag has three types past MXFP4:
- * NVFP4 (40), Q1_0 (41) and Q2_0 (42), so GGML_TYPE_COUNT is 43.
+ * checked by compiling ggml-common.h's block structs at that tag. That tag has three types past
+ * MXFP4: NVFP4 (40), Q1_0 (41) and Q2_0 (42), so GGML_TYPE_COUNT is 43.
  *
  * The enum values of ggml types are ggml's own numbers (the u32 stored in a GGUF tensor info), so
  * a GGUF type id maps to enum wf_dtype by a range check and a table lookup. Numbers that ggml has
@@ -76,7 +76,7 @@ enum wf_dtype {
 
 struct wf_dtype_info {
 	enum wf_dtype dtype;
-	const char *name;    /* ggml spelling: "F32", "Q4_K", "IQ2_XXS", "MXFP4"; safetensors: "U8" */
+	const char *name; /* ggml spelling: "F32", "Q4_K", "IQ2_XXS", "MXFP4"; safetensors: "U8" */
 	uint32_t block_size; /* elements per block */
 	uint32_t type_size;  /* bytes per block */
 	bool quantized;

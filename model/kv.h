@@ -45,9 +45,9 @@ struct wf_kv_array {
 	enum wf_kv_type elem;
 	uint64_t n;
 	union {
-		void *scalars;               /* elem is a scalar type: n * wf_kv_type_size(elem) bytes */
-		struct wf_kv_str *strs;      /* elem == WF_KV_STRING */
-		struct wf_kv_array *arrays;  /* elem == WF_KV_ARRAY: n nested arrays */
+		void *scalars;          /* elem is a scalar type: n * wf_kv_type_size(elem) bytes */
+		struct wf_kv_str *strs; /* elem == WF_KV_STRING */
+		struct wf_kv_array *arrays; /* elem == WF_KV_ARRAY: n nested arrays */
 	} u;
 };
 

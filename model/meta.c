@@ -112,7 +112,7 @@ static int put_value(struct wr *w, const struct wf_kv_value *v)
 }
 
 int wf_model_meta_encode(const struct wf_model *m, void *buf, size_t cap, size_t *ret_len,
-			 struct wf_diag *diag)
+                         struct wf_diag *diag)
 {
 	struct wr w = {.buf = buf, .cap = buf ? cap : 0};
 	uint8_t fixed[WF_MODEL_META_FIXED] = {0};
@@ -122,12 +122,12 @@ int wf_model_meta_encode(const struct wf_model *m, void *buf, size_t cap, size_t
 		return wf_diag_set(diag, WF_EINVAL, "model metadata: no model");
 	if (m->kv.n > WF_MODEL_MAX_KV || m->n_files > WF_MODEL_MAX_FILES)
 		return wf_diag_set(diag, WF_ELIMIT, "model metadata: %u keys, %u files", m->kv.n,
-				   m->n_files);
+		                   m->n_files);
 	const struct wf_hparams *hp = &m->hp;
 	uint32_t head[4] = {WF_MODEL_META_VERSION, (uint32_t)m->format, m->n_files, m->kv.n};
-	const uint32_t u32s[12] = {hp->n_layer,	 hp->n_embd,	  hp->n_head,	 hp->n_head_kv,
-				   hp->head_dim, hp->n_ff,	  hp->n_ff_exp,	 hp->n_expert,
-				   hp->n_expert_used, hp->n_ctx_train, hp->n_vocab, hp->rope_dim};
+	const uint32_t u32s[12] = {hp->n_layer,       hp->n_embd,      hp->n_head,   hp->n_head_kv,
+	                           hp->head_dim,      hp->n_ff,        hp->n_ff_exp, hp->n_expert,
+	                           hp->n_expert_used, hp->n_ctx_train, hp->n_vocab,  hp->rope_dim};
 	memcpy(fixed, head, sizeof(head));
 	memcpy(fixed + 16, hp->arch, strnlen(hp->arch, sizeof(hp->arch) - 1));
 	memcpy(fixed + 80, u32s, sizeof(u32s));
@@ -143,19 +143,19 @@ int wf_model_meta_encode(const struct wf_model *m, void *buf, size_t cap, size_t
 		size_t kn = kv->key ? strnlen(kv->key, WF_MODEL_MAX_NAME + 1) : 0;
 		if (kn == 0 || kn > WF_MODEL_MAX_NAME)
 			return wf_diag_set(diag, WF_ELIMIT,
-					   "model metadata: key %u has length %zu (1..%u)", i, kn,
-					   WF_MODEL_MAX_NAME);
+			                   "model metadata: key %u has length %zu (1..%u)", i, kn,
+			                   WF_MODEL_MAX_NAME);
 		put_u32(&w, (uint32_t)kn);
 		put(&w, kv->key, kn + 1);
 		rc = put_value(&w, &kv->v);
 		if (rc)
 			return wf_diag_set(diag, rc, "model metadata: key '%s': %s value", kv->key,
-					   rc == WF_ELIMIT ? "oversized" : "invalid");
+			                   rc == WF_ELIMIT ? "oversized" : "invalid");
 	}
 	*ret_len = w.pos;
 	if (w.over && buf)
 		return wf_diag_set(diag, WF_ELIMIT, "model metadata: %zu bytes, room for %zu",
-				   w.pos, cap);
+		                   w.pos, cap);
 	return 0;
 }
 
@@ -170,8 +170,8 @@ struct rd {
 static int short_of(struct rd *r, uint64_t n, const char *what)
 {
 	return wf_diag_set(r->diag, WF_ETRUNCATED,
-			   "model metadata: %s needs %llu bytes at byte %zu of %zu", what, (ull)n,
-			   r->pos, r->len);
+	                   "model metadata: %s needs %llu bytes at byte %zu of %zu", what, (ull)n,
+	                   r->pos, r->len);
 }
 
 static int get(struct rd *r, void *dst, uint64_t n, const char *what)
@@ -205,8 +205,8 @@ static int get_str(struct rd *r, struct wf_kv_str *out, const char *what)
 		return short_of(r, n + 1, what);
 	if (r->b[r->pos + n] != 0)
 		return wf_diag_set(r->diag, WF_EFORMAT,
-				   "model metadata: %s at byte %zu is not NUL-terminated", what,
-				   r->pos);
+		                   "model metadata: %s at byte %zu is not NUL-terminated", what,
+		                   r->pos);
 	if (out) {
 		char *s = malloc((size_t)n + 1);
 		if (!s)
@@ -235,15 +235,16 @@ static int get_array(struct rd *r, struct wf_kv_array *a, unsigned depth, const 
 		return rc;
 	if (!type_ok(elem))
 		return wf_diag_set(r->diag, WF_EFORMAT,
-				   "model metadata: key '%s': array element type %u", key, elem);
+		                   "model metadata: key '%s': array element type %u", key, elem);
 	if (elem == WF_KV_ARRAY && depth >= WF_MODEL_MAX_KV_DEPTH)
 		return wf_diag_set(r->diag, WF_ELIMIT,
-				   "model metadata: key '%s': arrays nested deeper than %u", key,
-				   WF_MODEL_MAX_KV_DEPTH);
+		                   "model metadata: key '%s': arrays nested deeper than %u", key,
+		                   WF_MODEL_MAX_KV_DEPTH);
 	if (n > WF_MODEL_MAX_ARRAY)
-		return wf_diag_set(r->diag, WF_ELIMIT,
-				   "model metadata: key '%s': array of %llu elements (at most %llu)",
-				   key, (ull)n, (ull)WF_MODEL_MAX_ARRAY);
+		return wf_diag_set(
+		    r->diag, WF_ELIMIT,
+		    "model metadata: key '%s': array of %llu elements (at most %llu)", key, (ull)n,
+		    (ull)WF_MODEL_MAX_ARRAY);
 	/* Smallest element: a scalar's size, an empty string (9), an empty array (12). */
 	size_t sz = wf_kv_type_size((enum wf_kv_type)elem);
 	uint64_t min = elem == WF_KV_STRING ? 9 : elem == WF_KV_ARRAY ? 12 : sz;
@@ -254,8 +255,8 @@ static int get_array(struct rd *r, struct wf_kv_array *a, unsigned depth, const 
 		a->n = 0; /* counts what is filled, for wf_kv_array_fini on failure */
 	}
 	if (elem == WF_KV_STRING || elem == WF_KV_ARRAY) {
-		size_t esz = elem == WF_KV_STRING ? sizeof(struct wf_kv_str)
-						  : sizeof(struct wf_kv_array);
+		size_t esz =
+		    elem == WF_KV_STRING ? sizeof(struct wf_kv_str) : sizeof(struct wf_kv_array);
 		void *v = NULL;
 		if (a && n && !(v = calloc((size_t)n, esz)))
 			return -ENOMEM;
@@ -284,9 +285,9 @@ static int get_array(struct rd *r, struct wf_kv_array *a, unsigned depth, const 
 		for (uint64_t i = 0; i < n; i++)
 			if (p[i] > 1)
 				return wf_diag_set(r->diag, WF_EFORMAT,
-						   "model metadata: key '%s': bool element %llu is "
-						   "%u",
-						   key, (ull)i, p[i]);
+				                   "model metadata: key '%s': bool element %llu is "
+				                   "%u",
+				                   key, (ull)i, p[i]);
 	if (a && n) {
 		if (!(a->u.scalars = malloc((size_t)(n * sz))))
 			return -ENOMEM;
@@ -337,7 +338,7 @@ static int get_value(struct rd *r, struct wf_kv_value *v, const char *key)
 		return rc;
 	if (!type_ok(t))
 		return wf_diag_set(r->diag, WF_EFORMAT, "model metadata: key '%s': value type %u",
-				   key, t);
+		                   key, t);
 	if (t == WF_KV_STRING) {
 		rc = get_str(r, v ? &v->u.str : NULL, "a string value");
 		if (!rc && v)
@@ -354,8 +355,8 @@ static int get_value(struct rd *r, struct wf_kv_value *v, const char *key)
 		return rc;
 	if (!scalar_ok((enum wf_kv_type)t, x))
 		return wf_diag_set(r->diag, WF_EFORMAT,
-				   "model metadata: key '%s': 0x%016llx is not a %s", key, (ull)x,
-				   wf_kv_type_name((enum wf_kv_type)t));
+		                   "model metadata: key '%s': 0x%016llx is not a %s", key, (ull)x,
+		                   wf_kv_type_name((enum wf_kv_type)t));
 	if (v) {
 		v->type = (enum wf_kv_type)t;
 		memcpy(&v->u.u64, &x, 8); /* the union's 8 bytes, whichever member */
@@ -380,27 +381,27 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 	memcpy(head, fixed, sizeof(head));
 	if (head[0] != WF_MODEL_META_VERSION)
 		return wf_diag_set(diag, WF_EVERSION, "model metadata version %u, expected %u",
-				   head[0], WF_MODEL_META_VERSION);
+		                   head[0], WF_MODEL_META_VERSION);
 	if (head[1] != WF_MODEL_FORMAT_GGUF && head[1] != WF_MODEL_FORMAT_SAFETENSORS)
 		return wf_diag_set(diag, WF_EFORMAT, "model metadata: format %u", head[1]);
 	if (head[2] == 0 || head[2] > WF_MODEL_MAX_FILES || (m && head[2] != m->n_files))
 		return wf_diag_set(diag, WF_EFORMAT, "model metadata: %u files%s", head[2],
-				   m ? ", the tables hold another count" : "");
+		                   m ? ", the tables hold another count" : "");
 	if (head[3] > WF_MODEL_MAX_KV)
-		return wf_diag_set(diag, WF_ELIMIT, "model metadata: %u keys (at most %u)",
-				   head[3], WF_MODEL_MAX_KV);
+		return wf_diag_set(diag, WF_ELIMIT, "model metadata: %u keys (at most %u)", head[3],
+		                   WF_MODEL_MAX_KV);
 	const uint8_t *nul = memchr(fixed + 16, 0, 64);
 	if (nul == NULL)
 		return wf_diag_set(diag, WF_EFORMAT,
-				   "model metadata: architecture is not NUL-terminated");
+		                   "model metadata: architecture is not NUL-terminated");
 	for (const uint8_t *p = nul; p < fixed + 80; p++)
 		if (*p)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "model metadata: architecture is not zero-padded");
+			                   "model metadata: architecture is not zero-padded");
 	for (size_t i = 136; i < WF_MODEL_META_FIXED; i++)
 		if (fixed[i])
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "model metadata: reserved byte %zu is not zero", i);
+			                   "model metadata: reserved byte %zu is not zero", i);
 	if ((uint64_t)head[2] * 8 > r.len - r.pos)
 		return short_of(&r, (uint64_t)head[2] * 8, "the file entries");
 	for (uint32_t i = 0; i < head[2]; i++) {
@@ -408,8 +409,8 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 		get(&r, fv, 8, "a file entry");
 		if (fv[0] > 3 || fv[1] == 0 || (fv[1] & (fv[1] - 1)) != 0)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "model metadata: file %u: GGUF version %u, alignment %u",
-					   i, fv[0], fv[1]);
+			                   "model metadata: file %u: GGUF version %u, alignment %u",
+			                   i, fv[0], fv[1]);
 		if (m) {
 			m->files[i].gguf_version = fv[0];
 			m->files[i].alignment = fv[1];
@@ -429,8 +430,8 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 			goto fail;
 		if (kn == 0 || kn > WF_MODEL_MAX_NAME) {
 			rc = wf_diag_set(diag, WF_EFORMAT,
-					 "model metadata: key %u has length %u (1..%u)", n, kn,
-					 WF_MODEL_MAX_NAME);
+			                 "model metadata: key %u has length %u (1..%u)", n, kn,
+			                 WF_MODEL_MAX_NAME);
 			goto fail;
 		}
 		if ((uint64_t)kn + 1 > r.len - r.pos) {
@@ -440,9 +441,9 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 		const char *key = (const char *)r.b + r.pos;
 		if (memchr(key, 0, kn) || key[kn] != 0) {
 			rc = wf_diag_set(diag, WF_EFORMAT,
-					 "model metadata: key %u at byte %zu holds a NUL or lacks "
-					 "its terminator",
-					 n, r.pos);
+			                 "model metadata: key %u at byte %zu holds a NUL or lacks "
+			                 "its terminator",
+			                 n, r.pos);
 			goto fail;
 		}
 		r.pos += kn + 1;
@@ -460,8 +461,8 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 	}
 	if (r.pos != r.len) {
 		rc = wf_diag_set(diag, WF_EFORMAT,
-				 "model metadata: %zu bytes after the last key (of %zu)",
-				 r.len - r.pos, r.len);
+		                 "model metadata: %zu bytes after the last key (of %zu)",
+		                 r.len - r.pos, r.len);
 		goto fail;
 	}
 	if (m) {
@@ -470,10 +471,10 @@ int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *m, struct
 		memset(hp, 0, sizeof(*hp));
 		memcpy(hp->arch, fixed + 16, 64);
 		memcpy(u32s, fixed + 80, sizeof(u32s));
-		uint32_t *dst[12] = {&hp->n_layer,	 &hp->n_embd,	   &hp->n_head,
-				     &hp->n_head_kv,	 &hp->head_dim,	   &hp->n_ff,
-				     &hp->n_ff_exp,	 &hp->n_expert,	   &hp->n_expert_used,
-				     &hp->n_ctx_train, &hp->n_vocab,	   &hp->rope_dim};
+		uint32_t *dst[12] = {&hp->n_layer,     &hp->n_embd,   &hp->n_head,
+		                     &hp->n_head_kv,   &hp->head_dim, &hp->n_ff,
+		                     &hp->n_ff_exp,    &hp->n_expert, &hp->n_expert_used,
+		                     &hp->n_ctx_train, &hp->n_vocab,  &hp->rope_dim};
 		for (int i = 0; i < 12; i++)
 			*dst[i] = u32s[i];
 		memcpy(&hp->rope_freq_base, fixed + 128, 4);

@@ -29,8 +29,8 @@
  *                                   WF_MODEL_MAX_KV_DEPTH)
  *   the last record ends exactly at the section's end (trailing bytes are an error).
  * One spelling per model (padding zero, scalars in range): what decodes encodes back to the same
- * bytes. Nothing in it is trusted on decode: every length and count is checked against the bytes left
- * and against the WF_MODEL_MAX_* caps before anything is allocated. */
+ * bytes. Nothing in it is trusted on decode: every length and count is checked against the bytes
+ * left and against the WF_MODEL_MAX_* caps before anything is allocated. */
 #ifndef WF_MODEL_META_H
 #define WF_MODEL_META_H
 
@@ -45,22 +45,21 @@ extern "C" {
 #endif
 
 #define WF_MODEL_META_VERSION 1u
-#define WF_MODEL_META_FIXED 144u /* bytes before the per-file entries */
+#define WF_MODEL_META_FIXED   144u /* bytes before the per-file entries */
 
 /* Encodes model's metadata into buf (cap bytes). buf may be NULL (cap 0) to learn the size.
  * Returns 0 and *ret_len (the bytes needed), WF_ELIMIT when cap is too small (then *ret_len is
  * still the size needed) or when a count exceeds a WF_MODEL_MAX_* cap, WF_EINVAL for a model
  * without its tables. Pure; thread-safe. */
 int wf_model_meta_encode(const struct wf_model *model, void *buf, size_t cap, size_t *ret_len,
-			 struct wf_diag *diag);
+                         struct wf_diag *diag);
 
 /* Decodes len bytes. With model NULL it only validates (no allocation: what a floor attach
  * does); otherwise it sets model->format, hp, kv and each files[i].gguf_version and alignment
  * (model->n_files must be set and equal the encoded count; model->kv must be empty). Returns 0,
  * or WF_EFORMAT / WF_ETRUNCATED / WF_ELIMIT / WF_EVERSION with diag saying what and at which
  * byte; on failure model->kv is left empty. Thread-safe. */
-int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *model,
-			 struct wf_diag *diag);
+int wf_model_meta_decode(const void *buf, size_t len, struct wf_model *model, struct wf_diag *diag);
 
 /* Completes a model that a caller assembled from stored tables (files with path, size,
  * mtime_ns, data_offset, alignment; tensors with name, dtype, n_dims, ne, nbytes, file, offset;

@@ -393,8 +393,12 @@ int wf__model_finish(struct wf_model *m, struct wf_diag *diag)
 
 static const char *file_kind(mode_t m)
 {
-	return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
-	       : S_ISBLK(m) ? "a block device" : S_ISDIR(m) ? "a directory" : "not a plain file";
+	return S_ISFIFO(m)   ? "a FIFO"
+	       : S_ISSOCK(m) ? "a socket"
+	       : S_ISCHR(m)  ? "a character device"
+	       : S_ISBLK(m)  ? "a block device"
+	       : S_ISDIR(m)  ? "a directory"
+	                     : "not a plain file";
 }
 
 int wf_model_file_open(const char *path, int *ret_fd, struct stat *ret_st, struct wf_diag *diag)

@@ -22,14 +22,15 @@
 extern "C" {
 #endif
 
-#define WF_MODEL_MAX_DIMS 8             /* GGUF allows 4; safetensors shapes are capped at 8 */
-#define WF_MODEL_MAX_FILES 4096         /* shards */
-#define WF_MODEL_MAX_TENSORS (1u << 20) /* per model */
-#define WF_MODEL_MAX_NAME 1024          /* bytes in a tensor name or key */
-#define WF_MODEL_MAX_KV 65536           /* metadata entries per file */
-#define WF_MODEL_MAX_ARRAY (1ull << 24) /* elements in one metadata array (vocabularies) */
-#define WF_MODEL_MAX_HEADER (1ull << 30) /* bytes of header (GGUF metadata+infos, safetensors JSON) */
-#define WF_MODEL_MAX_KV_DEPTH 8         /* nesting of GGUF arrays of arrays */
+#define WF_MODEL_MAX_DIMS    8            /* GGUF allows 4; safetensors shapes are capped at 8 */
+#define WF_MODEL_MAX_FILES   4096         /* shards */
+#define WF_MODEL_MAX_TENSORS (1u << 20)   /* per model */
+#define WF_MODEL_MAX_NAME    1024         /* bytes in a tensor name or key */
+#define WF_MODEL_MAX_KV      65536        /* metadata entries per file */
+#define WF_MODEL_MAX_ARRAY   (1ull << 24) /* elements in one metadata array (vocabularies) */
+#define WF_MODEL_MAX_HEADER                                                                        \
+	(1ull << 30)            /* bytes of header (GGUF metadata+infos, safetensors JSON) */
+#define WF_MODEL_MAX_KV_DEPTH 8 /* nesting of GGUF arrays of arrays */
 
 enum wf_model_format {
 	WF_MODEL_FORMAT_GGUF = 1,
@@ -63,8 +64,9 @@ struct wf_tensor {
 	char *name;
 	enum wf_dtype dtype;
 	uint32_t n_dims;
-	int64_t ne[WF_MODEL_MAX_DIMS]; /* ggml order: ne[0] is the contiguous dimension. For safetensors
-	                                  the shape is reversed into this order; unused dims are 1. */
+	int64_t
+	    ne[WF_MODEL_MAX_DIMS]; /* ggml order: ne[0] is the contiguous dimension. For safetensors
+	                              the shape is reversed into this order; unused dims are 1. */
 	uint64_t nbytes;
 	uint32_t file;   /* index into model->files */
 	uint64_t offset; /* absolute byte offset in that file */
@@ -79,13 +81,13 @@ struct wf_hparams {
 	uint32_t n_embd;
 	uint32_t n_head;
 	uint32_t n_head_kv;
-	uint32_t head_dim;    /* attention.key_length, or n_embd / n_head */
-	uint32_t n_ff;        /* feed_forward_length */
-	uint32_t n_ff_exp;    /* expert_feed_forward_length (falls back to n_ff) */
+	uint32_t head_dim; /* attention.key_length, or n_embd / n_head */
+	uint32_t n_ff;     /* feed_forward_length */
+	uint32_t n_ff_exp; /* expert_feed_forward_length (falls back to n_ff) */
 	uint32_t n_expert;
 	uint32_t n_expert_used;
 	uint32_t n_ctx_train;
-	uint32_t n_vocab;     /* tokenizer.ggml.tokens length, or <arch>.vocab_size */
+	uint32_t n_vocab; /* tokenizer.ggml.tokens length, or <arch>.vocab_size */
 	uint32_t rope_dim;
 	float rope_freq_base;
 	float rms_eps;
@@ -96,12 +98,13 @@ struct wf_model {
 	uint32_t n_files;
 	struct wf_model_file *files;
 	uint32_t n_tensors;
-	struct wf_tensor *tensors; /* in file order: file 0's tensors by offset, then file 1's, ... */
-	struct wf_kv_set kv;       /* GGUF: the metadata of shard 0 (split.no == 0), whichever
-	                              shard was named; the others' keys are read, checked and
-	                              dropped. safetensors: __metadata__ */
+	struct wf_tensor
+	    *tensors;        /* in file order: file 0's tensors by offset, then file 1's, ... */
+	struct wf_kv_set kv; /* GGUF: the metadata of shard 0 (split.no == 0), whichever
+	                        shard was named; the others' keys are read, checked and
+	                        dropped. safetensors: __metadata__ */
 	struct wf_hparams hp;
-	uint64_t total_bytes;  /* sum of tensor nbytes */
+	uint64_t total_bytes; /* sum of tensor nbytes */
 	uint64_t dense_bytes;
 	uint64_t expert_bytes;
 	uint64_t bytes_by_dtype[WF_DTYPE_MAX_];

@@ -21,7 +21,7 @@ int wf__safetensors_load(struct wf_model *m, const char *path, struct wf_diag *d
  * wf__model_finish(). The name of path plays no part in choosing the parser, which is what the
  * fuzz targets need (they open "/proc/self/fd/N"). */
 int wf__model_open_format(const char *path, enum wf_model_format format,
-			  struct wf_model **ret_model, struct wf_diag *diag);
+                          struct wf_model **ret_model, struct wf_diag *diag);
 
 /* Validation and derived fields common to every format (model/model.c). The loader sets each
  * tensor's nbytes to the size the file gives it (safetensors: end - begin; GGUF: from the shape)
@@ -34,7 +34,7 @@ int wf__model_finish(struct wf_model *m, struct wf_diag *diag);
  * fields where a key is absent; WF_EFORMAT (naming the key and path) where one has the wrong type
  * or does not fit; per-layer integer arrays give their largest element. (model/model.c) */
 int wf__hparams_from_gguf(struct wf_hparams *hp, const struct wf_kv_set *kv, const char *path,
-			  struct wf_diag *diag);
+                          struct wf_diag *diag);
 
 /* Classification by tensor name: ffn_{gate,up,down,gate_up}_exps (GGUF; any suffix: .weight,
  * .bias, .scale), the pre-2024 per-expert GGUF names ffn_{gate,up,down}.N, and "...experts.N..."

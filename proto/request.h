@@ -18,7 +18,7 @@ struct wf_proto_request_desc {
  * the generated descriptors, so a request kind added to the .proto is described without a
  * change here. Pure and thread-safe. */
 void wf_proto_request_describe(const Weightfloor__V1__Request *req,
-			       struct wf_proto_request_desc *ret_desc);
+                               struct wf_proto_request_desc *ret_desc);
 
 #ifdef __cplusplus
 }

@@ -34,8 +34,8 @@
 /* Bounce ring: enough bytes in flight for a virtual or NVMe disk at queue depth (16 x 1 MiB reads
  * measured as fast as fio's 64 x 1 MiB here), small enough that touching it costs little. */
 #define RING_BYTES_DEFAULT (16u << 20)
-#define RING_SLOTS_MIN 2u
-#define POLL_NS (50 * 1000 * 1000LL)
+#define RING_SLOTS_MIN     2u
+#define POLL_NS            (50 * 1000 * 1000LL)
 
 /* A bounce buffer goes FREE -> READING (submitted) -> READ (completed) -> WRITING (hashed, handed
  * to the writer) -> FREE. The ring is a FIFO: slots are submitted, hashed and written in order. */
@@ -76,9 +76,9 @@ struct stream {
 	const struct wf_shm_fill_io *fi;
 	struct wf_io_reader *rd;
 	struct wf_io_file **files;
-	int *fds;   /* buffered descriptors for chunks read here from the page cache, or -1 */
+	int *fds;         /* buffered descriptors for chunks read here from the page cache, or -1 */
 	struct stat *st0; /* each file as fstat saw it when its read began (the torn-file check) */
-	bool probe; /* cachestat(2) works */
+	bool probe;       /* cachestat(2) works */
 
 	uint8_t *ring;
 	size_t ring_bytes, chunk;
@@ -96,7 +96,7 @@ struct stream {
 	pthread_cond_t work, freed; /* writer waits for work; main for freed slots */
 	unsigned wcur;              /* next slot to write */
 	uint64_t written;
-	int werr;                   /* first write error */
+	int werr; /* first write error */
 	uint64_t werr_at;
 
 	uint32_t next_file; /* next piece to submit */
@@ -104,9 +104,9 @@ struct stream {
 	uint64_t total, reported;
 
 	/* checksums */
-	uint32_t *order;    /* tensor indices by (file, floor offset) */
-	uint32_t *first;    /* first[f]..first[f+1]: file f's tensors in order */
-	uint32_t *cursor;   /* per file: next tensor in order not yet started */
+	uint32_t *order;  /* tensor indices by (file, floor offset) */
+	uint32_t *first;  /* first[f]..first[f+1]: file f's tensors in order */
+	uint32_t *cursor; /* per file: next tensor in order not yet started */
 	struct open_sum *open;
 	uint32_t n_open, cap_open;
 	XXH3_state_t **spare;
@@ -194,7 +194,7 @@ static int sum_open(struct stream *s, uint32_t t, uint64_t end, const void *p, s
 /* Hashes the tensors in [floor, floor + len) of file f, whose bytes are at buf: finishes those
  * begun in earlier chunks, hashes those that fit whole, begins those that go on. */
 static int sums_chunk(struct stream *s, uint32_t f, uint64_t floor, const uint8_t *buf,
-		      uint64_t len)
+                      uint64_t len)
 {
 	const struct wf_shm_fill_tensor *tt = s->job->tensors;
 	uint64_t end = floor + len;
@@ -227,7 +227,7 @@ static int sums_chunk(struct stream *s, uint32_t f, uint64_t floor, const uint8_
 		}
 		if (tend <= end) {
 			s->job->checksums[t] =
-				XXH3_64bits(buf + (to - floor), (size_t)tt[t].nbytes);
+			    XXH3_64bits(buf + (to - floor), (size_t)tt[t].nbytes);
 			s->hashed++;
 		} else {
 			int e = sum_open(s, t, tend, buf + (to - floor), (size_t)(end - to));
@@ -291,9 +291,9 @@ static int file_check(const struct stream *s, uint32_t f)
 
 static int file_error(const struct stream *s, uint32_t f, int rc, struct wf_diag *diag)
 {
-	const char *why = rc == WF_ECHANGED	 ? "changed during materialization"
-			  : rc == WF_ETRUNCATED ? "truncated during materialization"
-						 : wf_strerror(rc);
+	const char *why = rc == WF_ECHANGED     ? "changed during materialization"
+	                  : rc == WF_ETRUNCATED ? "truncated during materialization"
+	                                        : wf_strerror(rc);
 	return wf_diag_set(diag, rc, "%s: %s", s->job->files[f].path, why);
 }
 
@@ -351,8 +351,7 @@ static int submit_next(struct stream *s, struct wf_diag *diag)
 {
 	const struct wf_shm_fill *job = s->job;
 
-	while (s->next_file < job->n_files &&
-	       s->next_off >= job->files[s->next_file].copy_length) {
+	while (s->next_file < job->n_files && s->next_off >= job->files[s->next_file].copy_length) {
 		s->next_file++;
 		s->next_off = 0;
 	}
@@ -383,8 +382,8 @@ static int submit_next(struct stream *s, struct wf_diag *diag)
 			(void)wf_io_buffer_register(s->rd, s->ring, s->ring_bytes);
 			s->registered = true;
 		}
-		int rc = wf_io_submit(s->rd, s->files[f], sl->src, (size_t)sl->len, sl->buf,
-				      s->tail);
+		int rc =
+		    wf_io_submit(s->rd, s->files[f], sl->src, (size_t)sl->len, sl->buf, s->tail);
 		if (rc < 0)
 			return wf_diag_set(diag, rc, "%s: read: %s", ff->path, wf_strerror(rc));
 		slot_set(sl, SLOT_READING);
@@ -424,7 +423,7 @@ static int reap(struct stream *s, bool wait, int64_t timeout_ns)
 static int write_error(int rc, uint64_t at, struct wf_diag *diag)
 {
 	return wf_diag_set(diag, rc, "writing the region at %llu: %s", (unsigned long long)at,
-			   rc == -ENOSPC ? "no space left" : wf_strerror(rc));
+	                   rc == -ENOSPC ? "no space left" : wf_strerror(rc));
 }
 
 static void *writer_main(void *arg)
@@ -578,8 +577,8 @@ static int ring_alloc(struct stream *s, const struct wf_io_reader_info *info, si
 		s->n_slots = RING_SLOTS_MIN;
 	s->ring_bytes = (size_t)s->n_slots * s->chunk;
 	s->slots = calloc(s->n_slots, sizeof(*s->slots));
-	void *p = mmap(NULL, s->ring_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		       -1, 0);
+	void *p =
+	    mmap(NULL, s->ring_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (!s->slots || p == MAP_FAILED)
 		return -ENOMEM;
 	s->ring = p;
@@ -682,29 +681,31 @@ static int stream_copy(struct stream *s, struct wf_diag *diag)
 }
 
 static int copy_mapped(struct wf_io_reader *rd, struct wf_io_file **files,
-		       const struct wf_shm_fill_io *fi, const struct wf_shm_fill *job,
-		       struct wf_diag *diag)
+                       const struct wf_shm_fill_io *fi, const struct wf_shm_fill *job,
+                       struct wf_diag *diag)
 {
 	struct wf_io_copy_job *jobs = calloc(job->n_files ? job->n_files : 1, sizeof(*jobs));
 	if (!jobs)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < job->n_files; i++) {
 		const struct wf_shm_fill_file *ff = &job->files[i];
-		jobs[i] = (struct wf_io_copy_job){
-			.file = files[i], .offset = ff->src_offset, .len = ff->copy_length, .dst = ff->dst};
+		jobs[i] = (struct wf_io_copy_job){.file = files[i],
+		                                  .offset = ff->src_offset,
+		                                  .len = ff->copy_length,
+		                                  .dst = ff->dst};
 	}
 	struct wf_io_copy_ctl ctl = {
-		.progress = fi->progress, .progress_ctx = fi->progress_ctx, .cancel = fi->cancel};
+	    .progress = fi->progress, .progress_ctx = fi->progress_ctx, .cancel = fi->cancel};
 	int rc = wf_io_copy_many(rd, jobs, job->n_files, &ctl);
 	if (rc < 0) {
 		const char *path = NULL;
 		for (uint32_t i = 0; i < job->n_files && !path; i++)
 			if (jobs[i].result == rc)
 				path = job->files[i].path;
-		const char *why = rc == WF_ECHANGED	? "changed during materialization"
-				  : rc == WF_ETRUNCATED ? "truncated during materialization"
-				  : rc == WF_ECANCELED	? "materialization cancelled"
-							: wf_strerror(rc);
+		const char *why = rc == WF_ECHANGED     ? "changed during materialization"
+		                  : rc == WF_ETRUNCATED ? "truncated during materialization"
+		                  : rc == WF_ECANCELED  ? "materialization cancelled"
+		                                        : wf_strerror(rc);
 		if (path)
 			wf_diag_set(diag, rc, "%s: %s", path, why);
 		else
@@ -754,12 +755,12 @@ int wf_shm_fill_from_files(void *ctx, const struct wf_shm_fill *job, struct wf_d
 		 * agent's model roots): a path swapped since for another file must not be read. */
 		if ((ff->dev || ff->ino) &&
 		    ((uint64_t)st->st_dev != ff->dev || (uint64_t)st->st_ino != ff->ino)) {
-			rc = wf_diag_set(diag, WF_ECHANGED,
-					 "%s is no longer the file that was inventoried (device %llu "
-					 "inode %llu, now device %llu inode %llu)",
-					 ff->path, (unsigned long long)ff->dev,
-					 (unsigned long long)ff->ino, (unsigned long long)st->st_dev,
-					 (unsigned long long)st->st_ino);
+			rc = wf_diag_set(
+			    diag, WF_ECHANGED,
+			    "%s is no longer the file that was inventoried (device %llu "
+			    "inode %llu, now device %llu inode %llu)",
+			    ff->path, (unsigned long long)ff->dev, (unsigned long long)ff->ino,
+			    (unsigned long long)st->st_dev, (unsigned long long)st->st_ino);
 			goto out;
 		}
 		rc = wf_io_file_open_fd(s.rd, s.fds[i], 0, &s.files[i]);
@@ -770,10 +771,10 @@ int wf_shm_fill_from_files(void *ctx, const struct wf_shm_fill *job, struct wf_d
 		struct wf_io_file_info fin;
 		wf_io_file_info(s.files[i], &fin);
 		if (fin.size != ff->file_size || fin.mtime_ns != ff->mtime_ns) {
-			rc = wf_diag_set(diag, WF_ECHANGED,
-					 "%s changed since it was inventoried (size %llu, now %llu)",
-					 ff->path, (unsigned long long)ff->file_size,
-					 (unsigned long long)fin.size);
+			rc = wf_diag_set(
+			    diag, WF_ECHANGED,
+			    "%s changed since it was inventoried (size %llu, now %llu)", ff->path,
+			    (unsigned long long)ff->file_size, (unsigned long long)fin.size);
 			goto out;
 		}
 		s.total += ff->copy_length;

@@ -18,10 +18,10 @@ extern "C" {
 #endif
 
 struct wf_shm_fill_io {
-	struct wf_io_opts io;          /* reader options (backend, queue depth, chunk size) */
-	wf_io_progress_fn *progress;   /* optional: bytes done over all files */
+	struct wf_io_opts io;        /* reader options (backend, queue depth, chunk size) */
+	wf_io_progress_fn *progress; /* optional: bytes done over all files */
 	void *progress_ctx;
-	const volatile int *cancel;    /* optional: non-zero stops with WF_ECANCELED */
+	const volatile int *cancel; /* optional: non-zero stops with WF_ECANCELED */
 	/* Optional hook run after the files are opened and checked, before any byte is copied
 	 * (fault injection in tests; progress setup). */
 	void (*before_copy)(void *ctx, uint64_t total_bytes);

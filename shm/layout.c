@@ -12,8 +12,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define FILE_ENTRY_SIZE ((uint64_t)sizeof(struct wf_shm_file_entry))
-#define TENSOR_ENTRY_SIZE ((uint64_t)sizeof(struct wf_shm_tensor_entry))
+#define FILE_ENTRY_SIZE       ((uint64_t)sizeof(struct wf_shm_file_entry))
+#define TENSOR_ENTRY_SIZE     ((uint64_t)sizeof(struct wf_shm_tensor_entry))
 #define NAME_INDEX_ENTRY_SIZE ((uint64_t)sizeof(uint32_t))
 
 /* One load of a field of the shared region: never repeated by the compiler between a check and a
@@ -90,7 +90,7 @@ int wf_shm_layout_window(const struct wf_model_file *file, struct wf_shm_window 
 }
 
 int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
-			  struct wf_shm_layout *ret_layout, struct wf_diag *diag)
+                          struct wf_shm_layout *ret_layout, struct wf_diag *diag)
 {
 	struct wf_shm_layout l = {0};
 	uint64_t strings = 0, data = 0, t;
@@ -102,13 +102,13 @@ int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
 		return wf_diag_set(diag, WF_EINVAL, "layout: the model has no files");
 	if (m->n_tensors > 0 && !m->tensors)
 		return wf_diag_set(diag, WF_EINVAL, "layout: %" PRIu32 " tensors but no table",
-				   m->n_tensors);
+		                   m->n_tensors);
 	if (m->n_files > WF_MODEL_MAX_FILES)
 		return wf_diag_set(diag, WF_ELIMIT, "layout: %" PRIu32 " files (at most %u)",
-				   m->n_files, WF_MODEL_MAX_FILES);
+		                   m->n_files, WF_MODEL_MAX_FILES);
 	if (m->n_tensors > WF_MODEL_MAX_TENSORS)
 		return wf_diag_set(diag, WF_ELIMIT, "layout: %" PRIu32 " tensors (at most %u)",
-				   m->n_tensors, WF_MODEL_MAX_TENSORS);
+		                   m->n_tensors, WF_MODEL_MAX_TENSORS);
 
 	l.n_files = m->n_files;
 	l.n_tensors = m->n_tensors;
@@ -125,65 +125,65 @@ int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
 		struct wf_shm_window w;
 		if (!f->path)
 			return wf_diag_set(diag, WF_EINVAL, "layout: file %" PRIu32 " has no path",
-					   i);
+			                   i);
 		size_t n = strnlen(f->path, WF_SHM_MAX_PATH + 1);
 		if (n > WF_SHM_MAX_PATH)
 			return wf_diag_set(diag, WF_ELIMIT,
-					   "layout: path of file %" PRIu32 " is over %u bytes", i,
-					   WF_SHM_MAX_PATH);
+			                   "layout: path of file %" PRIu32 " is over %u bytes", i,
+			                   WF_SHM_MAX_PATH);
 		strings += n + 1;
 		rc = wf_shm_layout_window(f, &w);
 		if (rc < 0)
 			return wf_diag_set(diag, rc,
-					   "layout: file '%s': data section at %" PRIu64
-					   " + %" PRIu64 " overflows",
-					   f->path, f->data_offset, f->data_size);
+			                   "layout: file '%s': data section at %" PRIu64
+			                   " + %" PRIu64 " overflows",
+			                   f->path, f->data_offset, f->data_size);
 		if (f->data_offset + f->data_size > f->size)
 			return wf_diag_set(diag, WF_ETRUNCATED,
-					   "layout: file '%s': data section ends at %" PRIu64
-					   ", past its size %" PRIu64,
-					   f->path, f->data_offset + f->data_size, f->size);
+			                   "layout: file '%s': data section ends at %" PRIu64
+			                   ", past its size %" PRIu64,
+			                   f->path, f->data_offset + f->data_size, f->size);
 		if (__builtin_add_overflow(data, w.length, &data))
 			return wf_diag_set(diag, WF_EOVERFLOW,
-					   "layout: data sections overflow at file '%s'", f->path);
+			                   "layout: data sections overflow at file '%s'", f->path);
 	}
 	for (uint32_t i = 0; i < m->n_tensors; i++) {
 		const struct wf_tensor *ts = &m->tensors[i];
 		if (!ts->name)
 			return wf_diag_set(diag, WF_EINVAL,
-					   "layout: tensor %" PRIu32 " has no name", i);
+			                   "layout: tensor %" PRIu32 " has no name", i);
 		size_t n = strnlen(ts->name, WF_MODEL_MAX_NAME + 1);
 		if (n == 0 || n > WF_MODEL_MAX_NAME)
 			return wf_diag_set(diag, n ? WF_ELIMIT : WF_EFORMAT,
-					   "layout: tensor %" PRIu32
-					   ": name length %zu not in 1..%u",
-					   i, n, WF_MODEL_MAX_NAME);
+			                   "layout: tensor %" PRIu32
+			                   ": name length %zu not in 1..%u",
+			                   i, n, WF_MODEL_MAX_NAME);
 		strings += n + 1;
 		if (ts->file >= m->n_files)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "layout: tensor '%s': file %" PRIu32 " of %" PRIu32,
-					   ts->name, ts->file, m->n_files);
+			                   "layout: tensor '%s': file %" PRIu32 " of %" PRIu32,
+			                   ts->name, ts->file, m->n_files);
 		if (ts->n_dims > WF_MODEL_MAX_DIMS)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "layout: tensor '%s': %" PRIu32 " dimensions", ts->name,
-					   ts->n_dims);
+			                   "layout: tensor '%s': %" PRIu32 " dimensions", ts->name,
+			                   ts->n_dims);
 		const struct wf_model_file *f = &m->files[ts->file];
 		if (!range_in(ts->offset, ts->nbytes, f->data_offset,
-			      f->data_offset + f->data_size)) {
+		              f->data_offset + f->data_size)) {
 			uint64_t end;
 			rc = __builtin_add_overflow(ts->offset, ts->nbytes, &end) ? WF_EOVERFLOW
-										   : WF_EFORMAT;
+			                                                          : WF_EFORMAT;
 			return wf_diag_set(diag, rc,
-					   "layout: tensor '%s': bytes %" PRIu64 " + %" PRIu64
-					   " outside the data section [%" PRIu64 ", +%" PRIu64
-					   ") of '%s'",
-					   ts->name, ts->offset, ts->nbytes, f->data_offset,
-					   f->data_size, f->path);
+			                   "layout: tensor '%s': bytes %" PRIu64 " + %" PRIu64
+			                   " outside the data section [%" PRIu64 ", +%" PRIu64
+			                   ") of '%s'",
+			                   ts->name, ts->offset, ts->nbytes, f->data_offset,
+			                   f->data_size, f->path);
 		}
 	}
 	if (strings > WF_SHM_MAX_STRINGS)
 		return wf_diag_set(diag, WF_ELIMIT, "layout: %" PRIu64 " bytes of names and paths",
-				   strings);
+		                   strings);
 	l.strings_size = strings;
 	size_t meta = 0;
 	rc = wf_model_meta_encode(m, NULL, 0, &meta, diag);
@@ -192,7 +192,7 @@ int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
 	if (meta > WF_SHM_MAX_META)
 		return wf_diag_set(diag, WF_ELIMIT, "layout: %zu bytes of model metadata", meta);
 	l.meta_offset = (l.strings_offset + l.strings_size + WF_SHM_META_ALIGN - 1) &
-			~(uint64_t)(WF_SHM_META_ALIGN - 1);
+	                ~(uint64_t)(WF_SHM_META_ALIGN - 1);
 	l.meta_size = meta;
 	if (align_up_ovf(l.meta_offset + l.meta_size, WF_SHM_PAGE, &l.data_offset))
 		return wf_diag_set(diag, WF_EOVERFLOW, "layout: tables overflow");
@@ -202,9 +202,9 @@ int wf_shm_layout_compute(const struct wf_model *m, uint64_t spare_bytes,
 	    __builtin_add_overflow(l.spare_offset, l.spare_size, &t) ||
 	    t > (uint64_t)INT64_MAX) /* off_t for fallocate and mmap */
 		return wf_diag_set(diag, WF_EOVERFLOW,
-				   "layout: region size overflows (data %" PRIu64 ", spare %" PRIu64
-				   ")",
-				   data, spare_bytes);
+		                   "layout: region size overflows (data %" PRIu64 ", spare %" PRIu64
+		                   ")",
+		                   data, spare_bytes);
 	l.total_size = t;
 	*ret_layout = l;
 	return 0;
@@ -226,7 +226,7 @@ static int model_name_cmp(const void *a, const void *b, void *arg)
 }
 
 int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l, void *base,
-			uint64_t base_size, struct wf_diag *diag)
+                        uint64_t base_size, struct wf_diag *diag)
 {
 	if (!m || !l || !base || base_size < l->data_offset || l->n_files != m->n_files ||
 	    l->n_tensors != m->n_tensors ||
@@ -288,8 +288,8 @@ int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l,
 		return rc;
 	if (meta != l->meta_size)
 		return wf_diag_set(diag, WF_EINVAL,
-				   "layout: model metadata is %zu bytes, the layout has %" PRIu64,
-				   meta, l->meta_size);
+		                   "layout: model metadata is %zu bytes, the layout has %" PRIu64,
+		                   meta, l->meta_size);
 	/* The name index, sorted here once so that no attach has to. */
 	uint32_t *idx = (uint32_t *)(b + l->name_index_offset);
 	for (uint32_t i = 0; i < m->n_tensors; i++)
@@ -298,7 +298,7 @@ int wf_shm_layout_write(const struct wf_model *m, const struct wf_shm_layout *l,
 	for (uint32_t i = 1; i < m->n_tensors; i++)
 		if (strcmp(m->tensors[idx[i - 1]].name, m->tensors[idx[i]].name) == 0)
 			return wf_diag_set(diag, WF_EDUPLICATE, "layout: tensor '%s' appears twice",
-					   m->tensors[idx[i]].name);
+			                   m->tensors[idx[i]].name);
 	return 0;
 }
 
@@ -314,7 +314,7 @@ static bool string_ok(const char *pool, uint64_t pool_size, uint64_t off, uint64
 /* Walks one section of the header: it must start at or after *cursor, be aligned, and end inside
  * the region; the cursor moves to its end. */
 static bool section_ok(uint64_t off, uint64_t size, uint64_t align, uint64_t total,
-		       uint64_t *cursor)
+                       uint64_t *cursor)
 {
 	if ((off & (align - 1)) != 0 || !range_in(off, size, *cursor, total))
 		return false;
@@ -323,7 +323,7 @@ static bool section_ok(uint64_t off, uint64_t size, uint64_t align, uint64_t tot
 }
 
 int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *digest,
-		     struct wf_shm_header *ret_header, struct wf_diag *diag)
+                     struct wf_shm_header *ret_header, struct wf_diag *diag)
 {
 	const uint8_t *b = base;
 	struct wf_shm_header h;
@@ -336,7 +336,7 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		return wf_diag_set(diag, WF_ENOT_READY, "region is EMPTY (0 bytes)");
 	if (size < WF_SHM_HEADER_SIZE)
 		return wf_diag_set(diag, WF_ETRUNCATED,
-				   "region is %" PRIu64 " bytes, shorter than its header", size);
+		                   "region is %" PRIu64 " bytes, shorter than its header", size);
 	/* One snapshot: later checks use it, never the live header a rogue writer could change. */
 	memcpy(&h, b, sizeof(h));
 	if (h.magic == 0)
@@ -345,48 +345,47 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		return wf_diag_set(diag, WF_EMAGIC, "region magic is 0x%016" PRIx64, h.magic);
 	if (h.version != WF_SHM_VERSION)
 		return wf_diag_set(diag, WF_EVERSION,
-				   "region format version %" PRIu32 ", expected %u", h.version,
-				   WF_SHM_VERSION);
+		                   "region format version %" PRIu32 ", expected %u", h.version,
+		                   WF_SHM_VERSION);
 	if (h.header_size != WF_SHM_HEADER_SIZE)
 		return wf_diag_set(diag, WF_EFORMAT, "region header size %" PRIu32, h.header_size);
 	if (h.state != WF_SHM_STATE_READY)
 		return wf_diag_set(diag, WF_ENOT_READY, "region state is %s",
-				   wf_shm_state_name(h.state));
+		                   wf_shm_state_name(h.state));
 	uint64_t sum = wf_shm_header_checksum(&h);
 	if (sum != h.header_checksum)
 		return wf_diag_set(diag, WF_ECHECKSUM,
-				   "region header checksum 0x%016" PRIx64
-				   ", computed 0x%016" PRIx64,
-				   h.header_checksum, sum);
+		                   "region header checksum 0x%016" PRIx64
+		                   ", computed 0x%016" PRIx64,
+		                   h.header_checksum, sum);
 	if (digest && (h.digest_hi != digest->hi || h.digest_lo != digest->lo)) {
 		char want[WF_SHM_NAME_LEN + 1], got[WF_SHM_NAME_LEN + 1];
 		struct wf_digest g = {h.digest_hi, h.digest_lo};
 		wf__shm_name(digest, want);
 		wf__shm_name(&g, got);
 		return wf_diag_set(diag, WF_EFORMAT, "region header names %s, expected %s", got + 3,
-				   want + 3);
+		                   want + 3);
 	}
 	if (h.generation & 1)
 		return wf_diag_set(diag, WF_ENOT_READY,
-				   "region generation %" PRIu64 " is odd: a publish never finished",
-				   h.generation);
+		                   "region generation %" PRIu64 " is odd: a publish never finished",
+		                   h.generation);
 	if (h.total_size != size)
 		return wf_diag_set(diag, h.total_size > size ? WF_ETRUNCATED : WF_EFORMAT,
-				   "region file is %" PRIu64 " bytes, header says %" PRIu64, size,
-				   h.total_size);
+		                   "region file is %" PRIu64 " bytes, header says %" PRIu64, size,
+		                   h.total_size);
 	if (h.page_size < WF_SHM_PAGE || (h.page_size & (h.page_size - 1)) != 0 ||
 	    h.total_size % h.page_size != 0)
 		return wf_diag_set(diag, WF_EFORMAT,
-				   "region page size %" PRIu64 " (total %" PRIu64 ")", h.page_size,
-				   h.total_size);
+		                   "region page size %" PRIu64 " (total %" PRIu64 ")", h.page_size,
+		                   h.total_size);
 	if (h.file_entry_size != FILE_ENTRY_SIZE || h.tensor_entry_size != TENSOR_ENTRY_SIZE)
 		return wf_diag_set(diag, WF_EFORMAT, "region entry sizes %" PRIu32 "/%" PRIu32,
-				   h.file_entry_size, h.tensor_entry_size);
-	if (h.n_files == 0 || h.n_files > WF_MODEL_MAX_FILES ||
-	    h.n_tensors > WF_MODEL_MAX_TENSORS)
+		                   h.file_entry_size, h.tensor_entry_size);
+	if (h.n_files == 0 || h.n_files > WF_MODEL_MAX_FILES || h.n_tensors > WF_MODEL_MAX_TENSORS)
 		return wf_diag_set(diag, WF_ELIMIT,
-				   "region has %" PRIu32 " files, %" PRIu32 " tensors", h.n_files,
-				   h.n_tensors);
+		                   "region has %" PRIu32 " files, %" PRIu32 " tensors", h.n_files,
+		                   h.n_tensors);
 	cursor = WF_SHM_HEADER_SIZE;
 	if (h.file_table_size != h.n_files * FILE_ENTRY_SIZE ||
 	    h.tensor_table_size != h.n_tensors * TENSOR_ENTRY_SIZE ||
@@ -401,24 +400,23 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	    !section_ok(h.data_offset, h.data_size, WF_SHM_PAGE, size, &cursor) ||
 	    !section_ok(h.spare_offset, h.spare_size, WF_SHM_PAGE, size, &cursor) ||
 	    h.spare_used > h.spare_size)
-		return wf_diag_set(diag, WF_EFORMAT,
-				   "region sections out of order or bounds: files %" PRIu64
-				   "+%" PRIu64 ", tensors %" PRIu64 "+%" PRIu64
-				   ", name index %" PRIu64 "+%" PRIu64 ", strings %" PRIu64
-				   "+%" PRIu64 ", metadata %" PRIu64 "+%" PRIu64
-				   ", data %" PRIu64 "+%" PRIu64 ", spare %" PRIu64 "+%" PRIu64
-				   " (used %" PRIu64 "), total %" PRIu64,
-				   h.file_table_offset, h.file_table_size, h.tensor_table_offset,
-				   h.tensor_table_size, h.name_index_offset, h.name_index_size,
-				   h.strings_offset, h.strings_size, h.meta_offset, h.meta_size,
-				   h.data_offset, h.data_size, h.spare_offset, h.spare_size,
-				   h.spare_used, size);
+		return wf_diag_set(
+		    diag, WF_EFORMAT,
+		    "region sections out of order or bounds: files %" PRIu64 "+%" PRIu64
+		    ", tensors %" PRIu64 "+%" PRIu64 ", name index %" PRIu64 "+%" PRIu64
+		    ", strings %" PRIu64 "+%" PRIu64 ", metadata %" PRIu64 "+%" PRIu64
+		    ", data %" PRIu64 "+%" PRIu64 ", spare %" PRIu64 "+%" PRIu64 " (used %" PRIu64
+		    "), total %" PRIu64,
+		    h.file_table_offset, h.file_table_size, h.tensor_table_offset,
+		    h.tensor_table_size, h.name_index_offset, h.name_index_size, h.strings_offset,
+		    h.strings_size, h.meta_offset, h.meta_size, h.data_offset, h.data_size,
+		    h.spare_offset, h.spare_size, h.spare_used, size);
 	sum = wf_shm_checksum(b + h.file_table_offset, h.data_offset - h.file_table_offset);
 	if (sum != h.tables_checksum)
 		return wf_diag_set(diag, WF_ECHECKSUM,
-				   "region tables checksum 0x%016" PRIx64
-				   ", computed 0x%016" PRIx64,
-				   h.tables_checksum, sum);
+		                   "region tables checksum 0x%016" PRIx64
+		                   ", computed 0x%016" PRIx64,
+		                   h.tables_checksum, sum);
 
 	/* The metadata, walked without allocating: lengths, counts, terminators, types. */
 	int rc = wf_model_meta_decode(b + h.meta_offset, (size_t)h.meta_size, NULL, diag);
@@ -428,8 +426,9 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	memcpy(&meta_files, b + h.meta_offset + 8, sizeof(meta_files));
 	if (meta_files != h.n_files)
 		return wf_diag_set(diag, WF_EFORMAT,
-				   "region metadata describes %" PRIu32 " files, the header %" PRIu32,
-				   meta_files, h.n_files);
+		                   "region metadata describes %" PRIu32
+		                   " files, the header %" PRIu32,
+		                   meta_files, h.n_files);
 
 	const char *pool = (const char *)b + h.strings_offset;
 	uint64_t data_end = h.data_offset + h.data_size, n_in_files = 0;
@@ -440,28 +439,27 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		memcpy(&e, b + h.file_table_offset + i * FILE_ENTRY_SIZE, sizeof(e));
 		if (!string_ok(pool, h.strings_size, e.path_offset, e.path_len))
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region file %" PRIu32 ": bad path string", i);
-		struct wf_model_file mf = {.size = e.size,
-					   .data_offset = e.data_offset,
-					   .data_size = e.data_size};
+			                   "region file %" PRIu32 ": bad path string", i);
+		struct wf_model_file mf = {
+		    .size = e.size, .data_offset = e.data_offset, .data_size = e.data_size};
 		if (wf_shm_layout_window(&mf, &w) < 0 || w.offset != e.window_offset ||
 		    w.length != e.window_length || w.copy_length != e.copy_length ||
 		    (e.floor_offset & (WF_SHM_PAGE - 1)) != 0 ||
 		    !range_in(e.floor_offset, e.window_length, cursor, data_end))
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region file %" PRIu32 " ('%s'): window %" PRIu64
-					   "+%" PRIu64 " (copy %" PRIu64
-					   ") at floor offset %" PRIu64
-					   " is inconsistent or outside the data area",
-					   i, pool + e.path_offset, e.window_offset,
-					   e.window_length, e.copy_length, e.floor_offset);
+			                   "region file %" PRIu32 " ('%s'): window %" PRIu64
+			                   "+%" PRIu64 " (copy %" PRIu64
+			                   ") at floor offset %" PRIu64
+			                   " is inconsistent or outside the data area",
+			                   i, pool + e.path_offset, e.window_offset,
+			                   e.window_length, e.copy_length, e.floor_offset);
 		cursor = e.floor_offset + e.window_length;
 		n_in_files += e.n_tensors;
 	}
 	if (n_in_files != h.n_tensors)
 		return wf_diag_set(diag, WF_EFORMAT,
-				   "region files hold %" PRIu64 " tensors, header says %" PRIu32,
-				   n_in_files, h.n_tensors);
+		                   "region files hold %" PRIu64 " tensors, header says %" PRIu32,
+		                   n_in_files, h.n_tensors);
 	/* Fields are loaded one by one (each once: the region is shared memory) rather than by
 	 * copying whole entries: a 128-byte struct copy compiles to rep movs, whose startup and
 	 * store-forwarding stall cost more than the checks themselves at 10k entries. */
@@ -476,35 +474,34 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		if (name_len == 0 || name_len > WF_MODEL_MAX_NAME ||
 		    !string_ok(pool, h.strings_size, name_offset, name_len))
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region tensor %" PRIu32 ": bad name string", i);
+			                   "region tensor %" PRIu32 ": bad name string", i);
 		const char *name = pool + name_offset;
 		if (file >= h.n_files || n_dims > WF_MODEL_MAX_DIMS)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region tensor '%.*s': file %" PRIu32 ", %u dimensions",
-					   (int)name_len, name, file, n_dims);
+			                   "region tensor '%.*s': file %" PRIu32 ", %u dimensions",
+			                   (int)name_len, name, file, n_dims);
 		const struct wf_shm_file_entry *f = &ft[file];
 		uint64_t nbytes = LOAD(e->nbytes), floor_offset = LOAD(e->floor_offset);
 		uint64_t source_offset = LOAD(e->source_offset), generation = LOAD(e->generation);
 		uint64_t f_data_offset = LOAD(f->data_offset);
 		bool in_source = range_in(source_offset, nbytes, f_data_offset,
-					  f_data_offset + LOAD(f->data_size));
+		                          f_data_offset + LOAD(f->data_size));
 		bool placed;
 		if (generation == 0)
 			placed = in_source &&
-				 floor_offset == LOAD(f->floor_offset) +
-							 (source_offset - LOAD(f->window_offset));
+			         floor_offset == LOAD(f->floor_offset) +
+			                             (source_offset - LOAD(f->window_offset));
 		else
 			placed = generation <= h.generation &&
-				 range_in(floor_offset, nbytes, h.spare_offset,
-					  h.spare_offset + h.spare_used);
+			         range_in(floor_offset, nbytes, h.spare_offset,
+			                  h.spare_offset + h.spare_used);
 		if (!in_source || !placed)
-			return wf_diag_set(diag, WF_EFORMAT,
-					   "region tensor '%.*s': %" PRIu64
-					   " bytes at floor offset %" PRIu64
-					   " (source offset %" PRIu64 ", generation %" PRIu64
-					   ") outside its section",
-					   (int)name_len, name, nbytes, floor_offset, source_offset,
-					   generation);
+			return wf_diag_set(
+			    diag, WF_EFORMAT,
+			    "region tensor '%.*s': %" PRIu64 " bytes at floor offset %" PRIu64
+			    " (source offset %" PRIu64 ", generation %" PRIu64
+			    ") outside its section",
+			    (int)name_len, name, nbytes, floor_offset, source_offset, generation);
 	}
 	/* The name index: in range and strictly increasing names, which makes it a permutation
 	 * and the names unique without sorting anything (shm/layout.h). Entries are re-read from
@@ -516,26 +513,26 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		uint32_t t = LOAD(idx[k]);
 		if (t >= h.n_tensors)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region name index entry %" PRIu32 ": tensor %" PRIu32
-					   " of %" PRIu32,
-					   k, t, h.n_tensors);
+			                   "region name index entry %" PRIu32 ": tensor %" PRIu32
+			                   " of %" PRIu32,
+			                   k, t, h.n_tensors);
 		uint64_t off = LOAD(tt[t].name_offset);
 		uint32_t len = LOAD(tt[t].name_len);
 		if (len == 0 || len > WF_MODEL_MAX_NAME || !range_in(off, len, 0, h.strings_size))
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region tensor %" PRIu32 ": bad name string", t);
+			                   "region tensor %" PRIu32 ": bad name string", t);
 		const char *name = pool + off;
 		if (prev) {
 			int c = name_order(prev, prev_len, name, len);
 			if (c == 0)
 				return wf_diag_set(diag, WF_EDUPLICATE,
-						   "region tensor '%.*s' appears twice", (int)len,
-						   name);
+				                   "region tensor '%.*s' appears twice", (int)len,
+				                   name);
 			if (c > 0)
 				return wf_diag_set(diag, WF_EFORMAT,
-						   "region name index is out of name order at "
-						   "entry %" PRIu32 " ('%.*s' after '%.*s')",
-						   k, (int)len, name, (int)prev_len, prev);
+				                   "region name index is out of name order at "
+				                   "entry %" PRIu32 " ('%.*s' after '%.*s')",
+				                   k, (int)len, name, (int)prev_len, prev);
 		}
 		prev = name;
 		prev_len = len;
@@ -544,9 +541,8 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	return 0;
 }
 
-int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
-			const struct wf_model *m, const struct wf_shm_layout *l,
-			struct wf_diag *diag)
+int wf__shm_match_model(const void *base, const struct wf_shm_header *h, const struct wf_model *m,
+                        const struct wf_shm_layout *l, struct wf_diag *diag)
 {
 	const uint8_t *b = base;
 	const char *pool = (const char *)b + h->strings_offset;
@@ -554,12 +550,11 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 
 	if (h->n_files != m->n_files || h->n_tensors != m->n_tensors ||
 	    h->data_offset != l->data_offset || h->data_size != l->data_size)
-		return wf_diag_set(diag, WF_EFORMAT,
-				   "region holds %" PRIu32 " files, %" PRIu32 " tensors, %" PRIu64
-				   " data bytes; the model needs %" PRIu32 ", %" PRIu32
-				   ", %" PRIu64,
-				   h->n_files, h->n_tensors, h->data_size, m->n_files, m->n_tensors,
-				   l->data_size);
+		return wf_diag_set(
+		    diag, WF_EFORMAT,
+		    "region holds %" PRIu32 " files, %" PRIu32 " tensors, %" PRIu64
+		    " data bytes; the model needs %" PRIu32 ", %" PRIu32 ", %" PRIu64,
+		    h->n_files, h->n_tensors, h->data_size, m->n_files, m->n_tensors, l->data_size);
 	for (uint32_t i = 0; i < m->n_files; i++) {
 		const struct wf_model_file *mf = &m->files[i];
 		struct wf_shm_file_entry e;
@@ -569,8 +564,8 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 		    e.mtime_ns != mf->mtime_ns || e.data_offset != mf->data_offset ||
 		    e.data_size != mf->data_size || e.floor_offset != floor)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region file %" PRIu32 " does not match '%s'", i,
-					   mf->path);
+			                   "region file %" PRIu32 " does not match '%s'", i,
+			                   mf->path);
 		floor += w.length;
 	}
 	for (uint32_t i = 0; i < m->n_tensors; i++) {
@@ -578,24 +573,24 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 		struct wf_shm_tensor_entry e;
 		memcpy(&e, b + h->tensor_table_offset + i * TENSOR_ENTRY_SIZE, sizeof(e));
 		bool same = e.name_len == strlen(ts->name) &&
-			    memcmp(pool + e.name_offset, ts->name, e.name_len) == 0 &&
-			    e.dtype == (uint32_t)ts->dtype && e.n_dims == ts->n_dims &&
-			    e.file == ts->file && e.nbytes == ts->nbytes &&
-			    e.source_offset == ts->offset;
+		            memcmp(pool + e.name_offset, ts->name, e.name_len) == 0 &&
+		            e.dtype == (uint32_t)ts->dtype && e.n_dims == ts->n_dims &&
+		            e.file == ts->file && e.nbytes == ts->nbytes &&
+		            e.source_offset == ts->offset;
 		for (int d = 0; same && d < WF_MODEL_MAX_DIMS; d++)
 			same = e.ne[d] == ts->ne[d];
 		if (!same)
 			return wf_diag_set(diag, WF_EFORMAT,
-					   "region tensor %" PRIu32
-					   " does not match model tensor '%s'",
-					   i, ts->name);
+			                   "region tensor %" PRIu32
+			                   " does not match model tensor '%s'",
+			                   i, ts->name);
 	}
 	/* The same digest with other key/values means the files were rewritten in place with
 	 * the same sizes and mtimes; rare, but then the floor must not answer with stale ones. */
 	if (h->meta_size != l->meta_size)
 		return wf_diag_set(diag, WF_EFORMAT,
-				   "region metadata is %" PRIu64 " bytes; the model's is %" PRIu64,
-				   h->meta_size, l->meta_size);
+		                   "region metadata is %" PRIu64 " bytes; the model's is %" PRIu64,
+		                   h->meta_size, l->meta_size);
 	size_t n = 0;
 	uint8_t *want = malloc(l->meta_size ? (size_t)l->meta_size : 1);
 	if (!want)
@@ -610,6 +605,6 @@ int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
 int wf__shm_tensor_bounds(const struct wf_shm_header *h, uint64_t floor_offset, uint64_t nbytes)
 {
 	return range_in(floor_offset, nbytes, h->data_offset, h->spare_offset + h->spare_size)
-		       ? 0
-		       : WF_EFORMAT;
+	           ? 0
+	           : WF_EFORMAT;
 }

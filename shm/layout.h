@@ -142,8 +142,8 @@
  * string (inside the pool and NUL-terminated), every file section (aligned, inside the data area,
  * in order), every tensor (file index, n_dims, bytes inside its file's section and consistent with
  * source_offset, or inside the used spare area), the name index (in range, strictly increasing
- * names), the metadata section (walked as described above). A corrupt region yields an error code, never a fault. Tensor bytes are checked against
- * their checksums only by wf_shm_region_verify().
+ * names), the metadata section (walked as described above). A corrupt region yields an error code,
+ * never a fault. Tensor bytes are checked against their checksums only by wf_shm_region_verify().
  *
  * Versions: 1 had no name index (readers sorted the names at every attach) and 3888 reserved
  * header bytes at 208; 2 had no metadata section (data_offset followed the string pool) and 3872
@@ -163,15 +163,15 @@
 extern "C" {
 #endif
 
-#define WF_SHM_MAGIC 0x1a524f4f4c464657ull /* "WFFLOOR\x1a" read as a little-endian u64 */
-#define WF_SHM_VERSION 3u
+#define WF_SHM_MAGIC       0x1a524f4f4c464657ull /* "WFFLOOR\x1a" read as a little-endian u64 */
+#define WF_SHM_VERSION     3u
 #define WF_SHM_HEADER_SIZE 4096u
-#define WF_SHM_PAGE 4096u          /* alignment of windows, sections and the data area */
-#define WF_SHM_SPARE_ALIGN 64u     /* alignment of published tensor versions in the spare area */
-#define WF_SHM_MAX_PATH 4096u      /* bytes of a file path kept for diagnostics */
+#define WF_SHM_PAGE        4096u /* alignment of windows, sections and the data area */
+#define WF_SHM_SPARE_ALIGN 64u   /* alignment of published tensor versions in the spare area */
+#define WF_SHM_MAX_PATH    4096u /* bytes of a file path kept for diagnostics */
 #define WF_SHM_MAX_STRINGS (1ull << 32) /* bytes of string pool */
-#define WF_SHM_MAX_META (1ull << 31)    /* bytes of metadata section (> WF_MODEL_MAX_HEADER) */
-#define WF_SHM_META_ALIGN 8u
+#define WF_SHM_MAX_META    (1ull << 31) /* bytes of metadata section (> WF_MODEL_MAX_HEADER) */
+#define WF_SHM_META_ALIGN  8u
 
 enum wf_shm_state {
 	WF_SHM_STATE_EMPTY = 0, /* a zero-filled (or 0-byte) file: nothing written yet */
@@ -253,7 +253,7 @@ struct wf_shm_tensor_entry {
 };
 
 /* The layout is the contract between processes built at different times: pin every offset. */
-#define WF_SHM_AT_(type, field, off) \
+#define WF_SHM_AT_(type, field, off)                                                               \
 	_Static_assert(offsetof(struct type, field) == (off), #type "." #field " moved")
 WF_SHM_AT_(wf_shm_header, magic, 0);
 WF_SHM_AT_(wf_shm_header, version, 8);
@@ -364,7 +364,7 @@ int wf_shm_layout_window(const struct wf_model_file *file, struct wf_shm_window 
  * (WF_EFORMAT), no arithmetic overflow anywhere (WF_EOVERFLOW), non-NULL arrays and at least one
  * file (WF_EINVAL). Pure and thread-safe; diag names the offending file or tensor. */
 int wf_shm_layout_compute(const struct wf_model *model, uint64_t spare_bytes,
-			  struct wf_shm_layout *ret_layout, struct wf_diag *diag);
+                          struct wf_shm_layout *ret_layout, struct wf_diag *diag);
 
 /* Writes the file table, tensor table, name index and string pool of layout (from
  * wf_shm_layout_compute() on the same model) into base, which must hold at least
@@ -373,7 +373,7 @@ int wf_shm_layout_compute(const struct wf_model *model, uint64_t spare_bytes,
  * WF_EINVAL when base is too small, or WF_EDUPLICATE (diag names it) when two tensors share a
  * name. */
 int wf_shm_layout_write(const struct wf_model *model, const struct wf_shm_layout *layout,
-			void *base, uint64_t base_size, struct wf_diag *diag);
+                        void *base, uint64_t base_size, struct wf_diag *diag);
 
 /* xxh3-64 (seed 0) of n bytes: the checksum of tensors and of the tables. */
 uint64_t wf_shm_checksum(const void *p, size_t n);

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <time.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 /* An unlinked-and-recreated lock file makes us retry; this many retries in a row means something
@@ -59,7 +59,7 @@ int wf__shm_parse_hex(const char *hex, struct wf_digest *ret_digest)
 }
 
 int wf__shm_paths(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		  char **ret_region, char **ret_guard, char **ret_holders)
+                  char **ret_region, char **ret_guard, char **ret_holders)
 {
 	char name[WF_SHM_NAME_LEN + 1];
 	const char *dir = wf__shm_dir(cfg);
@@ -134,12 +134,13 @@ int wf__shm_check_file(const struct stat *st, bool lock_file, char *why, size_t 
 	}
 	if (st->st_uid != geteuid()) {
 		snprintf(why, why_len, "owned by uid %u, not by uid %u", (unsigned)st->st_uid,
-			 (unsigned)geteuid());
+		         (unsigned)geteuid());
 		return WF_EPERMISSION;
 	}
 	if (st->st_mode & bad) {
-		snprintf(why, why_len, "mode %04o is writable by %s", (unsigned)(st->st_mode & 07777),
-			 st->st_mode & S_IWOTH ? "others" : "the group");
+		snprintf(why, why_len, "mode %04o is writable by %s",
+		         (unsigned)(st->st_mode & 07777),
+		         st->st_mode & S_IWOTH ? "others" : "the group");
 		return WF_EPERMISSION;
 	}
 	return 0;
@@ -159,7 +160,7 @@ int wf__shm_apply_group(int fd, const struct wf_shm_config *cfg)
 }
 
 int wf__shm_lockfile_open(const char *path, bool create, const struct wf_shm_config *cfg,
-			  int *ret_fd)
+                          int *ret_fd)
 {
 	const int flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW;
 	int fd, rc;
@@ -196,13 +197,13 @@ int wf__shm_lockfile_open(const char *path, bool create, const struct wf_shm_con
 }
 
 int wf__shm_lock_path(const char *path, int op, bool create, const struct wf_shm_config *cfg,
-		      int *ret_fd)
+                      int *ret_fd)
 {
 	return wf__shm_lock_path_timed(path, op, create, cfg, -1, ret_fd);
 }
 
-int wf__shm_lock_path_timed(const char *path, int op, bool create,
-			    const struct wf_shm_config *cfg, int wait_ms, int *ret_fd)
+int wf__shm_lock_path_timed(const char *path, int op, bool create, const struct wf_shm_config *cfg,
+                            int wait_ms, int *ret_fd)
 {
 	for (int tries = 0; tries < LOCK_MAX_RETRIES; tries++) {
 		int fd = -1, rc;
@@ -253,8 +254,8 @@ int wf_shm_region_sole_holder(struct wf_shm_region *r, bool *ret_sole)
 	return 0;
 }
 
-int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		       pid_t *pids, size_t cap, size_t *ret_n, struct wf_diag *diag)
+int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest, pid_t *pids,
+                       size_t cap, size_t *ret_n, struct wf_diag *diag)
 {
 	char *region = NULL, *guard = NULL, *holders = NULL, line[256];
 	struct stat st;
@@ -285,7 +286,7 @@ int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *
 		if (strstr(line, "->"))
 			continue;
 		if (sscanf(line, "%*d: %15s %15s %15s %d %x:%x:%llu", type, mode, rw, &pid, &maj,
-			   &min, &ino) != 7)
+		           &min, &ino) != 7)
 			continue;
 		if (strcmp(type, "FLOCK") != 0 || ino != (unsigned long long)st.st_ino ||
 		    maj != major(st.st_dev) || min != minor(st.st_dev))

@@ -29,8 +29,8 @@
  * rather than hang (the next attacher rebuilds the region). */
 #define SEQLOCK_MAX_SPINS (1u << 22)
 
-#define ATTACH_FLAGS                                                                   \
-	(WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD | WF_SHM_ATTACH_NOWAIT | \
+#define ATTACH_FLAGS                                                                               \
+	(WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD | WF_SHM_ATTACH_NOWAIT |                     \
 	 WF_SHM_ATTACH_STREAM | WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY)
 
 static int64_t now_ns(void)
@@ -64,7 +64,7 @@ int wf__shm_make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf
 			if (fd < 0 || fchmod(fd, wf__shm_dir_mode(cfg)) != 0 ||
 			    wf__shm_apply_group(fd, cfg) < 0) {
 				rc = wf_diag_set(diag, -errno, "floor directory %s: %s", p,
-						 strerror(errno));
+				                 strerror(errno));
 				if (fd >= 0)
 					close(fd);
 				break;
@@ -72,7 +72,7 @@ int wf__shm_make_dir(const struct wf_shm_config *cfg, const char *dir, struct wf
 			close(fd);
 		} else if (errno != EEXIST) {
 			rc = wf_diag_set(diag, -errno, "create floor directory %s: %s", p,
-					 strerror(errno));
+			                 strerror(errno));
 			break;
 		}
 		*s = c;
@@ -93,7 +93,7 @@ static int dir_page(const char *dir, uint64_t *ret_page, bool *ret_huge, struct 
 		uint64_t b = (uint64_t)sfs.f_bsize;
 		if (b < WF_SHM_PAGE || (b & (b - 1)) != 0)
 			return wf_diag_set(diag, WF_EFORMAT, "hugetlbfs %s: page size %" PRIu64,
-					   dir, b);
+			                   dir, b);
 		*ret_page = b;
 		*ret_huge = true;
 	} else {
@@ -140,7 +140,7 @@ static void region_free(struct wf_shm_region *r)
 
 /* Maps an existing region file (r->fd) read-only and validates it. */
 static int map_existing(struct wf_shm_region *r, const struct wf_model *model,
-			const struct wf_shm_layout *layout, struct wf_diag *diag)
+                        const struct wf_shm_layout *layout, struct wf_diag *diag)
 {
 	struct stat st;
 	struct wf_shm_header h;
@@ -342,7 +342,7 @@ int wf_shm_fill_write(const struct wf_shm_fill *job, uint64_t offset, const void
 
 /* The error of a failed reservation, with what the directory can still hold. */
 static int space_error(const struct wf_shm_region *r, const struct wf_shm_layout *lay,
-		       uint64_t size, int rc, struct wf_diag *diag)
+                       uint64_t size, int rc, struct wf_diag *diag)
 {
 	struct statvfs vfs;
 	uint64_t avail = 0;
@@ -350,11 +350,11 @@ static int space_error(const struct wf_shm_region *r, const struct wf_shm_layout
 	if (statvfs(r->dir, &vfs) == 0)
 		avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 	return wf_diag_set(diag, rc,
-			   "floor directory %s cannot hold region %s: it needs %" PRIu64
-			   " bytes (%" PRIu64 " of tensor data, %" PRIu64 " of tables, %" PRIu64
-			   " spare), %" PRIu64 " are free: %s",
-			   r->dir, short_name(r), size, lay->data_size, lay->data_offset,
-			   lay->spare_size, avail, strerror(-rc));
+	                   "floor directory %s cannot hold region %s: it needs %" PRIu64
+	                   " bytes (%" PRIu64 " of tensor data, %" PRIu64 " of tables, %" PRIu64
+	                   " spare), %" PRIu64 " are free: %s",
+	                   r->dir, short_name(r), size, lay->data_size, lay->data_offset,
+	                   lay->spare_size, avail, strerror(-rc));
 }
 
 /* STREAM's early answer for a directory that is plainly too small, where the full fallocate would
@@ -376,18 +376,17 @@ static struct wf_shm_fill_tensor *fill_tensors(const struct wf_shm_tensor_entry 
 	if (!t)
 		return NULL;
 	for (uint32_t i = 0; i < n; i++)
-		t[i] = (struct wf_shm_fill_tensor){.floor_offset = te[i].floor_offset,
-						   .nbytes = te[i].nbytes,
-						   .file = te[i].file};
+		t[i] = (struct wf_shm_fill_tensor){
+		    .floor_offset = te[i].floor_offset, .nbytes = te[i].nbytes, .file = te[i].file};
 	return t;
 }
 
 /* Creates the region file from scratch (the caller holds the guard and has unlinked any old one),
  * fills it and makes it READY. On failure the file is gone. */
 static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
-		       const struct wf_model *model, const struct wf_shm_layout *lay, uint64_t page,
-		       bool huge, bool stream, wf_shm_fill_fn fill, void *fill_ctx,
-		       struct wf_diag *diag)
+                       const struct wf_model *model, const struct wf_shm_layout *lay, uint64_t page,
+                       bool huge, bool stream, wf_shm_fill_fn fill, void *fill_ctx,
+                       struct wf_diag *diag)
 {
 	struct wf_shm_fill_file *files = NULL;
 	struct wf_shm_fill_tensor *tensors = NULL;
@@ -400,17 +399,17 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 	size = (lay->total_size + page - 1) & ~(page - 1);
 	if (size < lay->total_size || size > (uint64_t)INT64_MAX)
 		return wf_diag_set(diag, WF_EOVERFLOW, "region %s: size %" PRIu64 " overflows",
-				   short_name(r), lay->total_size);
+		                   short_name(r), lay->total_size);
 	/* The fill of a hugetlbfs region writes through the mapping: reserve everything first. */
 	stream = stream && !huge;
 	fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-		  wf__shm_region_mode(cfg));
+	          wf__shm_region_mode(cfg));
 	if (fd < 0)
 		return wf_diag_set(diag, -errno, "create %s: %s", r->path, strerror(errno));
 	r->fd = fd;
 	if (fchmod(fd, wf__shm_region_mode(cfg)) != 0 || wf__shm_apply_group(fd, cfg) < 0) {
-		rc = wf_diag_set(diag, -errno, "set mode/group of %s: %s", r->path,
-				 strerror(errno));
+		rc =
+		    wf_diag_set(diag, -errno, "set mode/group of %s: %s", r->path, strerror(errno));
 		goto fail;
 	}
 	/* Reserve every page before the region can become READY: a full tmpfs fails here with
@@ -494,7 +493,7 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 		goto fail;
 	}
 	const struct wf_shm_file_entry *fe =
-		(const void *)((uint8_t *)base + lay->file_table_offset);
+	    (const void *)((uint8_t *)base + lay->file_table_offset);
 	for (uint32_t i = 0; i < lay->n_files; i++) {
 		files[i].path = model->files[i].path;
 		files[i].file_size = fe[i].size;
@@ -508,19 +507,19 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 		files[i].ino = model->files[i].ino;
 	}
 	struct wf_shm_fill job = {
-		.region = r,
-		.model = model,
-		.region_fd = fd,
-		.base = base,
-		.region_size = size,
-		.page_size = page,
-		.hugetlbfs = huge,
-		.n_files = lay->n_files,
-		.files = files,
-		.n_tensors = lay->n_tensors,
-		.tensors = tensors,
-		.checksums = sums,
-		.checksums_set = &sums_set,
+	    .region = r,
+	    .model = model,
+	    .region_fd = fd,
+	    .base = base,
+	    .region_size = size,
+	    .page_size = page,
+	    .hugetlbfs = huge,
+	    .n_files = lay->n_files,
+	    .files = files,
+	    .n_tensors = lay->n_tensors,
+	    .tensors = tensors,
+	    .checksums = sums,
+	    .checksums_set = &sums_set,
 	};
 	r->materialized = true;
 	rc = fill(fill_ctx, &job, diag);
@@ -538,7 +537,7 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 			rc = WF_EINTERNAL;
 		__atomic_store_n(&h->state, WF_SHM_STATE_FAILED, __ATOMIC_RELEASE);
 		wf_diag_set(diag, rc, "filling region %s failed: %s", short_name(r),
-			    wf_strerror(rc));
+		            wf_strerror(rc));
 		goto fail;
 	}
 	reserve_fini(r);
@@ -549,10 +548,10 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 	 * (on tmpfs through fresh page table entries, which cost more than the hashing). */
 	for (uint32_t i = 0; i < lay->n_tensors; i++)
 		te[i].checksum = sums_set ? sums[i]
-					  : wf_shm_checksum((uint8_t *)base + te[i].floor_offset,
-							    (size_t)te[i].nbytes);
+		                          : wf_shm_checksum((uint8_t *)base + te[i].floor_offset,
+		                                            (size_t)te[i].nbytes);
 	h->tables_checksum = wf_shm_checksum((uint8_t *)base + lay->file_table_offset,
-					     lay->data_offset - lay->file_table_offset);
+	                                     lay->data_offset - lay->file_table_offset);
 	h->ready_ns = now_ns();
 	h->header_checksum = wf_shm_header_checksum(h);
 	/* READY last, with release: whoever sees it sees every byte above. */
@@ -607,8 +606,8 @@ out:
 }
 
 int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			 const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
-			 void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag)
+                         const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
+                         void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag)
 {
 	const bool may_create = flags & WF_SHM_ATTACH_CREATE;
 	const bool may_rebuild = flags & WF_SHM_ATTACH_REBUILD;
@@ -625,8 +624,8 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		return wf_diag_set(diag, WF_EINVAL, "attach: bad arguments");
 	if (writer && (!model || !fill))
 		return wf_diag_set(diag, WF_EINVAL,
-				   "attach: creating or rebuilding a region needs a model and a "
-				   "fill callback");
+		                   "attach: creating or rebuilding a region needs a model and a "
+		                   "fill callback");
 	if (model) {
 		rc = wf_shm_layout_compute(model, cfg ? cfg->spare_bytes : 0, &layout, diag);
 		if (rc < 0)
@@ -653,15 +652,15 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	if (rc < 0)
 		goto fail;
 
-	rc = wf__shm_lock_path(r->guard_path,
-			       LOCK_EX | (flags & WF_SHM_ATTACH_NOWAIT ? LOCK_NB : 0), may_create,
-			       cfg, &gfd);
+	rc =
+	    wf__shm_lock_path(r->guard_path, LOCK_EX | (flags & WF_SHM_ATTACH_NOWAIT ? LOCK_NB : 0),
+	                      may_create, cfg, &gfd);
 	if (rc == -ENOENT) {
 		rc = wf_diag_set(diag, rc, "no floor region %s in %s", short_name(r), r->dir);
 		goto fail;
 	} else if (rc == -EAGAIN) {
 		rc = wf_diag_set(diag, rc, "region %s is busy (being attached or materialized)",
-				 short_name(r));
+		                 short_name(r));
 		goto fail;
 	} else if (rc < 0) {
 		rc = wf_diag_set(diag, rc, "lock %s: %s", r->guard_path, strerror(-rc));
@@ -683,7 +682,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		}
 		if (!may_create) {
 			rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", short_name(r),
-					 r->dir);
+			                 r->dir);
 			goto fail;
 		}
 		build = true;
@@ -702,7 +701,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 		}
 		if (rc < 0 && !may_rebuild) {
 			rc = wf_diag_set(diag, rc, "region %s in %s: %s", short_name(r), r->dir,
-					 wf_diag_str(&why, rc));
+			                 wf_diag_str(&why, rc));
 			goto fail;
 		}
 		if (rc < 0) {
@@ -713,7 +712,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 			r->fd = -1;
 			if (unlink(r->path) != 0 && errno != ENOENT) {
 				rc = wf_diag_set(diag, -errno, "remove broken %s: %s", r->path,
-						 strerror(errno));
+				                 strerror(errno));
 				goto fail;
 			}
 			build = true;
@@ -726,7 +725,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	if (rc < 0) {
 		if (rc == -ENOENT)
 			rc = wf_diag_set(diag, WF_ENOT_READY, "region %s has no holders lock file",
-					 short_name(r));
+			                 short_name(r));
 		else
 			rc = wf_diag_set(diag, rc, "open %s: %s", r->holders_path, strerror(-rc));
 		goto fail;
@@ -737,8 +736,8 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 			goto fail;
 	}
 	if (build) {
-		rc = materialize(r, cfg, model, &layout, page, huge,
-				 flags & WF_SHM_ATTACH_STREAM, fill, fill_ctx, diag);
+		rc = materialize(r, cfg, model, &layout, page, huge, flags & WF_SHM_ATTACH_STREAM,
+		                 fill, fill_ctx, diag);
 		if (rc < 0)
 			goto fail;
 	}
@@ -808,7 +807,7 @@ void wf_shm_region_abandon(struct wf_shm_region *r)
 }
 
 int wf_shm_region_tensor(const struct wf_shm_region *r, uint32_t index,
-			 struct wf_shm_tensor_info *ret_info)
+                         struct wf_shm_tensor_info *ret_info)
 {
 	const struct wf_shm_header *live;
 	const struct wf_shm_tensor_entry *e;
@@ -821,7 +820,7 @@ int wf_shm_region_tensor(const struct wf_shm_region *r, uint32_t index,
 		return WF_ENOT_FOUND;
 	live = r->base;
 	e = (const void *)((const uint8_t *)r->base + r->hdr.tensor_table_offset +
-			   (uint64_t)index * sizeof(*e));
+	                   (uint64_t)index * sizeof(*e));
 	/* Seqlock read (shm/layout.h): the fields a publish changes are read between two equal,
 	 * even generations. */
 	for (uint32_t spins = 0;; spins++) {
@@ -862,12 +861,12 @@ int wf_shm_region_tensor(const struct wf_shm_region *r, uint32_t index,
 }
 
 int wf_shm_region_find(const struct wf_shm_region *r, const char *name,
-		       struct wf_shm_tensor_info *ret_info)
+                       struct wf_shm_tensor_info *ret_info)
 {
 	if (!r || !r->base || !name || !ret_info || !r->name_index)
 		return WF_EINVAL;
-	const struct wf_shm_tensor_entry *t = (const void *)((const uint8_t *)r->base +
-							     r->hdr.tensor_table_offset);
+	const struct wf_shm_tensor_entry *t =
+	    (const void *)((const uint8_t *)r->base + r->hdr.tensor_table_offset);
 	const char *pool = (const char *)r->base + r->hdr.strings_offset;
 	size_t len = strlen(name);
 	uint32_t lo = 0, hi = r->hdr.n_tensors;
@@ -906,16 +905,16 @@ int wf_shm_region_verify(const struct wf_shm_region *r, struct wf_diag *diag)
 		int rc = wf_shm_region_tensor(r, i, &ti);
 		if (rc < 0)
 			return wf_diag_set(diag, rc, "region %s: tensor %" PRIu32 ": %s",
-					   short_name(r), i, wf_strerror(rc));
+			                   short_name(r), i, wf_strerror(rc));
 		uint64_t sum = wf_shm_checksum(ti.data, (size_t)ti.nbytes);
 		if (sum != ti.checksum)
 			return wf_diag_set(diag, WF_ECHECKSUM,
-					   "region %s: tensor '%s' (index %" PRIu32 ", %" PRIu64
-					   " bytes at floor offset %" PRIu64
-					   "): checksum 0x%016" PRIx64
-					   ", the table says 0x%016" PRIx64,
-					   short_name(r), ti.name, i, ti.nbytes, ti.floor_offset,
-					   sum, ti.checksum);
+			                   "region %s: tensor '%s' (index %" PRIu32 ", %" PRIu64
+			                   " bytes at floor offset %" PRIu64
+			                   "): checksum 0x%016" PRIx64
+			                   ", the table says 0x%016" PRIx64,
+			                   short_name(r), ti.name, i, ti.nbytes, ti.floor_offset,
+			                   sum, ti.checksum);
 	}
 	return 0;
 }
@@ -938,7 +937,7 @@ uint32_t wf_shm_region_state(const struct wf_shm_region *r)
 uint64_t wf_shm_region_generation(const struct wf_shm_region *r)
 {
 	return __atomic_load_n(&((const struct wf_shm_header *)r->base)->generation,
-			       __ATOMIC_ACQUIRE);
+	                       __ATOMIC_ACQUIRE);
 }
 
 const void *wf_shm_region_data(const struct wf_shm_region *r)
@@ -1004,7 +1003,7 @@ static int pool_dup(const struct wf_shm_region *r, uint64_t off, uint32_t len, c
 }
 
 int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_model,
-			struct wf_diag *diag)
+                        struct wf_diag *diag)
 {
 	struct wf_model *m = NULL;
 	uint8_t *meta = NULL;
@@ -1028,9 +1027,10 @@ int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_mod
 		memcpy(&e, b + h->file_table_offset + (uint64_t)i * sizeof(e), sizeof(e));
 		rc = pool_dup(r, e.path_offset, e.path_len, &f->path);
 		if (rc < 0) {
-			rc = rc == -ENOMEM ? rc
-					   : wf_diag_set(diag, rc, "region file %" PRIu32
-								   ": bad path string", i);
+			rc = rc == -ENOMEM
+			         ? rc
+			         : wf_diag_set(diag, rc, "region file %" PRIu32 ": bad path string",
+			                       i);
 			goto fail;
 		}
 		f->size = e.size;
@@ -1044,11 +1044,11 @@ int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_mod
 		rc = wf_shm_region_tensor(r, i, &ti);
 		if (rc == 0)
 			rc = pool_dup(r, (uint64_t)(ti.name - (const char *)b - h->strings_offset),
-				      ti.name_len, &t->name);
+			              ti.name_len, &t->name);
 		if (rc < 0) {
 			rc = rc == -ENOMEM ? rc
-					   : wf_diag_set(diag, rc, "region tensor %" PRIu32 ": %s",
-							 i, wf_strerror(rc));
+			                   : wf_diag_set(diag, rc, "region tensor %" PRIu32 ": %s",
+			                                 i, wf_strerror(rc));
 			goto fail;
 		}
 		t->dtype = (enum wf_dtype)ti.dtype;
@@ -1075,10 +1075,10 @@ int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_mod
 		memcpy(&e, b + h->file_table_offset + (uint64_t)i * sizeof(e), sizeof(e));
 		if (e.data_size != m->files[i].data_size || e.n_tensors != m->files[i].n_tensors) {
 			rc = wf_diag_set(diag, WF_EFORMAT,
-					 "region file %" PRIu32 ": %" PRIu64 " data bytes, %" PRIu32
-					 " tensors; its tensors give %" PRIu64 ", %" PRIu32,
-					 i, e.data_size, e.n_tensors, m->files[i].data_size,
-					 m->files[i].n_tensors);
+			                 "region file %" PRIu32 ": %" PRIu64 " data bytes, %" PRIu32
+			                 " tensors; its tensors give %" PRIu64 ", %" PRIu32,
+			                 i, e.data_size, e.n_tensors, m->files[i].data_size,
+			                 m->files[i].n_tensors);
 			goto fail;
 		}
 	}
@@ -1087,7 +1087,7 @@ int wf_shm_region_model(const struct wf_shm_region *r, struct wf_model **ret_mod
 	wf_model_digest(m, &d);
 	if (d.hi != r->digest.hi || d.lo != r->digest.lo) {
 		rc = wf_diag_set(diag, WF_EFORMAT,
-				 "region %s: its tables give another model digest", r->path);
+		                 "region %s: its tables give another model digest", r->path);
 		goto fail;
 	}
 	free(meta);

@@ -73,19 +73,19 @@ extern "C" {
 
 /* A zeroed config is the default. Read during each call only; the caller keeps ownership. */
 struct wf_shm_config {
-	const char *dir;      /* NULL: WF_SHM_DEFAULT_DIR; created (mkdir -p) by writer attaches */
-	mode_t dir_mode;      /* 0: 0750, for directories this library creates */
-	mode_t region_mode;   /* 0: 0640 */
-	mode_t lock_mode;     /* 0: 0660 */
-	bool set_gid;         /* fchown new files and directories to gid */
+	const char *dir;    /* NULL: WF_SHM_DEFAULT_DIR; created (mkdir -p) by writer attaches */
+	mode_t dir_mode;    /* 0: 0750, for directories this library creates */
+	mode_t region_mode; /* 0: 0640 */
+	mode_t lock_mode;   /* 0: 0660 */
+	bool set_gid;       /* fchown new files and directories to gid */
 	gid_t gid;
 	uint64_t spare_bytes; /* spare area of new regions, for published tensor versions */
 };
 
 /* Attach modes. READER (0) never creates, never writes: what workers use when an agent exists. */
-#define WF_SHM_ATTACH_CREATE 0x1u  /* create the region when absent (needs model and fill) */
+#define WF_SHM_ATTACH_CREATE  0x1u /* create the region when absent (needs model and fill) */
 #define WF_SHM_ATTACH_REBUILD 0x2u /* rebuild an existing region that is not READY and valid */
-#define WF_SHM_ATTACH_NOWAIT 0x4u  /* -EAGAIN instead of waiting for the guard lock */
+#define WF_SHM_ATTACH_NOWAIT  0x4u /* -EAGAIN instead of waiting for the guard lock */
 /* The fill writes the region only with wf_shm_fill_write() (never through base or dst), so on
  * tmpfs the data area is reserved as it is written instead of all before the fill starts reading
  * (below). wf_shm_fill_from_files() qualifies. Ignored on hugetlbfs. */
@@ -100,9 +100,10 @@ struct wf_shm_config {
  * (wf_shm_region_verify()) before using it: a region whose bytes were altered behind a valid
  * header is rebuilt (REBUILD) or refused (WF_ECHECKSUM). Reads every byte, under the guard: for
  * the agent's adoption of floors it did not make in this run. */
-#define WF_SHM_ATTACH_VERIFY 0x20u
-#define WF_SHM_ATTACH_READER 0x0u
-#define WF_SHM_ATTACH_MUST_EXIST WF_SHM_ATTACH_REBUILD /* re-adopt (and repair) but never create */
+#define WF_SHM_ATTACH_VERIFY     0x20u
+#define WF_SHM_ATTACH_READER     0x0u
+#define WF_SHM_ATTACH_MUST_EXIST WF_SHM_ATTACH_REBUILD /* re-adopt (and repair) but never create   \
+	                                                */
 #define WF_SHM_ATTACH_AGENT (WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD)
 
 struct wf_shm_region;
@@ -135,10 +136,10 @@ struct wf_shm_fill_tensor {
 struct wf_shm_fill {
 	struct wf_shm_region *region; /* being materialized: accessors work, checksums are 0 */
 	const struct wf_model *model;
-	int region_fd;                /* O_RDWR; pwrite works on tmpfs but not on hugetlbfs */
-	void *base;                   /* writable MAP_SHARED mapping of the whole region */
+	int region_fd; /* O_RDWR; pwrite works on tmpfs but not on hugetlbfs */
+	void *base;    /* writable MAP_SHARED mapping of the whole region */
 	uint64_t region_size;
-	uint64_t page_size;           /* 4096, or the huge page size */
+	uint64_t page_size; /* 4096, or the huge page size */
 	bool hugetlbfs;
 	uint32_t n_files;
 	const struct wf_shm_fill_file *files;
@@ -181,8 +182,7 @@ typedef int (*wf_shm_fill_fn)(void *ctx, const struct wf_shm_fill *job, struct w
  * reserved up to offset + len (and a step beyond). Thread-safe for disjoint ranges. Returns 0,
  * -ENOSPC (or the -errno of fallocate) when reserving failed, WF_EINVAL for a range outside the
  * data area, or -errno of pwrite. */
-int wf_shm_fill_write(const struct wf_shm_fill *job, uint64_t offset, const void *buf,
-		      size_t len);
+int wf_shm_fill_write(const struct wf_shm_fill *job, uint64_t offset, const void *buf, size_t len);
 
 /* Attaches the region of the model named by digest, per the protocol above.
  * model: required with CREATE or REBUILD (it gives the layout); optional otherwise, and when given
@@ -200,8 +200,8 @@ int wf_shm_fill_write(const struct wf_shm_fill *job, uint64_t offset, const void
  *   the fill callback's error; other -errno (EACCES, ENOMEM, ...); WF_EINVAL for bad arguments,
  * with diag naming the directory, the digest and the sizes involved. */
 int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			 const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
-			 void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag);
+                         const struct wf_model *model, unsigned flags, wf_shm_fill_fn fill,
+                         void *fill_ctx, struct wf_shm_region **ret_region, struct wf_diag *diag);
 
 /* Unmaps and releases; the last holder removes the region and its lock files, unless the keep
  * marker exists (a holder without write permission on the directory leaves them; the agent removes
@@ -220,11 +220,11 @@ int wf_shm_region_verify(const struct wf_shm_region *region, struct wf_diag *dia
 /* One tensor, read consistently with the generation seqlock (shm/layout.h). */
 struct wf_shm_tensor_info {
 	uint32_t index;
-	const char *name;      /* inside the mapping, NUL-terminated; valid until detach */
+	const char *name; /* inside the mapping, NUL-terminated; valid until detach */
 	uint32_t name_len;
-	uint32_t dtype;        /* enum wf_dtype */
+	uint32_t dtype; /* enum wf_dtype */
 	uint32_t n_dims;
-	uint32_t tclass;       /* enum wf_tensor_class */
+	uint32_t tclass; /* enum wf_tensor_class */
 	int64_t ne[WF_MODEL_MAX_DIMS];
 	uint64_t nbytes;
 	uint32_t file;
@@ -239,9 +239,9 @@ struct wf_shm_tensor_info {
  * entry is out of bounds (the region was damaged after attach), WF_ESTATE if a publish never
  * finished. Thread-safe. */
 int wf_shm_region_tensor(const struct wf_shm_region *region, uint32_t index,
-			 struct wf_shm_tensor_info *ret_info);
+                         struct wf_shm_tensor_info *ret_info);
 int wf_shm_region_find(const struct wf_shm_region *region, const char *name,
-		       struct wf_shm_tensor_info *ret_info);
+                       struct wf_shm_tensor_info *ret_info);
 
 /* The struct wf_model the region was materialized from, rebuilt from the floor alone (its
  * file and tensor tables and its metadata section, shm/layout.h), for a reader that cannot or
@@ -255,20 +255,20 @@ int wf_shm_region_find(const struct wf_shm_region *region, const char *name,
  * region), or WF_EFORMAT / WF_ETRUNCATED / WF_ELIMIT / WF_EVERSION for a section damaged since
  * attach, -ENOMEM, WF_EINVAL. Thread-safe. */
 int wf_shm_region_model(const struct wf_shm_region *region, struct wf_model **ret_model,
-			struct wf_diag *diag);
+                        struct wf_diag *diag);
 
 /* The metadata section in the mapping (model/meta.h's encoding), validated at attach. Valid
  * until detach. 0 or WF_EINVAL. */
 int wf_shm_region_meta(const struct wf_shm_region *region, const void **ret_data,
-		       uint64_t *ret_size);
+                       uint64_t *ret_size);
 
 /* Accessors; thread-safe; the region must be attached. */
 uint32_t wf_shm_region_n_tensors(const struct wf_shm_region *region);
 /* The header as validated at attach (generation and state may have moved since: see below). */
 void wf_shm_region_header(const struct wf_shm_region *region, struct wf_shm_header *ret_header);
-uint32_t wf_shm_region_state(const struct wf_shm_region *region);        /* live, acquire */
-uint64_t wf_shm_region_generation(const struct wf_shm_region *region);   /* live, acquire */
-const void *wf_shm_region_data(const struct wf_shm_region *region);      /* the mapping's base */
+uint32_t wf_shm_region_state(const struct wf_shm_region *region);      /* live, acquire */
+uint64_t wf_shm_region_generation(const struct wf_shm_region *region); /* live, acquire */
+const void *wf_shm_region_data(const struct wf_shm_region *region);    /* the mapping's base */
 uint64_t wf_shm_region_size(const struct wf_shm_region *region);
 /* The region's fd, owned by the handle: O_RDONLY for READER attaches (for io_uring reads of
  * tensor bytes at floor_offset), O_RDWR for writer modes. */
@@ -293,18 +293,18 @@ int wf_shm_region_sole_holder(struct wf_shm_region *region, bool *ret_sole);
  * inode); best effort, for status displays: a process with two attachments appears twice, a
  * process outside our pid namespace as 0. Writes up to cap pids and *ret_n = the number of
  * holders found (may exceed cap). -ENOENT if there is no holders file. */
-int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		       pid_t *pids, size_t cap, size_t *ret_n, struct wf_diag *diag);
+int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest, pid_t *pids,
+                       size_t cap, size_t *ret_n, struct wf_diag *diag);
 
 /* Directory scan, for the agent's restart. */
 enum wf_shm_scan_class {
-	WF_SHM_SCAN_READY = 0,    /* region READY and valid (held or not) */
-	WF_SHM_SCAN_BROKEN = 1,   /* region file present but not READY or invalid, or one of its
-	                             files is not trusted (WF_EPERMISSION: not owned by our euid,
-	                             or writable by others): error says why */
-	WF_SHM_SCAN_ORPHAN = 2,   /* lock files or a keep marker without a region (a crash between
-	                             unlinks; a marker whose floor failed or was never made) */
-	WF_SHM_SCAN_BUSY = 3,     /* guard held: being attached, released or materialized now */
+	WF_SHM_SCAN_READY = 0,  /* region READY and valid (held or not) */
+	WF_SHM_SCAN_BROKEN = 1, /* region file present but not READY or invalid, or one of its
+	                           files is not trusted (WF_EPERMISSION: not owned by our euid,
+	                           or writable by others): error says why */
+	WF_SHM_SCAN_ORPHAN = 2, /* lock files or a keep marker without a region (a crash between
+	                           unlinks; a marker whose floor failed or was never made) */
+	WF_SHM_SCAN_BUSY = 3,   /* guard held: being attached, released or materialized now */
 	WF_SHM_SCAN_CLASS_MAX_
 };
 
@@ -312,33 +312,34 @@ struct wf_shm_scan_entry {
 	struct wf_digest digest;
 	enum wf_shm_scan_class cls;
 	bool has_region, has_guard, has_holders;
-	bool has_keep;            /* the keep marker exists (wf_shm_region_set_keep()) */
-	bool held;                /* some process holds the holders lock (not known when BUSY) */
-	int error;                /* BROKEN: the validation error */
-	uint32_t state;           /* header state if the header could be read, else 0 */
-	uint64_t size;            /* st_size of the region file */
+	bool has_keep;  /* the keep marker exists (wf_shm_region_set_keep()) */
+	bool held;      /* some process holds the holders lock (not known when BUSY) */
+	int error;      /* BROKEN: the validation error */
+	uint32_t state; /* header state if the header could be read, else 0 */
+	uint64_t size;  /* st_size of the region file */
 	uint64_t generation;
 	uint32_t n_tensors;
 	int64_t ready_ns;
 	int32_t materializer_pid;
-	char why[160];            /* BROKEN: the validation message */
+	char why[160]; /* BROKEN: the validation message */
 };
 
 /* Lists the regions in the directory, one entry per digest, sorted by digest; files that are not
- * "wf-<32 hex>[.guard|.holders|.keep]" are ignored. Takes each guard EX|NB (never blocks: a held guard
- * is BUSY) and never creates or removes anything. A missing directory is an empty list.
+ * "wf-<32 hex>[.guard|.holders|.keep]" are ignored. Takes each guard EX|NB (never blocks: a held
+ * guard is BUSY) and never creates or removes anything. A missing directory is an empty list.
  * Returns 0 with *ret_entries (free() it; NULL when *ret_n is 0), or -errno. */
 int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **ret_entries,
-		    size_t *ret_n, struct wf_diag *diag);
+                    size_t *ret_n, struct wf_diag *diag);
 
 #define WF_SHM_REMOVE_BROKEN_ONLY 0x1u /* refuse (WF_ESTATE) to remove a READY, valid region */
 
 /* Removes a region, its lock files and its keep marker (this is the agent's explicit removal) when
  * nobody holds it: guard EX|NB (-EBUSY if held), holders EX|NB (-EBUSY if anyone is attached),
- * then unlink region, keep, holders, guard. Also clears orphaned lock files and markers. Returns 0, -EBUSY, WF_ESTATE (BROKEN_ONLY and the region is valid), -ENOENT when
- * there was nothing to remove, or -errno. */
+ * then unlink region, keep, holders, guard. Also clears orphaned lock files and markers. Returns 0,
+ * -EBUSY, WF_ESTATE (BROKEN_ONLY and the region is valid), -ENOENT when there was nothing to
+ * remove, or -errno. */
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			 unsigned flags, struct wf_diag *diag);
+                         unsigned flags, struct wf_diag *diag);
 
 /* Makes sure the floor directory can be trusted, for the agent at start: creates it if absent
  * (mkdir -p, cfg's directory mode and group), then opens it O_DIRECTORY | O_NOFOLLOW and checks
@@ -352,13 +353,13 @@ int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag);
 #define WF_SHM_KEEP_WAIT_MS 250
 
 /* Sets (keep) or clears (!keep) the keep marker of a floor, under guard EX, waiting at most
- * WF_SHM_KEEP_WAIT_MS for it (-EBUSY then: call again later). Idempotent; setting it for a region that does not
- * exist yet is allowed (the agent sets it before materializing). A marker found that this process
- * does not own (wf__shm_check_file) is replaced. While the marker exists, the last holder's detach
- * leaves the region in place. Returns 0, -ENOENT when the directory does not exist, or -errno,
- * -EBUSY, with diag. */
+ * WF_SHM_KEEP_WAIT_MS for it (-EBUSY then: call again later). Idempotent; setting it for a region
+ * that does not exist yet is allowed (the agent sets it before materializing). A marker found that
+ * this process does not own (wf__shm_check_file) is replaced. While the marker exists, the last
+ * holder's detach leaves the region in place. Returns 0, -ENOENT when the directory does not exist,
+ * or -errno, -EBUSY, with diag. */
 int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			   bool keep, struct wf_diag *diag);
+                           bool keep, struct wf_diag *diag);
 
 /* Removes the region (and its lock files) iff nobody holds it and it has no keep marker: guard
  * EX|NB, holders EX|NB, no marker, then unlink region, holders, guard. Returns 0 when removed,
@@ -366,7 +367,7 @@ int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_dige
  * -ENOENT when there is no region (orphaned lock files are left to wf_shm_region_remove()), or
  * -errno; with diag. */
 int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		       struct wf_diag *diag);
+                       struct wf_diag *diag);
 
 #ifdef __cplusplus
 }

@@ -61,7 +61,7 @@ static bool exists(const char *path)
 /* Maps and validates a region file read-only. 0 (READY, valid), or the validation error. Writes
  * the raw header (as found, valid or not) to *raw when the file holds one. */
 static int check_region(const char *path, const struct wf_digest *digest, struct wf_shm_header *raw,
-			uint64_t *ret_size, struct wf_diag *diag)
+                        uint64_t *ret_size, struct wf_diag *diag)
 {
 	struct wf_shm_header h;
 	struct stat st;
@@ -189,7 +189,7 @@ out:
 }
 
 int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **ret_entries,
-		    size_t *ret_n, struct wf_diag *diag)
+                    size_t *ret_n, struct wf_diag *diag)
 {
 	const char *dir = wf__shm_dir(cfg);
 	struct found *found = NULL;
@@ -209,7 +209,7 @@ int wf_shm_dir_scan(const struct wf_shm_config *cfg, struct wf_shm_scan_entry **
 			return 0;
 		}
 		return wf_diag_set(diag, -errno, "open floor directory %s: %s", dir,
-				   strerror(errno));
+		                   strerror(errno));
 	}
 	while ((errno = 0, de = readdir(d)) != NULL) {
 		struct found f;
@@ -269,18 +269,19 @@ out:
 
 /* Unlinks a region's files in the protocol's order (region, marker, holders, guard; keepf may be
  * NULL to keep the marker), stopping at the first failure. Files already gone are fine. */
-static int unlink_all(const char *region, const char *keepf, const char *holders,
-		      const char *guard, struct wf_diag *diag)
+static int unlink_all(const char *region, const char *keepf, const char *holders, const char *guard,
+                      struct wf_diag *diag)
 {
 	const char *files[] = {region, keepf, holders, guard};
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
 		if (files[i] && unlink(files[i]) != 0 && errno != ENOENT)
-			return wf_diag_set(diag, -errno, "remove %s: %s", files[i], strerror(errno));
+			return wf_diag_set(diag, -errno, "remove %s: %s", files[i],
+			                   strerror(errno));
 	return 0;
 }
 
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			 unsigned flags, struct wf_diag *diag)
+                         unsigned flags, struct wf_diag *diag)
 {
 	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
 	     name[WF_SHM_NAME_LEN + 1];
@@ -306,7 +307,7 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
 	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, true, cfg, &gfd);
 	if (rc < 0) {
 		rc = wf_diag_set(diag, rc == -EAGAIN ? -EBUSY : rc,
-				 "region %s is being attached or materialized", name);
+		                 "region %s is being attached or materialized", name);
 		goto out;
 	}
 	rc = wf__shm_lockfile_open(holders, false, NULL, &hfd);
@@ -342,7 +343,7 @@ out:
 }
 
 int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-			   bool keep, struct wf_diag *diag)
+                           bool keep, struct wf_diag *diag)
 {
 	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL, why[96];
 	struct stat st;
@@ -363,30 +364,32 @@ int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_dige
 	rc = wf__shm_lock_path_timed(guard, LOCK_EX, true, cfg, WF_SHM_KEEP_WAIT_MS, &gfd);
 	if (rc < 0) {
 		rc = wf_diag_set(diag, rc == -EAGAIN ? -EBUSY : rc, "lock %s: %s", guard,
-				 rc == -EAGAIN ? "held by another process" : strerror(-rc));
+		                 rc == -EAGAIN ? "held by another process" : strerror(-rc));
 		goto out;
 	}
 	/* Someone else's marker (or one writable by others) is not ours to honour: replace it. */
-	if (lstat(keepf, &st) == 0 && (!keep || wf__shm_check_file(&st, false, why, sizeof(why)) < 0) &&
-	    unlink(keepf) != 0 && errno != ENOENT) {
+	if (lstat(keepf, &st) == 0 &&
+	    (!keep || wf__shm_check_file(&st, false, why, sizeof(why)) < 0) && unlink(keepf) != 0 &&
+	    errno != ENOENT) {
 		rc = wf_diag_set(diag, -errno, "remove %s: %s", keepf, strerror(errno));
 		goto out;
 	}
 	if (keep) {
 		fd = open(keepf, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-			  wf__shm_region_mode(cfg));
+		          wf__shm_region_mode(cfg));
 		if (fd < 0 && errno != EEXIST) {
 			rc = wf_diag_set(diag, -errno, "create %s: %s", keepf, strerror(errno));
 			goto out;
 		}
 		if (fd >= 0) {
-			rc = fchmod(fd, wf__shm_region_mode(cfg)) == 0 ? wf__shm_apply_group(fd, cfg)
-								       : -errno;
+			rc = fchmod(fd, wf__shm_region_mode(cfg)) == 0
+			         ? wf__shm_apply_group(fd, cfg)
+			         : -errno;
 			close(fd);
 			if (rc < 0) {
 				unlink(keepf);
 				rc = wf_diag_set(diag, rc, "set mode/group of %s: %s", keepf,
-						 strerror(-rc));
+				                 strerror(-rc));
 				goto out;
 			}
 		}
@@ -406,7 +409,7 @@ out:
 }
 
 int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		       struct wf_diag *diag)
+                       struct wf_diag *diag)
 {
 	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
 	     name[WF_SHM_NAME_LEN + 1];
@@ -473,27 +476,29 @@ static int check_ancestor(const char *p, struct wf_diag *diag)
 
 	if (lstat(p, &st) != 0)
 		return wf_diag_set(diag, -errno, "floor directory ancestor %s: %s", p,
-				   strerror(errno));
+		                   strerror(errno));
 	if (S_ISLNK(st.st_mode)) {
 		if (st.st_uid != 0 && st.st_uid != me)
-			return wf_diag_set(diag, WF_EPERMISSION,
-					   "floor directory ancestor %s is a symlink owned by uid %u",
-					   p, (unsigned)st.st_uid);
+			return wf_diag_set(
+			    diag, WF_EPERMISSION,
+			    "floor directory ancestor %s is a symlink owned by uid %u", p,
+			    (unsigned)st.st_uid);
 		if (stat(p, &st) != 0)
 			return wf_diag_set(diag, -errno, "floor directory ancestor %s: %s", p,
-					   strerror(errno));
+			                   strerror(errno));
 	}
 	if (st.st_uid != 0 && st.st_uid != me)
-		return wf_diag_set(diag, WF_EPERMISSION,
-				   "floor directory ancestor %s is owned by uid %u (neither root nor "
-				   "us): its owner could replace the floor directory",
-				   p, (unsigned)st.st_uid);
+		return wf_diag_set(
+		    diag, WF_EPERMISSION,
+		    "floor directory ancestor %s is owned by uid %u (neither root nor "
+		    "us): its owner could replace the floor directory",
+		    p, (unsigned)st.st_uid);
 	if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
 		return wf_diag_set(diag, WF_EPERMISSION,
-				   "floor directory ancestor %s has mode %04o: writable by others "
-				   "without the sticky bit, so anyone could replace the floor "
-				   "directory",
-				   p, (unsigned)(st.st_mode & 07777));
+		                   "floor directory ancestor %s has mode %04o: writable by others "
+		                   "without the sticky bit, so anyone could replace the floor "
+		                   "directory",
+		                   p, (unsigned)(st.st_mode & 07777));
 	return 0;
 }
 
@@ -528,10 +533,10 @@ int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag)
 		/* O_NOFOLLOW | O_DIRECTORY on a symlink fails with ELOOP or ENOTDIR. */
 		if ((rc == -ELOOP || rc == -ENOTDIR) && lstat(dir, &st) == 0 && S_ISLNK(st.st_mode))
 			return wf_diag_set(diag, WF_EPERMISSION,
-					   "floor directory %s is a symlink: refusing it (someone "
-					   "else may have made it); remove it or choose another "
-					   "directory",
-					   dir);
+			                   "floor directory %s is a symlink: refusing it (someone "
+			                   "else may have made it); remove it or choose another "
+			                   "directory",
+			                   dir);
 		return wf_diag_set(diag, rc, "floor directory %s: %s", dir, strerror(-rc));
 	}
 	rc = fstat(fd, &st) == 0 ? 0 : -errno;
@@ -540,14 +545,14 @@ int wf_shm_dir_check(const struct wf_shm_config *cfg, struct wf_diag *diag)
 		return wf_diag_set(diag, rc, "floor directory %s: %s", dir, strerror(-rc));
 	if (st.st_uid != geteuid())
 		return wf_diag_set(diag, WF_EPERMISSION,
-				   "floor directory %s is owned by uid %u, not by this process's "
-				   "uid %u: someone else may have created it to plant floors; "
-				   "remove it or choose another directory",
-				   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+		                   "floor directory %s is owned by uid %u, not by this process's "
+		                   "uid %u: someone else may have created it to plant floors; "
+		                   "remove it or choose another directory",
+		                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
 	if (st.st_mode & (S_IWGRP | S_IWOTH))
 		return wf_diag_set(diag, WF_EPERMISSION,
-				   "floor directory %s has mode %04o: it must not be writable by "
-				   "the group or others (chmod go-w it)",
-				   dir, (unsigned)(st.st_mode & 07777));
+		                   "floor directory %s has mode %04o: it must not be writable by "
+		                   "the group or others (chmod go-w it)",
+		                   dir, (unsigned)(st.st_mode & 07777));
 	return 0;
 }

@@ -18,7 +18,7 @@ struct wf_shm_region {
 	int holders_fd; /* holds the holders lock SH while attached */
 	void *base;
 	uint64_t size;
-	struct wf_shm_header hdr; /* snapshot validated at attach */
+	struct wf_shm_header hdr;   /* snapshot validated at attach */
 	const uint32_t *name_index; /* in the mapping: tensor indices sorted by name */
 	bool materialized;
 	char *rebuild_reason;
@@ -32,13 +32,13 @@ struct wf_shm_region {
  * writes the header snapshot. Never reads outside [base, base + size); base may be NULL when
  * size < WF_SHM_HEADER_SIZE. A 0-byte file or a zero magic is EMPTY: WF_ENOT_READY. */
 int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *digest,
-		     struct wf_shm_header *ret_header, struct wf_diag *diag);
+                     struct wf_shm_header *ret_header, struct wf_diag *diag);
 
 /* Checks that a validated region's tables describe model as layout lays it out. WF_EFORMAT with
  * the first difference otherwise. */
 int wf__shm_match_model(const void *base, const struct wf_shm_header *h,
-			const struct wf_model *model, const struct wf_shm_layout *layout,
-			struct wf_diag *diag);
+                        const struct wf_model *model, const struct wf_shm_layout *layout,
+                        struct wf_diag *diag);
 
 /* Bounds of a tensor entry's bytes against a validated header: 0 or WF_EFORMAT. */
 int wf__shm_tensor_bounds(const struct wf_shm_header *h, uint64_t floor_offset, uint64_t nbytes);
@@ -60,14 +60,14 @@ int wf__shm_flock_timed(int fd, int op, int wait_ms);
  * the one path names (the unlink race). With create, makes the file with cfg's lock mode and group
  * if absent. Returns 0 and *ret_fd, -ENOENT (no file and !create), -EAGAIN, or -errno. */
 int wf__shm_lock_path(const char *path, int op, bool create, const struct wf_shm_config *cfg,
-		      int *ret_fd);
+                      int *ret_fd);
 /* lock_path with a bounded wait for the lock (< 0: forever): -EAGAIN when it passed. */
-int wf__shm_lock_path_timed(const char *path, int op, bool create,
-			    const struct wf_shm_config *cfg, int wait_ms, int *ret_fd);
+int wf__shm_lock_path_timed(const char *path, int op, bool create, const struct wf_shm_config *cfg,
+                            int wait_ms, int *ret_fd);
 
 /* Opens a lock file without locking it (creating it as above when asked). */
 int wf__shm_lockfile_open(const char *path, bool create, const struct wf_shm_config *cfg,
-			  int *ret_fd);
+                          int *ret_fd);
 
 /* 1 if fd and path are the same file, 0 if not (or path is gone), -errno on other errors. */
 int wf__shm_same_file(int fd, const char *path);
@@ -95,7 +95,7 @@ int wf__shm_parse_hex(const char *hex, struct wf_digest *ret_digest);
 
 /* The directory and the three paths for a digest (malloc'ed; free() each). 0 or -ENOMEM. */
 int wf__shm_paths(const struct wf_shm_config *cfg, const struct wf_digest *digest,
-		  char **ret_region, char **ret_guard, char **ret_holders);
+                  char **ret_region, char **ret_guard, char **ret_holders);
 const char *wf__shm_dir(const struct wf_shm_config *cfg);
 mode_t wf__shm_region_mode(const struct wf_shm_config *cfg);
 mode_t wf__shm_lock_mode(const struct wf_shm_config *cfg);

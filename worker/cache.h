@@ -358,7 +358,7 @@ struct wf_cache_status {
 	struct wf_devbudget budget; /* every input and output */
 	uint64_t resident_bytes;    /* unpinned weight bytes (against budget.on_demand) */
 	uint64_t pinned_bytes;
-	uint64_t reserved_bytes;    /* reservations (against budget.on_demand too) */
+	uint64_t reserved_bytes; /* reservations (against budget.on_demand too) */
 	size_t n_reservations;
 	bool over_budget;           /* resident_bytes + reserved_bytes > budget.on_demand */
 	size_t mem_free, mem_total; /* wf_device_mem_info now */

@@ -75,7 +75,7 @@ static void log_line(void *arg, const char *line)
 int wf_worker_eval_main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompt = NULL, *feed = NULL, *out_path = NULL,
-		   *device_spec = NULL;
+	           *device_spec = NULL;
 	uint32_t generate = 0, threads = 0, ctx = 0, cache_mb = 0, n_cpu_moe = 0;
 	bool experts_on_device = false, dense_on_device = false;
 	bool have_generate = false;
@@ -107,7 +107,8 @@ int wf_worker_eval_main(int argc, char **argv)
 			bad = parse_u32(v, &generate) < 0;
 			have_generate = true;
 		} else if (strcmp(a, "--threads") == 0) {
-			bad = parse_u32(v, &threads) < 0 || threads == 0 || threads > WF_ENGINE_MAX_THREADS;
+			bad = parse_u32(v, &threads) < 0 || threads == 0 ||
+			      threads > WF_ENGINE_MAX_THREADS;
 		} else if (strcmp(a, "--n-cpu-moe") == 0) {
 			bad = parse_u32(v, &n_cpu_moe) < 0;
 			experts_on_device = true;
@@ -126,8 +127,8 @@ int wf_worker_eval_main(int argc, char **argv)
 			bad = 1;
 		}
 		if (bad) {
-			fprintf(stderr, "wf-worker eval: bad argument '%s%s%s'\n%s", a, v ? " " : "",
-			        v ? v : "", usage);
+			fprintf(stderr, "wf-worker eval: bad argument '%s%s%s'\n%s", a,
+			        v ? " " : "", v ? v : "", usage);
 			return 2;
 		}
 		i++;
@@ -140,7 +141,8 @@ int wf_worker_eval_main(int argc, char **argv)
 	size_t n_prompt_ids = 0, n_feed_ids = 0;
 	if (wf_parse_ids(prompt, UINT32_MAX, &prompt_ids, &n_prompt_ids) < 0 ||
 	    (feed && wf_parse_ids(feed, UINT32_MAX, &feed_ids, &n_feed_ids) < 0)) {
-		fprintf(stderr, "wf-worker eval: ids must be comma-separated non-negative integers\n");
+		fprintf(stderr,
+		        "wf-worker eval: ids must be comma-separated non-negative integers\n");
 		free(prompt_ids);
 		return 2;
 	}
@@ -170,8 +172,12 @@ int wf_worker_eval_main(int argc, char **argv)
 		goto out;
 	if (device_spec && (rc = wf_device_open(device_spec, &dev, &d)) < 0)
 		goto out;
-	struct wf_engine_config cfg = {.n_ctx = ctx, .n_seq_max = 1, .n_threads = threads,
-	                               .kv_type = kv_type, .device = dev, .postfetch = &pf,
+	struct wf_engine_config cfg = {.n_ctx = ctx,
+	                               .n_seq_max = 1,
+	                               .n_threads = threads,
+	                               .kv_type = kv_type,
+	                               .device = dev,
+	                               .postfetch = &pf,
 	                               .expert_cache_mb = cache_mb,
 	                               .experts_on_device = experts_on_device,
 	                               .n_cpu_moe = n_cpu_moe,
@@ -229,16 +235,17 @@ int wf_worker_eval_main(int argc, char **argv)
 		struct wf_engine_stats st;
 		wf_engine_get_stats(e, &st);
 		const uint64_t looked = st.fetch_hits + st.fetch_misses;
-		fprintf(stderr,
-		        "post-fetch: hit rate %.3f, %llu down projections copied (%.1f MB), %llu "
-		        "computed from the device, %llu on the cpu, %llu errors, overlap %.2f, slots "
-		        "%.1f MB, resident experts %.1f MB (%llu lookups)\n",
-		        looked ? (double)st.fetch_hits / (double)looked : 0.0,
-		        (unsigned long long)st.fetch_experts, st.fetch_bytes / 1e6,
-		        (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
-		        (unsigned long long)st.fetch_errors, st.fetch_overlap,
-		        st.scratchpad_bytes / 1e6, st.resident_bytes / 1e6,
-		        (unsigned long long)st.resident_lookups);
+		fprintf(
+		    stderr,
+		    "post-fetch: hit rate %.3f, %llu down projections copied (%.1f MB), %llu "
+		    "computed from the device, %llu on the cpu, %llu errors, overlap %.2f, slots "
+		    "%.1f MB, resident experts %.1f MB (%llu lookups)\n",
+		    looked ? (double)st.fetch_hits / (double)looked : 0.0,
+		    (unsigned long long)st.fetch_experts, st.fetch_bytes / 1e6,
+		    (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
+		    (unsigned long long)st.fetch_errors, st.fetch_overlap,
+		    st.scratchpad_bytes / 1e6, st.resident_bytes / 1e6,
+		    (unsigned long long)st.resident_lookups);
 	}
 	if (have_generate) {
 		for (uint32_t s = 0; s < n_steps; s++)

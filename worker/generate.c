@@ -1,10 +1,10 @@
 #include "worker/generate.h"
 
 #include "base/error.h"
+#include "base/log.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
-#include "base/log.h"
 #include "shm/region.h"
 #include "worker/cache.h"
 #include "worker/service.h"
@@ -28,9 +28,9 @@
 
 struct gmodel {
 	char *name;
-	struct wf_cache *cache;       /* where resv lives */
-	uint32_t resv;                /* the engine's device bytes in the device budget; 0: none
-	                                 (CPU-only engine, or the reservation was evicted) */
+	struct wf_cache *cache; /* where resv lives */
+	uint32_t resv;          /* the engine's device bytes in the device budget; 0: none
+	                           (CPU-only engine, or the reservation was evicted) */
 	uint64_t device_bytes;
 	const struct wf_model *model; /* the service's, open until the worker stops */
 	struct wf_shm_region *region; /* our own attachment; NULL: file mappings */
@@ -57,7 +57,7 @@ struct gen {
 	uint32_t n_toks, cap;
 	char *text;
 	size_t text_len, text_cap;
-	bool lost;     /* out of memory for the output: it ends as an error */
+	bool lost; /* out of memory for the output: it ends as an error */
 	bool done;
 	struct wf_sched_result res;
 	double done_at;
@@ -147,11 +147,11 @@ static void gmodel_free(struct gmodel *gm)
  * worker on the node maps, and the attachment lives as long as the engine, whatever the cache
  * or the agent do with theirs. */
 static int view_floor(struct gmodel *gm, const struct wf_shm_config *shm,
-		      const struct wf_digest *dg, struct wf_diag *diag)
+                      const struct wf_digest *dg, struct wf_diag *diag)
 {
 	struct wf_diag d = {{0}};
-	int rc = wf_shm_region_attach(shm, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &gm->region,
-				      &d);
+	int rc =
+	    wf_shm_region_attach(shm, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &gm->region, &d);
 	if (rc < 0)
 		return wf_diag_set(diag, rc, "floor: %s", wf_diag_str(&d, rc));
 	return wf_weight_view_from_floor(gm->model, gm->region, &gm->view, diag);
@@ -183,7 +183,7 @@ static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res)
  * without device memory) for the caller, who passes it to a generation or releases it: held, the
  * engine is not evicted. */
 static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
-		     uint32_t *ret_resv, struct wf_diag *diag)
+                     uint32_t *ret_resv, struct wf_diag *diag)
 {
 	pthread_mutex_lock(&g->mu);
 	struct gmodel *gm;
@@ -208,7 +208,7 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 	if (g->n_models + g->n_loading >= WF_GEN_MODELS_MAX) {
 		pthread_mutex_unlock(&g->mu);
 		return wf_diag_set(diag, WF_ELIMIT, "engines for %d models exist already",
-				   WF_GEN_MODELS_MAX);
+		                   WF_GEN_MODELS_MAX);
 	}
 	char *mine = strdup(name);
 	if (!mine) {
@@ -283,11 +283,12 @@ static void on_resv_evict(void *ctx, uint32_t resv, const char *why)
 	pthread_mutex_unlock(&g->mu);
 	if (!gm)
 		return;
-	wf_log_event(WF_LOG_INFO,
-		     WF_LOG_F(.worker = g->svc->worker_id, .model = gm->name,
-			      .event = "engine_evicted"),
-		     "engine evicted (%s): %" PRIu64 " device bytes freed; the next generation "
-		     "builds it again", why, gm->device_bytes);
+	wf_log_event(
+	    WF_LOG_INFO,
+	    WF_LOG_F(.worker = g->svc->worker_id, .model = gm->name, .event = "engine_evicted"),
+	    "engine evicted (%s): %" PRIu64 " device bytes freed; the next generation "
+	    "builds it again",
+	    why, gm->device_bytes);
 	gmodel_free_heavy(gm);
 	pthread_mutex_lock(&g->mu);
 	bool keep = gm_used_locked(g, gm) && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX;
@@ -318,8 +319,9 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 	st = NULL;
 	if (external && wf_cache_model_find(s->cache, name, &id) < 0) {
 		rc = wf_diag_set(diag, WF_ENOT_RESIDENT,
-				 "model '%s' is not resident on worker '%s' (external residency: "
-				 "attach it with a residency command first)", name, s->worker_id);
+		                 "model '%s' is not resident on worker '%s' (external residency: "
+		                 "attach it with a residency command first)",
+		                 name, s->worker_id);
 		goto out;
 	}
 	if (!external && (rc = wf_worker_svc_resolve(s, name, agent_ms, true, &id, &d)) < 0) {
@@ -338,8 +340,9 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 	}
 	if (st->mode == WF_CACHE_EXTERNAL && ms->state == WF_RESIDENCY_DISK) {
 		rc = wf_diag_set(diag, WF_ENOT_RESIDENT,
-				 "model '%s' is not resident on worker '%s' (external residency: "
-				 "attach it with a residency command first)", name, s->worker_id);
+		                 "model '%s' is not resident on worker '%s' (external residency: "
+		                 "attach it with a residency command first)",
+		                 name, s->worker_id);
 		goto out;
 	}
 	gm = calloc(1, sizeof(*gm));
@@ -365,15 +368,15 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 		goto out;
 	}
 	struct wf_engine_config ec = {.n_ctx = g->opts.n_ctx,
-				      .n_seq_max = g->opts.n_seq ? g->opts.n_seq : 8,
-				      .n_threads = g->opts.n_threads,
-				      .kv_type = WF_ENGINE_KV_F16,
-				      .device = g->opts.device,
-				      .postfetch = g->opts.postfetch,
-				      .expert_cache_mb = g->opts.expert_cache_mb,
-				      .experts_on_device = g->opts.experts_on_device,
-				      .n_cpu_moe = g->opts.n_cpu_moe,
-				      .dense_on_device = g->opts.dense_on_device};
+	                              .n_seq_max = g->opts.n_seq ? g->opts.n_seq : 8,
+	                              .n_threads = g->opts.n_threads,
+	                              .kv_type = WF_ENGINE_KV_F16,
+	                              .device = g->opts.device,
+	                              .postfetch = g->opts.postfetch,
+	                              .expert_cache_mb = g->opts.expert_cache_mb,
+	                              .experts_on_device = g->opts.experts_on_device,
+	                              .n_cpu_moe = g->opts.n_cpu_moe,
+	                              .dense_on_device = g->opts.dense_on_device};
 	/* The device refusing the engine's memory although the budget has room for it: weights
 	 * the LRU may evict hold it (the budget's slack, or fragmentation). Make room one victim
 	 * at a time, as the cache does for its own allocations. */
@@ -397,13 +400,13 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 		char what[WF_CACHE_NAME_MAX + 16];
 		snprintf(what, sizeof what, "engine of '%s'", name);
 		rc = wf_cache_resv_create(s->cache, what, info.device_bytes, on_resv_evict, g,
-					  &gm->resv, &d);
+		                          &gm->resv, &d);
 		if (rc < 0) {
 			wf_diag_set(diag, rc,
-				    "model '%s': its engine holds %" PRIu64 " bytes on device %s, "
-				    "more than the device budget leaves it: %s",
-				    name, info.device_bytes, wf_device_name(ec.device),
-				    wf_diag_str(&d, rc));
+			            "model '%s': its engine holds %" PRIu64 " bytes on device %s, "
+			            "more than the device budget leaves it: %s",
+			            name, info.device_bytes, wf_device_name(ec.device),
+			            wf_diag_str(&d, rc));
 			goto out;
 		}
 	}
@@ -508,7 +511,7 @@ lost:
 /* The engine event: one line per finished generation, with the engine's figures so far (the
  * post-fetch ones only where post-fetch ran). */
 static void log_engine_event(const char *worker, const char *model, uint64_t id,
-			     const struct wf_sched_result *res, const struct wf_gen_metrics *m)
+                             const struct wf_sched_result *res, const struct wf_gen_metrics *m)
 {
 	char rate[32], fetch[256] = "";
 	if (m->decode_tokens_per_s >= 0 && res->n_gen > 1)
@@ -517,16 +520,15 @@ static void log_engine_event(const char *worker, const char *model, uint64_t id,
 		snprintf(rate, sizeof rate, "-");
 	if (m->fetch_experts || m->scratchpad_bytes)
 		snprintf(fetch, sizeof fetch,
-			 "; post-fetch %.0f bytes/token, overlap %.0f%%, fallback rate %.1f%%, "
-			 "scratchpad %" PRIu64 " bytes, cache hit rate %.1f%%",
-			 m->fetch_bytes_per_token, m->fetch_overlap * 100.0,
-			 m->fallback_rate * 100.0, m->scratchpad_bytes,
-			 m->cache_hit_rate * 100.0);
+		         "; post-fetch %.0f bytes/token, overlap %.0f%%, fallback rate %.1f%%, "
+		         "scratchpad %" PRIu64 " bytes, cache hit rate %.1f%%",
+		         m->fetch_bytes_per_token, m->fetch_overlap * 100.0,
+		         m->fallback_rate * 100.0, m->scratchpad_bytes, m->cache_hit_rate * 100.0);
 	wf_log_event(WF_LOG_INFO,
-		     WF_LOG_F(.worker = worker, .model = model, .generation = id,
-			      .event = "generation_done"),
-		     "generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", id, res->n_prompt,
-		     res->n_gen, rate, fetch);
+	             WF_LOG_F(.worker = worker, .model = model, .generation = id,
+	                      .event = "generation_done"),
+	             "generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", id, res->n_prompt,
+	             res->n_gen, rate, fetch);
 }
 
 static void on_done(void *arg, const struct wf_sched_result *res)
@@ -583,7 +585,7 @@ static void *reaper_main(void *arg)
 			/* A finished one stays readable for a while after its end too, so a client
 			 * that comes back late learns how it ended. */
 			double keep = x->idle_ms > WF_GEN_IDLE_MS ? x->idle_ms / 1000.0
-								  : WF_GEN_IDLE_MS / 1000.0;
+			                                          : WF_GEN_IDLE_MS / 1000.0;
 			double since = x->last_seen > x->done_at ? x->last_seen : x->done_at;
 			if (x->done && !x->readers && t - since > keep) {
 				g->gens[i] = g->gens[--g->n_gens];
@@ -636,7 +638,7 @@ void wf_gen_retire(struct wf_gen *g, const char *name)
 }
 
 int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
-		  struct wf_gen **ret_gen)
+                  struct wf_gen **ret_gen)
 {
 	struct wf_gen *g = calloc(1, sizeof(*g));
 	if (!g)
@@ -697,18 +699,24 @@ void wf_gen_destroy(struct wf_gen *g)
 static Weightfloor__V1__FinishReason finish_pb(enum wf_sched_finish f)
 {
 	switch (f) {
-	case WF_SCHED_FINISH_EOS: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_EOS;
-	case WF_SCHED_FINISH_STOP: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_STOP;
-	case WF_SCHED_FINISH_LENGTH: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_LENGTH;
-	case WF_SCHED_FINISH_CONTEXT: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
-	case WF_SCHED_FINISH_CANCELED: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED;
-	default: return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR;
+	case WF_SCHED_FINISH_EOS:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_EOS;
+	case WF_SCHED_FINISH_STOP:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_STOP;
+	case WF_SCHED_FINISH_LENGTH:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+	case WF_SCHED_FINISH_CONTEXT:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
+	case WF_SCHED_FINISH_CANCELED:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED;
+	default:
+		return WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR;
 	}
 }
 
 /* The reply for x from token index after on. Under g->mu. */
 static int reply_locked(struct wf_gen *g, struct gen *x, uint32_t after,
-			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                        Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	Weightfloor__V1__GenerateReply *gr = wf_ctl_call_alloc(call, sizeof(*gr));
 	if (!gr)
@@ -787,7 +795,7 @@ static void wait_locked(struct wf_gen *g, struct gen *x, uint32_t after, uint32_
 }
 
 static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
-		const struct wf_diag *d)
+                const struct wf_diag *d)
 {
 	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
 	return rc;
@@ -812,8 +820,8 @@ static void sampling_from_pb(const Weightfloor__V1__Sampling *p, struct wf_sampl
 /* wf_gen_handle_start once the model's engine is there; *ret_passed: the generation took over
  * the hold on resv. */
 static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct gmodel *gm,
-		 uint32_t resv, struct wf_sched_request *srp, Weightfloor__V1__Reply *reply,
-		 struct wf_ctl_call *call, bool *ret_passed)
+                 uint32_t resv, struct wf_sched_request *srp, Weightfloor__V1__Reply *reply,
+                 struct wf_ctl_call *call, bool *ret_passed)
 {
 	struct wf_diag d = {{0}};
 	struct wf_sched_request sr = *srp;
@@ -823,8 +831,8 @@ static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct 
 	size_t n_ids = 0;
 	if (has_text) {
 		/* llama.cpp's prompt: BOS where the vocabulary adds one, special tokens parsed. */
-		rc = wf_tokenizer_encode(gm->tok, req->prompt, strlen(req->prompt), true, true, &ids,
-					 &n_ids, &d);
+		rc = wf_tokenizer_encode(gm->tok, req->prompt, strlen(req->prompt), true, true,
+		                         &ids, &n_ids, &d);
 		if (rc < 0)
 			return fail(reply, call, rc, &d);
 		if (n_ids == 0) {
@@ -840,9 +848,10 @@ static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct 
 	if (sr.n_tokens > gm->n_ctx) {
 		free(ids);
 		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL,
-					"the prompt has %zu tokens, more than the context of %u",
-					sr.n_tokens, gm->n_ctx), &d);
+		            wf_diag_set(&d, WF_EINVAL,
+		                        "the prompt has %zu tokens, more than the context of %u",
+		                        sr.n_tokens, gm->n_ctx),
+		            &d);
 	}
 	if (sr.sampling.seed == 0) {
 		uint64_t seed = 0;
@@ -875,7 +884,7 @@ static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct 
 		rc = wf_diag_set(&d, WF_EUNAVAILABLE, "the worker is stopping");
 	} else if (g->n_gens == WF_GEN_MAX) {
 		rc = wf_diag_set(&d, WF_ELIMIT, "%d generations in progress or unread: retry later",
-				 WF_GEN_MAX);
+		                 WF_GEN_MAX);
 	} else {
 		x->id = g->next_id++;
 		/* Submitted under mu: the callbacks take mu, so none can run before the
@@ -903,9 +912,8 @@ static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct 
 	return 0;
 }
 
-
 int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, int agent_ms,
-			Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                        Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	struct wf_diag d = {{0}};
 	int rc;
@@ -914,13 +922,14 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "no model named"), &d);
 	if (has_text && req->n_prompt_ids)
 		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
+		            wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
 	if (!has_text && !req->n_prompt_ids)
 		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
 	if (req->idle_timeout_ms > WF_GEN_IDLE_MAX_MS)
-		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d",
-					WF_GEN_IDLE_MAX_MS), &d);
+		return fail(
+		    reply, call,
+		    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d", WF_GEN_IDLE_MAX_MS),
+		    &d);
 	struct wf_sched_request sr = {0};
 	sampling_from_pb(req->sampling, &sr.sampling);
 	/* Checked before any model is loaded: a bad request costs nothing. */
@@ -928,8 +937,9 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 		return fail(reply, call, rc, &d);
 	if (req->n_stop > WF_SCHED_STOP_MAX)
 		return fail(reply, call,
-			    wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
-					WF_SCHED_STOP_MAX), &d);
+		            wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
+		                        WF_SCHED_STOP_MAX),
+		            &d);
 	struct gmodel *gm = NULL;
 	uint32_t resv = 0;
 	if ((rc = model_get(g, req->model, agent_ms, &gm, &resv, &d)) < 0)
@@ -944,7 +954,7 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 }
 
 int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *req,
-		       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	pthread_mutex_lock(&g->mu);
 	struct gen *x = NULL;
@@ -954,8 +964,9 @@ int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *re
 	if (!x) {
 		pthread_mutex_unlock(&g->mu);
 		reply->message = wf_ctl_call_printf(
-		    call, "no generation %llu on worker '%s' (never started, or finished and "
-			  "not read for its idle time-out)",
+		    call,
+		    "no generation %llu on worker '%s' (never started, or finished and "
+		    "not read for its idle time-out)",
 		    (unsigned long long)req->generation_id, g->svc->worker_id);
 		return WF_ENOT_FOUND;
 	}
@@ -964,7 +975,8 @@ int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *re
 	uint32_t after = req->after;
 	if (req->cancel && !x->done) {
 		(void)wf_sched_cancel(x->gm->sched, x->sched_id);
-		/* The step thread ends it at its next step: wait for that, so the reply is final. */
+		/* The step thread ends it at its next step: wait for that, so the reply is final.
+		 */
 		struct timespec ts;
 		deadline_after(&ts, WF_GEN_WAIT_MAX_MS);
 		while (!x->done && !g->closing)

@@ -23,9 +23,10 @@
  *
  * A generation is kept in a table with the tokens made so far; GenerateRead long-polls it. A
  * generation nobody has read for its idle time-out is canceled (the client went away); a finished
- * one stays readable for that long (at least WF_GEN_IDLE_MS) after its end or last read. Thread-safe: the control server's threads call
- * in concurrently. Shutdown: close (wakes every long poll; does not block), then destroy (cancels
- * every generation and frees the engines), after the control server has stopped. */
+ * one stays readable for that long (at least WF_GEN_IDLE_MS) after its end or last read.
+ * Thread-safe: the control server's threads call in concurrently. Shutdown: close (wakes every long
+ * poll; does not block), then destroy (cancels every generation and frees the engines), after the
+ * control server has stopped. */
 #ifndef WF_WORKER_GENERATE_H
 #define WF_WORKER_GENERATE_H
 
@@ -35,13 +36,13 @@
 
 struct wf_worker_svc;
 
-#define WF_GEN_MAX            256    /* generations kept at once (running or unread) */
-#define WF_GEN_MODELS_MAX     16     /* models with an engine */
-#define WF_GEN_WAIT_MAX_MS    10000  /* longest long poll */
-#define WF_GEN_IDLE_MS        5000   /* default idle time-out */
-#define WF_GEN_IDLE_MAX_MS    600000
-#define WF_GEN_MAX_TOKENS     256    /* default max_tokens */
-#define WF_GEN_REPLY_TOKENS   1024   /* tokens in one reply at most */
+#define WF_GEN_MAX          256   /* generations kept at once (running or unread) */
+#define WF_GEN_MODELS_MAX   16    /* models with an engine */
+#define WF_GEN_WAIT_MAX_MS  10000 /* longest long poll */
+#define WF_GEN_IDLE_MS      5000  /* default idle time-out */
+#define WF_GEN_IDLE_MAX_MS  600000
+#define WF_GEN_MAX_TOKENS   256  /* default max_tokens */
+#define WF_GEN_REPLY_TOKENS 1024 /* tokens in one reply at most */
 
 struct wf_device;
 struct wf_postfetch_settings;
@@ -69,8 +70,8 @@ struct wf_gen_opts {
  * engine's own thread when a generation ends, never while it decodes). Rates with nothing to
  * divide by are -1. */
 struct wf_gen_metrics {
-	uint64_t generations;         /* finished on this engine */
-	uint64_t tokens;              /* tokens the engine computed (prompts and generated) */
+	uint64_t generations; /* finished on this engine */
+	uint64_t tokens;      /* tokens the engine computed (prompts and generated) */
 	uint64_t fetch_experts, fetch_bytes, fetch_used, fetch_fallbacks, fetch_hits, fetch_misses;
 	uint64_t scratchpad_bytes;
 	double fetch_bytes_per_token; /* fetch_bytes / tokens */

@@ -11,11 +11,11 @@
 #include "engine/postfetch.h"
 #include "engine/tokenizer.h"
 #include "http/server.h"
-#include "worker/eval.h"
 #include "model/model.h"
 #include "proto/request.h"
 #include "proto/status.h"
 #include "worker/cache.h"
+#include "worker/eval.h"
 #include "worker/generate.h"
 #include "worker/metrics.h"
 #include "worker/service.h"
@@ -56,70 +56,76 @@ struct opts {
 	size_t n_uids;
 	gid_t gids[64]; /* --allow-gid: peers whose primary group is one of these */
 	size_t n_gids;
-	struct wf_ctl_tls_opts tls; /* tls+tcp:// endpoint and agent */
-	struct wf_gen_opts gen;     /* Generate's engines */
+	struct wf_ctl_tls_opts tls;             /* tls+tcp:// endpoint and agent */
+	struct wf_gen_opts gen;                 /* Generate's engines */
 	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
 	bool postfetch_asked; /* a WF_POSTFETCH_* variable, --postfetch or --expert-cache-mb */
 	uint32_t expert_cache_mb;
 	bool experts_on_device; /* --n-cpu-moe N */
 	uint32_t n_cpu_moe;
-	bool dense_on_device;   /* --dense-on-device (implied on a GPU) */
+	bool dense_on_device; /* --dense-on-device (implied on a GPU) */
 	bool verbose;
 	int log_format; /* enum wf_log_format; -1: not given */
 };
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"usage: wf-worker [OPTIONS]\n"
-		"  --device SPEC         auto (default), host[:mem=SIZE,bw=RATE], cuda:N\n"
-		"  --id ID               worker id (default: <device>-<pid>)\n"
-		"  --endpoint URL        this worker's control endpoint\n"
-		"                        (default ipc:///run/weightfloor/worker-<id>.sock)\n"
-		"  --agent URL|none      the agent (default ipc:///run/weightfloor/agent.sock)\n"
-		"  --floor-dir DIR       floors (default /dev/shm/weightfloor)\n"
-		"  --model NAME=PATH     a model this worker may load (repeatable; with an agent,\n"
-		"                        models registered there are found by name)\n"
-		"  --pin NAME            load and pin at start (repeatable)\n"
-		"  --prefetch NAME       load at start (repeatable)\n"
-		"  --mode self|external  self-managed (default): requests load and evict LRU;\n"
-		"                        external: the control plane decides (NOT_RESIDENT)\n"
-		"  --arena SIZE          usable device memory (default: free memory at start)\n"
-		"  --weight-fraction F   share of the arena for weights (default 0.90)\n"
-		"  --wiggle F            share of the arena kept free (default 0.05)\n"
-		"  --max-scratch SIZE    largest execution scratch (default 0)\n"
-		"  --load-mode M         auto (measure, keep the faster), staged or direct\n"
-		"  --staging-buffers N   pinned staging buffers (default 8)\n"
-		"  --staging-size SIZE   bytes each (default 8M)\n"
-		"  --alloc-max SIZE      split a model's device memory into allocations of at most SIZE\n"
-		"  --allow-uid UID       ipc peer allowed besides root and our uid (repeatable)\n"
-		"  --allow-gid GROUP     ipc peers of this primary group (name or gid) allowed too\n"
-		"                        (repeatable; e.g. the agent's group under systemd)\n"
-		"  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
-		"                        to a tls+tcp:// agent\n"
-		"  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
-		"  --ctx N               generation: KV positions per sequence (default: the\n"
-		"                        model's context, at most 4096)\n"
-		"  --seqs N              generation: concurrent sequences per model (default 8)\n"
-		"  --threads N           generation: engine threads (default: every CPU allowed)\n"
-		"  --postfetch NAME=VALUE\n"
-		"                        generation: an expert post-fetch setting (repeatable; names\n"
-		"                        as the WF_POSTFETCH_* variables, which apply first: enable,\n"
-		"                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
-		"                        dedicated_streams, debug)\n"
-		"  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
-		"  --n-cpu-moe N         generation: experts of layers N and up resident on the device,\n"
-		"                        the first N host-side\n"
-		"  --cpu-moe             generation: every layer's experts host-side (the default)\n"
-		"  --dense-on-device     generation on the host device: the device forward pass (dense\n"
-		"                        weights and KV cache in device memory), as on a GPU, where it\n"
-		"                        is always so\n"
-		"  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's certificates\n"
-		"  --metrics HOST:PORT   serve /metrics, /healthz and /readyz over HTTP there\n"
-		"                        (\":9401\": 127.0.0.1:9401; default: off)\n"
-		"  --log-format F        text (default; the journal's under systemd) or json\n"
-		"  -v, --verbose\n"
-		"  --version             print \"wf-worker VERSION\" and exit\n");
+	fprintf(
+	    out,
+	    "usage: wf-worker [OPTIONS]\n"
+	    "  --device SPEC         auto (default), host[:mem=SIZE,bw=RATE], cuda:N\n"
+	    "  --id ID               worker id (default: <device>-<pid>)\n"
+	    "  --endpoint URL        this worker's control endpoint\n"
+	    "                        (default ipc:///run/weightfloor/worker-<id>.sock)\n"
+	    "  --agent URL|none      the agent (default ipc:///run/weightfloor/agent.sock)\n"
+	    "  --floor-dir DIR       floors (default /dev/shm/weightfloor)\n"
+	    "  --model NAME=PATH     a model this worker may load (repeatable; with an agent,\n"
+	    "                        models registered there are found by name)\n"
+	    "  --pin NAME            load and pin at start (repeatable)\n"
+	    "  --prefetch NAME       load at start (repeatable)\n"
+	    "  --mode self|external  self-managed (default): requests load and evict LRU;\n"
+	    "                        external: the control plane decides (NOT_RESIDENT)\n"
+	    "  --arena SIZE          usable device memory (default: free memory at start)\n"
+	    "  --weight-fraction F   share of the arena for weights (default 0.90)\n"
+	    "  --wiggle F            share of the arena kept free (default 0.05)\n"
+	    "  --max-scratch SIZE    largest execution scratch (default 0)\n"
+	    "  --load-mode M         auto (measure, keep the faster), staged or direct\n"
+	    "  --staging-buffers N   pinned staging buffers (default 8)\n"
+	    "  --staging-size SIZE   bytes each (default 8M)\n"
+	    "  --alloc-max SIZE      split a model's device memory into allocations of at most "
+	    "SIZE\n"
+	    "  --allow-uid UID       ipc peer allowed besides root and our uid (repeatable)\n"
+	    "  --allow-gid GROUP     ipc peers of this primary group (name or gid) allowed too\n"
+	    "                        (repeatable; e.g. the agent's group under systemd)\n"
+	    "  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
+	    "                        to a tls+tcp:// agent\n"
+	    "  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
+	    "  --ctx N               generation: KV positions per sequence (default: the\n"
+	    "                        model's context, at most 4096)\n"
+	    "  --seqs N              generation: concurrent sequences per model (default 8)\n"
+	    "  --threads N           generation: engine threads (default: every CPU allowed)\n"
+	    "  --postfetch NAME=VALUE\n"
+	    "                        generation: an expert post-fetch setting (repeatable; names\n"
+	    "                        as the WF_POSTFETCH_* variables, which apply first: enable,\n"
+	    "                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
+	    "                        dedicated_streams, debug)\n"
+	    "  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
+	    "  --n-cpu-moe N         generation: experts of layers N and up resident on the "
+	    "device,\n"
+	    "                        the first N host-side\n"
+	    "  --cpu-moe             generation: every layer's experts host-side (the default)\n"
+	    "  --dense-on-device     generation on the host device: the device forward pass "
+	    "(dense\n"
+	    "                        weights and KV cache in device memory), as on a GPU, where "
+	    "it\n"
+	    "                        is always so\n"
+	    "  --tls-ca FILE         CA (PEM) that signs the clients' and the agent's "
+	    "certificates\n"
+	    "  --metrics HOST:PORT   serve /metrics, /healthz and /readyz over HTTP there\n"
+	    "                        (\":9401\": 127.0.0.1:9401; default: off)\n"
+	    "  --log-format F        text (default; the journal's under systemd) or json\n"
+	    "  -v, --verbose\n"
+	    "  --version             print \"wf-worker VERSION\" and exit\n");
 }
 
 static int parse_size_flag(const char *flag, const char *arg, uint64_t *out)
@@ -153,12 +159,12 @@ static int parse_gid_flag(const char *arg, gid_t *out)
 }
 
 static int parse_uint_flag(const char *flag, const char *arg, uint64_t min, uint64_t max,
-			   uint64_t *out)
+                           uint64_t *out)
 {
 	uint64_t v;
 	if (wf_parse_uint(arg, max, &v) < 0 || v < min) {
 		fprintf(stderr, "wf-worker: %s takes %llu..%llu, not '%s'\n", flag,
-			(unsigned long long)min, (unsigned long long)max, arg);
+		        (unsigned long long)min, (unsigned long long)max, arg);
 		return 2;
 	}
 	*out = v;
@@ -179,61 +185,107 @@ static int parse_fraction(const char *flag, const char *arg, double *out)
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-	enum { O_DEVICE = 256, O_ID, O_ENDPOINT, O_AGENT, O_FLOOR, O_MODEL, O_PIN, O_PREFETCH,
-	       O_MODE, O_ARENA, O_FRACTION, O_WIGGLE, O_SCRATCH, O_LOADMODE, O_SBUF, O_SSIZE,
-	       O_ALLOCMAX, O_UID, O_GID, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_VERSION, O_CTX, O_SEQS,
-	       O_THREADS, O_POSTFETCH, O_CACHE_MB, O_N_CPU_MOE, O_CPU_MOE, O_DENSE, O_METRICS,
-	       O_LOG_FORMAT };
+	enum {
+		O_DEVICE = 256,
+		O_ID,
+		O_ENDPOINT,
+		O_AGENT,
+		O_FLOOR,
+		O_MODEL,
+		O_PIN,
+		O_PREFETCH,
+		O_MODE,
+		O_ARENA,
+		O_FRACTION,
+		O_WIGGLE,
+		O_SCRATCH,
+		O_LOADMODE,
+		O_SBUF,
+		O_SSIZE,
+		O_ALLOCMAX,
+		O_UID,
+		O_GID,
+		O_TLS_CERT,
+		O_TLS_KEY,
+		O_TLS_CA,
+		O_VERSION,
+		O_CTX,
+		O_SEQS,
+		O_THREADS,
+		O_POSTFETCH,
+		O_CACHE_MB,
+		O_N_CPU_MOE,
+		O_CPU_MOE,
+		O_DENSE,
+		O_METRICS,
+		O_LOG_FORMAT
+	};
 	static const struct option lo[] = {
-		{"device", required_argument, NULL, O_DEVICE},
-		{"id", required_argument, NULL, O_ID},
-		{"endpoint", required_argument, NULL, O_ENDPOINT},
-		{"agent", required_argument, NULL, O_AGENT},
-		{"floor-dir", required_argument, NULL, O_FLOOR},
-		{"model", required_argument, NULL, O_MODEL},
-		{"pin", required_argument, NULL, O_PIN},
-		{"prefetch", required_argument, NULL, O_PREFETCH},
-		{"mode", required_argument, NULL, O_MODE},
-		{"arena", required_argument, NULL, O_ARENA},
-		{"weight-fraction", required_argument, NULL, O_FRACTION},
-		{"wiggle", required_argument, NULL, O_WIGGLE},
-		{"max-scratch", required_argument, NULL, O_SCRATCH},
-		{"load-mode", required_argument, NULL, O_LOADMODE},
-		{"staging-buffers", required_argument, NULL, O_SBUF},
-		{"staging-size", required_argument, NULL, O_SSIZE},
-		{"alloc-max", required_argument, NULL, O_ALLOCMAX},
-		{"allow-uid", required_argument, NULL, O_UID},
-		{"allow-gid", required_argument, NULL, O_GID},
-		{"tls-cert", required_argument, NULL, O_TLS_CERT},
-		{"tls-key", required_argument, NULL, O_TLS_KEY},
-		{"tls-ca", required_argument, NULL, O_TLS_CA},
-		{"ctx", required_argument, NULL, O_CTX},
-		{"seqs", required_argument, NULL, O_SEQS},
-		{"threads", required_argument, NULL, O_THREADS},
-		{"postfetch", required_argument, NULL, O_POSTFETCH},
-		{"expert-cache-mb", required_argument, NULL, O_CACHE_MB},
-		{"n-cpu-moe", required_argument, NULL, O_N_CPU_MOE},
-		{"cpu-moe", no_argument, NULL, O_CPU_MOE},
-		{"dense-on-device", no_argument, NULL, O_DENSE},
-		{"metrics", required_argument, NULL, O_METRICS},
-		{"log-format", required_argument, NULL, O_LOG_FORMAT},
-		{"verbose", no_argument, NULL, 'v'},
-		{"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, O_VERSION},
-		{0},
+	    {"device", required_argument, NULL, O_DEVICE},
+	    {"id", required_argument, NULL, O_ID},
+	    {"endpoint", required_argument, NULL, O_ENDPOINT},
+	    {"agent", required_argument, NULL, O_AGENT},
+	    {"floor-dir", required_argument, NULL, O_FLOOR},
+	    {"model", required_argument, NULL, O_MODEL},
+	    {"pin", required_argument, NULL, O_PIN},
+	    {"prefetch", required_argument, NULL, O_PREFETCH},
+	    {"mode", required_argument, NULL, O_MODE},
+	    {"arena", required_argument, NULL, O_ARENA},
+	    {"weight-fraction", required_argument, NULL, O_FRACTION},
+	    {"wiggle", required_argument, NULL, O_WIGGLE},
+	    {"max-scratch", required_argument, NULL, O_SCRATCH},
+	    {"load-mode", required_argument, NULL, O_LOADMODE},
+	    {"staging-buffers", required_argument, NULL, O_SBUF},
+	    {"staging-size", required_argument, NULL, O_SSIZE},
+	    {"alloc-max", required_argument, NULL, O_ALLOCMAX},
+	    {"allow-uid", required_argument, NULL, O_UID},
+	    {"allow-gid", required_argument, NULL, O_GID},
+	    {"tls-cert", required_argument, NULL, O_TLS_CERT},
+	    {"tls-key", required_argument, NULL, O_TLS_KEY},
+	    {"tls-ca", required_argument, NULL, O_TLS_CA},
+	    {"ctx", required_argument, NULL, O_CTX},
+	    {"seqs", required_argument, NULL, O_SEQS},
+	    {"threads", required_argument, NULL, O_THREADS},
+	    {"postfetch", required_argument, NULL, O_POSTFETCH},
+	    {"expert-cache-mb", required_argument, NULL, O_CACHE_MB},
+	    {"n-cpu-moe", required_argument, NULL, O_N_CPU_MOE},
+	    {"cpu-moe", no_argument, NULL, O_CPU_MOE},
+	    {"dense-on-device", no_argument, NULL, O_DENSE},
+	    {"metrics", required_argument, NULL, O_METRICS},
+	    {"log-format", required_argument, NULL, O_LOG_FORMAT},
+	    {"verbose", no_argument, NULL, 'v'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, O_VERSION},
+	    {0},
 	};
 	int c, rc;
 	uint64_t v;
 	while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
 		switch (c) {
-		case O_DEVICE: o->device = optarg; break;
-		case O_ID: o->id = optarg; break;
-		case O_ENDPOINT: o->endpoint = optarg; break;
-		case O_AGENT: o->agent = optarg; break;
-		case O_TLS_CERT: o->tls.cert_file = optarg; break;
-		case O_TLS_KEY: o->tls.key_file = optarg; break;
-		case O_TLS_CA: o->tls.ca_file = optarg; break;
-		case O_FLOOR: o->floor_dir = optarg; break;
+		case O_DEVICE:
+			o->device = optarg;
+			break;
+		case O_ID:
+			o->id = optarg;
+			break;
+		case O_ENDPOINT:
+			o->endpoint = optarg;
+			break;
+		case O_AGENT:
+			o->agent = optarg;
+			break;
+		case O_TLS_CERT:
+			o->tls.cert_file = optarg;
+			break;
+		case O_TLS_KEY:
+			o->tls.key_file = optarg;
+			break;
+		case O_TLS_CA:
+			o->tls.ca_file = optarg;
+			break;
+		case O_FLOOR:
+			o->floor_dir = optarg;
+			break;
 		case O_METRICS: {
 			struct sockaddr_storage ss;
 			socklen_t sl;
@@ -247,7 +299,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 		case O_MODEL:
 			if (!strchr(optarg, '=') || optarg[0] == '=' || o->n_models == 256) {
-				fprintf(stderr, "wf-worker: --model takes NAME=PATH, not '%s'\n", optarg);
+				fprintf(stderr, "wf-worker: --model takes NAME=PATH, not '%s'\n",
+				        optarg);
 				return 2;
 			}
 			o->models[o->n_models++] = optarg;
@@ -269,15 +322,35 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			}
 			o->mode = optarg;
 			break;
-		case O_ARENA: if ((rc = parse_size_flag("--arena", optarg, &o->arena))) return rc; break;
-		case O_SCRATCH: if ((rc = parse_size_flag("--max-scratch", optarg, &o->max_scratch))) return rc; break;
-		case O_SSIZE: if ((rc = parse_size_flag("--staging-size", optarg, &o->staging_size))) return rc; break;
-		case O_ALLOCMAX: if ((rc = parse_size_flag("--alloc-max", optarg, &o->alloc_max))) return rc; break;
-		case O_FRACTION: if ((rc = parse_fraction("--weight-fraction", optarg, &o->weight_fraction))) return rc; break;
-		case O_WIGGLE: if ((rc = parse_fraction("--wiggle", optarg, &o->wiggle))) return rc; break;
+		case O_ARENA:
+			if ((rc = parse_size_flag("--arena", optarg, &o->arena)))
+				return rc;
+			break;
+		case O_SCRATCH:
+			if ((rc = parse_size_flag("--max-scratch", optarg, &o->max_scratch)))
+				return rc;
+			break;
+		case O_SSIZE:
+			if ((rc = parse_size_flag("--staging-size", optarg, &o->staging_size)))
+				return rc;
+			break;
+		case O_ALLOCMAX:
+			if ((rc = parse_size_flag("--alloc-max", optarg, &o->alloc_max)))
+				return rc;
+			break;
+		case O_FRACTION:
+			if ((rc = parse_fraction("--weight-fraction", optarg, &o->weight_fraction)))
+				return rc;
+			break;
+		case O_WIGGLE:
+			if ((rc = parse_fraction("--wiggle", optarg, &o->wiggle)))
+				return rc;
+			break;
 		case O_LOADMODE:
-			if (strcmp(optarg, "auto") && strcmp(optarg, "staged") && strcmp(optarg, "direct")) {
-				fprintf(stderr, "wf-worker: --load-mode must be auto, staged or direct\n");
+			if (strcmp(optarg, "auto") && strcmp(optarg, "staged") &&
+			    strcmp(optarg, "direct")) {
+				fprintf(stderr,
+				        "wf-worker: --load-mode must be auto, staged or direct\n");
 				return 2;
 			}
 			o->load_mode = optarg;
@@ -325,14 +398,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			char name[64];
 			struct wf_diag d = {{0}};
 			if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof name) {
-				fprintf(stderr, "wf-worker: --postfetch takes NAME=VALUE, not '%s'\n",
-					optarg);
+				fprintf(stderr,
+				        "wf-worker: --postfetch takes NAME=VALUE, not '%s'\n",
+				        optarg);
 				return 2;
 			}
 			snprintf(name, sizeof name, "%.*s", (int)(eq - optarg), optarg);
 			if ((rc = wf_postfetch_settings_set(&o->postfetch, name, eq + 1, &d)) < 0) {
 				fprintf(stderr, "wf-worker: --postfetch %s: %s\n", optarg,
-					wf_diag_str(&d, rc));
+				        wf_diag_str(&d, rc));
 				return 2;
 			}
 			o->postfetch_asked = true;
@@ -361,17 +435,26 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_LOG_FORMAT: {
 			enum wf_log_format f;
 			if (wf_log_format_parse(optarg, &f) < 0) {
-				fprintf(stderr, "wf-worker: --log-format must be text or json, not '%s'\n",
-					optarg);
+				fprintf(stderr,
+				        "wf-worker: --log-format must be text or json, not '%s'\n",
+				        optarg);
 				return 2;
 			}
 			o->log_format = (int)f;
 			break;
 		}
-		case 'v': o->verbose = true; break;
-		case 'h': usage(stdout); exit(0);
-		case O_VERSION: printf("wf-worker %s\n", WF_VERSION); exit(0);
-		default: usage(stderr); return 2;
+		case 'v':
+			o->verbose = true;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		case O_VERSION:
+			printf("wf-worker %s\n", WF_VERSION);
+			exit(0);
+		default:
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind < argc) {
@@ -386,10 +469,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 struct heartbeat {
 	struct wf_worker_svc *svc;
 	atomic_bool stop;
-	atomic_bool refused; /* the agent refused us for good: main exits non-zero */
-	atomic_bool registered; /* the last registration was accepted */
+	atomic_bool refused;     /* the agent refused us for good: main exits non-zero */
+	atomic_bool registered;  /* the last registration was accepted */
 	_Atomic int64_t beat_ms; /* CLOCK_MONOTONIC ms of the loop's last turn (/healthz) */
-	bool poke;              /* under mu: register now, do not wait for the beat */
+	bool poke;               /* under mu: register now, do not wait for the beat */
 	pthread_t thread;
 	bool running;
 	pthread_mutex_t mu;
@@ -457,20 +540,24 @@ static void *heartbeat_main(void *arg)
 		atomic_store(&hb->registered, up);
 		if (refusal_is_final(rc)) {
 			wf_log_error("the agent refused worker '%s': %s; stopping",
-				     hb->svc->worker_id, wf_diag_str(&d, rc));
+			             hb->svc->worker_id, wf_diag_str(&d, rc));
 			atomic_store(&hb->refused, true);
 			kill(getpid(), SIGTERM); /* main's sigwait takes it */
 			break;
 		}
-		if (rc < 0 && wf_proto_status_from_err(rc) != WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE &&
+		if (rc < 0 &&
+		    wf_proto_status_from_err(rc) != WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE &&
 		    rc != WF_ETRANSPORT)
 			wf_log_warn("agent refused the registration: %s", wf_diag_str(&d, rc));
 		if (up != was_up || first) {
 			if (up)
-				wf_log_info("registered with the agent as '%s'", hb->svc->worker_id);
+				wf_log_info("registered with the agent as '%s'",
+				            hb->svc->worker_id);
 			else
-				wf_log_warn("agent unreachable: serving with the floors already attached; "
-					    "retrying every %d s", HEARTBEAT_MS / 1000);
+				wf_log_warn(
+				    "agent unreachable: serving with the floors already attached; "
+				    "retrying every %d s",
+				    HEARTBEAT_MS / 1000);
 		}
 		was_up = up;
 		first = false;
@@ -505,7 +592,7 @@ static void heartbeat_poke(struct heartbeat *hb)
  * and counted, and the next change sent carries the count in its message, so a watcher knows
  * it missed some and can query WorkerStatus. */
 
-#define REPORT_QUEUE 256
+#define REPORT_QUEUE      256
 #define REPORT_TIMEOUT_MS 1000
 
 struct report_entry {
@@ -541,17 +628,22 @@ static int64_t now_unix_ms(void)
 static Weightfloor__V1__Residency residency_proto(enum wf_residency s)
 {
 	switch (s) {
-	case WF_RESIDENCY_DISK: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
-	case WF_RESIDENCY_HOST: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
-	case WF_RESIDENCY_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
-	case WF_RESIDENCY_PINNED_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
-	default: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
+	case WF_RESIDENCY_DISK:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	case WF_RESIDENCY_HOST:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
+	case WF_RESIDENCY_DEVICE:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
+	case WF_RESIDENCY_PINNED_DEVICE:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
+	default:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
 	}
 }
 
 /* Queues one change; never waits on anything but the queue's own short-held lock. */
 static void reporter_push(struct reporter *r, const char *model, enum wf_residency state,
-			  uint64_t device_bytes, const char *message)
+                          uint64_t device_bytes, const char *message)
 {
 	pthread_mutex_lock(&r->mu);
 	if (r->n == REPORT_QUEUE) {
@@ -587,7 +679,7 @@ static int reporter_send(struct reporter *r, struct report_entry *batch, size_t 
 	}
 	if (lost && n) {
 		snprintf(note, sizeof note, "%s%s%llu earlier residency changes were not reported",
-			 ch[0].message, *ch[0].message ? "; " : "", (unsigned long long)lost);
+		         ch[0].message, *ch[0].message ? "; " : "", (unsigned long long)lost);
 		ch[0].message = note;
 	}
 	Weightfloor__V1__ReportResidency rr = WEIGHTFLOOR__V1__REPORT_RESIDENCY__INIT;
@@ -629,14 +721,15 @@ static void *reporter_main(void *arg)
 		/* Unregistered (agent down or not yet answered): the agent would refuse the report,
 		 * and waiting for it would send stale news later. */
 		int rc = atomic_load(&r->hb->registered) ? reporter_send(r, batch, n, lost)
-							  : WF_EUNAVAILABLE;
+		                                         : WF_EUNAVAILABLE;
 		if (rc == WF_ENOT_FOUND) {
 			/* The agent restarted and does not know us yet. */
 			atomic_store(&r->hb->registered, false);
 			heartbeat_poke(r->hb);
 		}
 		pthread_mutex_lock(&r->mu);
-		/* Told: what was counted when the batch left; drops since then wait for the next. */
+		/* Told: what was counted when the batch left; drops since then wait for the next.
+		 */
 		if (rc == 0)
 			r->lost -= lost;
 		else
@@ -656,12 +749,13 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	wf_worker_metrics_cache_event(r ? r->metrics : NULL, ev);
 	switch (ev->type) {
 	case WF_CACHE_EVENT_RESIDENCY:
-		wf_log_event(WF_LOG_INFO,
-			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "residency"),
-			     "%s%s", wf_residency_name(ev->state),
-			    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
-					      "everything else)"
-					    : "");
+		wf_log_event(
+		    WF_LOG_INFO,
+		    WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "residency"), "%s%s",
+		    wf_residency_name(ev->state),
+		    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
+		                      "everything else)"
+		                    : "");
 		if (!r)
 			break;
 		msg[0] = 0;
@@ -673,33 +767,35 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 		if (!msg[0] && ev->over_budget)
 			snprintf(msg, sizeof msg, "larger than the on-demand budget");
 		reporter_push(r, ev->name, ev->state,
-			      ev->state == WF_RESIDENCY_DEVICE || ev->state == WF_RESIDENCY_PINNED_DEVICE
-				  ? ev->total
-				  : 0,
-			      msg);
+		              ev->state == WF_RESIDENCY_DEVICE ||
+		                      ev->state == WF_RESIDENCY_PINNED_DEVICE
+		                  ? ev->total
+		                  : 0,
+		              msg);
 		break;
 	case WF_CACHE_EVENT_LOAD_FAILED:
 		wf_log_event(WF_LOG_ERROR,
-			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "load_failed",
-				      .code = ev->error),
-			     "load failed: %s", ev->msg ? ev->msg : wf_strerror(ev->error));
+		             WF_LOG_F(.worker = log_worker, .model = ev->name,
+		                      .event = "load_failed", .code = ev->error),
+		             "load failed: %s", ev->msg ? ev->msg : wf_strerror(ev->error));
 		if (!r)
 			break;
 		snprintf(msg, sizeof msg, "load failed: %s",
-			 ev->msg ? ev->msg : wf_strerror(ev->error));
+		         ev->msg ? ev->msg : wf_strerror(ev->error));
 		reporter_push(r, ev->name, ev->state, 0, msg);
 		break;
 	case WF_CACHE_EVENT_EVICTED:
 		wf_log_event(WF_LOG_INFO,
-			     WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "evicted"),
-			     "evicted (%s)", ev->msg ? ev->msg : "command");
+		             WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "evicted"),
+		             "evicted (%s)", ev->msg ? ev->msg : "command");
 		if (!r)
 			break;
 		/* The cache follows with the RESIDENCY event of the new state: the reason rides on
 		 * it, one change per eviction. */
 		pthread_mutex_lock(&r->mu);
 		snprintf(r->evicted_model, sizeof r->evicted_model, "%s", ev->name);
-		snprintf(r->evicted_why, sizeof r->evicted_why, "%s", ev->msg ? ev->msg : "command");
+		snprintf(r->evicted_why, sizeof r->evicted_why, "%s",
+		         ev->msg ? ev->msg : "command");
 		pthread_mutex_unlock(&r->mu);
 		break;
 	default:
@@ -739,7 +835,7 @@ static bool worker_live(void *ctx, char *reason, size_t len)
 	int64_t age = mono_ms() - atomic_load(&p->hb->beat_ms);
 	if (age > 12 * HEARTBEAT_MS) {
 		snprintf(reason, len, "the registration loop has not turned for %lld ms",
-			 (long long)age);
+		         (long long)age);
 		return false;
 	}
 	return true;
@@ -748,29 +844,28 @@ static bool worker_live(void *ctx, char *reason, size_t len)
 /* One line per failed request (id, client, kind, model) and one per generation started (its id
  * next to the request's, so the "generation N done" line can be traced to the request). */
 static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
-			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	int rv = wf_worker_svc_handle(ctx, req, reply, call);
 	Weightfloor__V1__Status st = rv < 0 ? wf_proto_status_from_err(rv) : reply->code;
 	struct wf_proto_request_desc rd;
 	wf_proto_request_describe(req, &rd);
 	if (rv < 0 || st != WEIGHTFLOOR__V1__STATUS__STATUS_OK) {
-		wf_log_event(st == WEIGHTFLOOR__V1__STATUS__STATUS_INTERNAL ? WF_LOG_ERROR
-									       : WF_LOG_INFO,
-			     WF_LOG_F(.worker = log_worker, .model = rd.model,
-				      .request_id = req->request_id, .client = req->client,
-				      .event = "request_failed",
-				      .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
-			     "%s: %s: %s", rd.kind, wf_proto_status_name(st),
-			     reply->message && *reply->message ? reply->message : wf_strerror(rv));
+		wf_log_event(
+		    st == WEIGHTFLOOR__V1__STATUS__STATUS_INTERNAL ? WF_LOG_ERROR : WF_LOG_INFO,
+		    WF_LOG_F(.worker = log_worker, .model = rd.model, .request_id = req->request_id,
+		             .client = req->client, .event = "request_failed",
+		             .code = rv < 0 ? rv : wf_proto_status_to_err(st)),
+		    "%s: %s: %s", rd.kind, wf_proto_status_name(st),
+		    reply->message && *reply->message ? reply->message : wf_strerror(rv));
 	} else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE &&
-		   reply->body_case == WEIGHTFLOOR__V1__REPLY__BODY_GENERATE && reply->generate) {
+	           reply->body_case == WEIGHTFLOOR__V1__REPLY__BODY_GENERATE && reply->generate) {
 		wf_log_event(WF_LOG_INFO,
-			     WF_LOG_F(.worker = log_worker, .model = rd.model,
-				      .request_id = req->request_id, .client = req->client,
-				      .generation = reply->generate->generation_id,
-				      .event = "generation_started"),
-			     "generation %" PRIu64 " started", reply->generate->generation_id);
+		             WF_LOG_F(.worker = log_worker, .model = rd.model,
+		                      .request_id = req->request_id, .client = req->client,
+		                      .generation = reply->generate->generation_id,
+		                      .event = "generation_started"),
+		             "generation %" PRIu64 " started", reply->generate->generation_id);
 	}
 	return rv;
 }
@@ -820,7 +915,8 @@ static int cmd_tokenize(int argc, char **argv)
 	if (rc == 0)
 		rc = wf_tokenizer_create(&m->kv, &tok, &d);
 	if (rc == 0)
-		rc = wf_tokenizer_encode(tok, text, strlen(text), add_special, parse_special, &ids, &n, &d);
+		rc = wf_tokenizer_encode(tok, text, strlen(text), add_special, parse_special, &ids,
+		                         &n, &d);
 	if (rc < 0) {
 		fprintf(stderr, "wf-worker tokenize: %s: %s\n", model_path, wf_diag_str(&d, rc));
 	} else {
@@ -846,14 +942,15 @@ int main(int argc, char **argv)
 		return wf_worker_eval_main(argc - 1, argv + 1);
 	}
 	struct opts o = {.device = "auto",
-			 .agent = "ipc:///run/weightfloor/agent.sock",
-			 .floor_dir = "/dev/shm/weightfloor",
-			 .mode = "self",
-			 .load_mode = "auto",
-			 .weight_fraction = -1,
-			 .wiggle = -1,
-			 .log_format = -1};
-	/* Post-fetch: the defaults, the WF_POSTFETCH_* variables over them, the flags over those. */
+	                 .agent = "ipc:///run/weightfloor/agent.sock",
+	                 .floor_dir = "/dev/shm/weightfloor",
+	                 .mode = "self",
+	                 .load_mode = "auto",
+	                 .weight_fraction = -1,
+	                 .wiggle = -1,
+	                 .log_format = -1};
+	/* Post-fetch: the defaults, the WF_POSTFETCH_* variables over them, the flags over those.
+	 */
 	wf_postfetch_settings_default(&o.postfetch);
 	{
 		struct wf_diag pd = {{0}};
@@ -870,7 +967,7 @@ int main(int argc, char **argv)
 		return rc;
 	if (o.expert_cache_mb && (!o.postfetch.enable || o.postfetch.force_cpu)) {
 		fprintf(stderr, "wf-worker: --expert-cache-mb needs post-fetch (its miss path): "
-				"not with enable=0 or force_cpu=1\n");
+		                "not with enable=0 or force_cpu=1\n");
 		return 2;
 	}
 	wf_log_init("wf-worker", o.verbose ? WF_LOG_DEBUG : WF_LOG_INFO);
@@ -918,16 +1015,16 @@ int main(int argc, char **argv)
 		}
 		rep.metrics = metrics;
 		struct wf_http_opts ho = {.addr = o.metrics,
-					  .metrics = wf_worker_metrics_registry(metrics),
-					  .live = worker_live,
-					  .ready = worker_ready,
-					  .ctx = &probes};
+		                          .metrics = wf_worker_metrics_registry(metrics),
+		                          .live = worker_live,
+		                          .ready = worker_ready,
+		                          .ctx = &probes};
 		if ((rc = wf_http_server_start(&ho, &http, &d)) < 0) {
 			wf_log_error("--metrics %s: %s", o.metrics, wf_diag_str(&d, rc));
 			goto out;
 		}
 		wf_log_info("metrics and health on http://%s (port %u)", o.metrics,
-			    (unsigned)wf_http_server_port(http));
+		            (unsigned)wf_http_server_port(http));
 	}
 	if ((rc = wf_device_open(o.device, &dev, &d)) < 0) {
 		wf_log_error("device %s: %s", o.device, wf_diag_str(&d, rc));
@@ -938,31 +1035,32 @@ int main(int argc, char **argv)
 		snprintf(id, sizeof id, "%s", o.id);
 	else
 		snprintf(id, sizeof id, "%s-%d",
-			 wf_device_kind(dev) == WF_DEVICE_KIND_HOST ? "host" : "gpu", (int)getpid());
+		         wf_device_kind(dev) == WF_DEVICE_KIND_HOST ? "host" : "gpu",
+		         (int)getpid());
 	if (o.endpoint)
 		snprintf(endpoint, sizeof endpoint, "%s", o.endpoint);
 	else
 		snprintf(endpoint, sizeof endpoint, "ipc:///run/weightfloor/worker-%s.sock", id);
 
 	struct wf_cache_budget budget = {
-		.arena = o.arena,
-		.weight_fraction = o.weight_fraction >= 0 ? o.weight_fraction
-							  : WF_DEVBUDGET_FRACTION_DEFAULT,
-		.wiggle_fraction = o.wiggle >= 0 ? o.wiggle : WF_DEVBUDGET_WIGGLE_DEFAULT,
-		.max_scratch = o.max_scratch,
+	    .arena = o.arena,
+	    .weight_fraction =
+	        o.weight_fraction >= 0 ? o.weight_fraction : WF_DEVBUDGET_FRACTION_DEFAULT,
+	    .wiggle_fraction = o.wiggle >= 0 ? o.wiggle : WF_DEVBUDGET_WIGGLE_DEFAULT,
+	    .max_scratch = o.max_scratch,
 	};
 	struct wf_shm_config shm = {.dir = o.floor_dir};
 	struct wf_cache_opts co = {
-		.mode = strcmp(o.mode, "external") == 0 ? WF_CACHE_EXTERNAL : WF_CACHE_SELF_MANAGED,
-		.budget = &budget,
-		.shm = &shm,
-		.stage = {.n_buffers = o.staging_buffers, .buffer_size = o.staging_size},
-		.load_mode = strcmp(o.load_mode, "staged") == 0	  ? WF_STAGE_MODE_STAGED
-			     : strcmp(o.load_mode, "direct") == 0 ? WF_STAGE_MODE_DIRECT
-								  : WF_STAGE_MODE_AUTO,
-		.alloc_max = o.alloc_max,
-		.event = on_cache_event,
-		.event_ctx = &rep,
+	    .mode = strcmp(o.mode, "external") == 0 ? WF_CACHE_EXTERNAL : WF_CACHE_SELF_MANAGED,
+	    .budget = &budget,
+	    .shm = &shm,
+	    .stage = {.n_buffers = o.staging_buffers, .buffer_size = o.staging_size},
+	    .load_mode = strcmp(o.load_mode, "staged") == 0   ? WF_STAGE_MODE_STAGED
+	                 : strcmp(o.load_mode, "direct") == 0 ? WF_STAGE_MODE_DIRECT
+	                                                      : WF_STAGE_MODE_AUTO,
+	    .alloc_max = o.alloc_max,
+	    .event = on_cache_event,
+	    .event_ctx = &rep,
 	};
 	if ((rc = wf_cache_create(dev, &co, &cache, &d)) < 0) {
 		wf_log_error("device cache: %s", wf_diag_str(&d, rc));
@@ -1005,32 +1103,32 @@ int main(int argc, char **argv)
 		o.gen.n_cpu_moe = o.n_cpu_moe;
 		o.gen.dense_on_device = o.dense_on_device;
 		wf_log_info("generation: engines on %s%s (expert post-fetch %s, block_on_miss %d, "
-			    "expert cache %u MiB, %s)",
-			    wf_device_name(dev),
-			    wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.dense_on_device
-				? ""
-				: " for experts only",
-			    o.postfetch.enable && !o.postfetch.force_cpu ? "on" : "off",
-			    (int)o.postfetch.block_on_miss, o.expert_cache_mb,
-			    o.experts_on_device ? "resident experts from --n-cpu-moe"
-						: "experts host-side");
+		            "expert cache %u MiB, %s)",
+		            wf_device_name(dev),
+		            wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.dense_on_device
+		                ? ""
+		                : " for experts only",
+		            o.postfetch.enable && !o.postfetch.force_cpu ? "on" : "off",
+		            (int)o.postfetch.block_on_miss, o.expert_cache_mb,
+		            o.experts_on_device ? "resident experts from --n-cpu-moe"
+		                                : "experts host-side");
 	}
 	if ((rc = wf_gen_create(&svc, &o.gen, &svc.gen)) < 0) {
 		wf_log_error("generation: %s", wf_strerror(rc));
 		goto out;
 	}
 	struct wf_ctl_server_opts so = {
-		/* Long polls (GenerateRead) hold a thread each while they wait. */
-		.nworkers = 32,
-		.listen = {.url = endpoint,
-		           .allowed_uids = o.uids,
-		           .n_allowed_uids = o.n_uids,
-		           .allowed_gids = o.gids,
-		           .n_allowed_gids = o.n_gids,
-		           .log = log_ctl,
-		           .tls = o.tls},
-		.handle = metrics ? wf_worker_metrics_handle : handle_logged,
-		.ctx = metrics ? (void *)metrics : (void *)&svc,
+	    /* Long polls (GenerateRead) hold a thread each while they wait. */
+	    .nworkers = 32,
+	    .listen = {.url = endpoint,
+	               .allowed_uids = o.uids,
+	               .n_allowed_uids = o.n_uids,
+	               .allowed_gids = o.gids,
+	               .n_allowed_gids = o.n_gids,
+	               .log = log_ctl,
+	               .tls = o.tls},
+	    .handle = metrics ? wf_worker_metrics_handle : handle_logged,
+	    .ctx = metrics ? (void *)metrics : (void *)&svc,
 	};
 	if (metrics) {
 		wf_worker_metrics_wrap(metrics, handle_logged, &svc);
@@ -1049,7 +1147,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	wf_log_info("worker '%s' serving %s (%s mode)", id, wf_ctl_server_url(srv),
-		    wf_cache_mode_name(co.mode));
+	            wf_cache_mode_name(co.mode));
 	/* Type=notify (wf-worker@.service): up once the endpoint answers. Models named by --pin
 	 * and --prefetch load afterwards, so a large one cannot run past the start timeout. */
 	wf_sd_notify("READY=1");
@@ -1072,10 +1170,11 @@ int main(int argc, char **argv)
 		wf_diag_clear(&d);
 		rc = wf_worker_svc_resolve(&svc, name, WF_WORKER_AGENT_MAX_MS, true, &mid, &d);
 		if (rc == 0)
-			rc = pin ? wf_cache_pin(cache, mid, &d) : wf_cache_prefetch(cache, mid, true, &d);
+			rc = pin ? wf_cache_pin(cache, mid, &d)
+			         : wf_cache_prefetch(cache, mid, true, &d);
 		if (rc < 0)
 			wf_log_error("%s %s: %s", pin ? "--pin" : "--prefetch", name,
-				     wf_diag_str(&d, rc));
+			             wf_diag_str(&d, rc));
 	}
 
 	for (;;) {

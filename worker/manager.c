@@ -46,7 +46,8 @@ static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool un
 	nd = 0;
 	for (uint32_t s = 0; s < m->n_sets; s++) {
 		struct wset *w = &m->sets[s];
-		if (!((set == ALL_SETS || s == set) && w->resident && !(unpinned_only && w->pinned)))
+		if (!((set == ALL_SETS || s == set) && w->resident &&
+		      !(unpinned_only && w->pinned)))
 			continue;
 		had_pinned |= w->pinned;
 		d[nd].n_segs = w->n_segs;
@@ -150,7 +151,8 @@ static size_t entries_locked(struct wf_cache *c, const struct model *skip, struc
 		uint64_t b = wf__cache_set_bytes(m, false);
 		if (m == skip || !wf__cache_any_set(m, false))
 			continue;
-		e[n] = (struct wf_lru_item){.bytes = b, .last_used = m->lru, .busy = m->acquired != 0};
+		e[n] =
+		    (struct wf_lru_item){.bytes = b, .last_used = m->lru, .busy = m->acquired != 0};
 		who[n++] = (struct item){.m = m};
 	}
 	for (size_t i = 0; i < c->n_resv; i++) {
@@ -210,7 +212,8 @@ static int make_room(struct wf_cache *c, const struct model *target, const char 
 		if (fit == WF_LRU_NO_ROOM || (nv && !allow_evict)) {
 			ret = wf_diag_set(
 			    diag, WF_ENO_SPACE,
-			    "%s: %" PRIu64 " bytes do not fit: on-demand budget %" PRIu64 ", %" PRIu64
+			    "%s: %" PRIu64 " bytes do not fit: on-demand budget %" PRIu64
+			    ", %" PRIu64
 			    " resident in %zu unpinned models and engines (%zu in use)%s",
 			    what, need, b.on_demand, used, n, busy,
 			    allow_evict ? "" : "; external mode does not evict");
@@ -331,15 +334,16 @@ static int check_fits(struct wf_cache *c, const struct model *target, uint64_t b
 	uint64_t room = arena > pinned ? arena - pinned : 0;
 	if (bytes > room)
 		return wf_diag_set(diag, WF_ENO_SPACE,
-		                   "model '%s': %" PRIu64 " bytes can never fit: the arena is %" PRIu64
-		                   " bytes, %" PRIu64 " of them pinned (nothing was evicted)",
+		                   "model '%s': %" PRIu64
+		                   " bytes can never fit: the arena is %" PRIu64 " bytes, %" PRIu64
+		                   " of them pinned (nothing was evicted)",
 		                   target->name, bytes, arena, pinned);
 	if (bytes > (uint64_t)mem_free + evictable)
-		return wf_diag_set(diag, WF_ENO_SPACE,
-		                   "model '%s': %" PRIu64 " bytes do not fit: the device has %zu bytes "
-		                   "free and evictable models and engines hold %" PRIu64
-		                   " (nothing was evicted)",
-		                   target->name, bytes, mem_free, evictable);
+		return wf_diag_set(
+		    diag, WF_ENO_SPACE,
+		    "model '%s': %" PRIu64 " bytes do not fit: the device has %zu bytes "
+		    "free and evictable models and engines hold %" PRIu64 " (nothing was evicted)",
+		    target->name, bytes, mem_free, evictable);
 	return 0;
 }
 
@@ -448,11 +452,12 @@ static int load_sets(struct wf_cache *c, struct model *m, uint32_t sel, bool pin
 				                          &d[j].seg_ptr[s], &ad);
 				if (ret != -ENOMEM || !allow_evict || evict_one_lru(c, m) < 0) {
 					if (ret < 0)
-						wf_diag_set(diag, ret,
-						            "model '%s': device allocation of %" PRIu64
-						            " bytes: %s",
-						            m->name, d[j].seg_size[s],
-						            wf_diag_str(&ad, ret));
+						wf_diag_set(
+						    diag, ret,
+						    "model '%s': device allocation of %" PRIu64
+						    " bytes: %s",
+						    m->name, d[j].seg_size[s],
+						    wf_diag_str(&ad, ret));
 					break;
 				}
 			}
@@ -818,7 +823,8 @@ static int cmd_resv_create(struct wf_cache *c, struct cmd *k)
 		goto fail;
 	if (k->bytes > on_demand) {
 		ret = wf_diag_set(&k->diag, WF_ENO_SPACE,
-		                  "%s: %" PRIu64 " device bytes exceed the whole on-demand budget of %" PRIu64
+		                  "%s: %" PRIu64
+		                  " device bytes exceed the whole on-demand budget of %" PRIu64
 		                  " (nothing was evicted)",
 		                  r->name, k->bytes, on_demand);
 		goto fail;
@@ -916,8 +922,8 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 	case CMD_WSET_LOAD:
 	case CMD_WSET_EVICT:
 		if (k->set >= m->n_sets) {
-			ret = wf_diag_set(&k->diag, WF_ENOT_FOUND, "model '%s' has no set %u", m->name,
-			                  k->set);
+			ret = wf_diag_set(&k->diag, WF_ENOT_FOUND, "model '%s' has no set %u",
+			                  m->name, k->set);
 		} else if (k->type == CMD_WSET_LOAD) {
 			ret = load_sets(c, m, k->set, k->state == WF_RESIDENCY_PINNED_DEVICE, false,
 			                self, &k->diag);

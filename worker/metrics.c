@@ -1,8 +1,8 @@
 /* The worker's metrics (worker/metrics.h, docs/METRICS.md). */
 #include "worker/metrics.h"
 
-#include "device/device.h"
 #include "control/reqmetrics.h"
+#include "device/device.h"
 #include "proto/status.h"
 #include "worker/generate.h"
 #include "worker/service.h"
@@ -22,12 +22,12 @@ struct wf_worker_metrics {
 	struct wf_metric *loads, *load_seconds, *loaded_bytes;
 	/* scrape time: the worker and its device */
 	struct wf_metric *info, *evictions, *lru_evictions, *mem_total, *mem_free, *arena, *pool,
-		*budget, *resident, *pinned, *reserved, *overcommit, *over_budget;
+	    *budget, *resident, *pinned, *reserved, *overcommit, *over_budget;
 	/* per model */
 	struct wf_metric *residency, *model_bytes, *model_device_bytes, *load_rate;
 	/* engines */
 	struct wf_metric *gens, *tokens, *tps, *pf_bytes, *pf_bpt, *pf_overlap, *pf_fallbacks,
-		*pf_fallback_ratio, *hits, *misses, *hit_ratio;
+	    *pf_fallback_ratio, *hits, *misses, *hit_ratio;
 };
 
 static void collect_engine(struct wf_worker_metrics *wm, struct wf_gen *gen, const char *name)
@@ -69,9 +69,9 @@ static void collect(void *ctx)
 		return;
 	wf_metric_clear(wm->info);
 	wf_metric_set(wm->info,
-		      (const char *[]){svc->worker_id, svc->dev ? wf_device_name(svc->dev) : "",
-				       wf_cache_mode_name(st->mode)},
-		      1);
+	              (const char *[]){svc->worker_id, svc->dev ? wf_device_name(svc->dev) : "",
+	                               wf_cache_mode_name(st->mode)},
+	              1);
 	wf_metric_set(wm->evictions, NULL, (double)st->evictions);
 	wf_metric_set(wm->lru_evictions, NULL, (double)st->lru_evictions);
 	wf_metric_set(wm->mem_total, NULL, (double)st->mem_total);
@@ -84,11 +84,11 @@ static void collect(void *ctx)
 	wf_metric_set(wm->reserved, NULL, (double)st->reserved_bytes);
 	wf_metric_set(wm->overcommit, NULL, st->budget.pinned_overcommit ? 1 : 0);
 	wf_metric_set(wm->over_budget, NULL, st->over_budget ? 1 : 0);
-	struct wf_metric *per_model[] = {wm->residency, wm->model_bytes, wm->model_device_bytes,
-					 wm->load_rate,  wm->gens,        wm->tokens,
-					 wm->tps,        wm->pf_bytes,    wm->pf_bpt,
-					 wm->pf_overlap, wm->pf_fallbacks, wm->pf_fallback_ratio,
-					 wm->hits,       wm->misses,      wm->hit_ratio};
+	struct wf_metric *per_model[] = {wm->residency,  wm->model_bytes,  wm->model_device_bytes,
+	                                 wm->load_rate,  wm->gens,         wm->tokens,
+	                                 wm->tps,        wm->pf_bytes,     wm->pf_bpt,
+	                                 wm->pf_overlap, wm->pf_fallbacks, wm->pf_fallback_ratio,
+	                                 wm->hits,       wm->misses,       wm->hit_ratio};
 	for (size_t i = 0; i < sizeof per_model / sizeof per_model[0]; i++)
 		wf_metric_clear(per_model[i]);
 	for (size_t i = 0; i < st->n_models; i++) {
@@ -96,8 +96,8 @@ static void collect(void *ctx)
 		if (!ms->name[0])
 			continue; /* a removed model's slot */
 		const char *m[] = {ms->name};
-		wf_metric_set(wm->residency, (const char *[]){ms->name, wf_residency_name(ms->state)},
-			      1);
+		wf_metric_set(wm->residency,
+		              (const char *[]){ms->name, wf_residency_name(ms->state)}, 1);
 		wf_metric_set(wm->model_bytes, m, (double)ms->bytes);
 		wf_metric_set(wm->model_device_bytes, m, (double)ms->device_bytes);
 		if (ms->loads)
@@ -118,7 +118,7 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 		return rc;
 	}
 	const enum wf_metric_type C = WF_METRIC_COUNTER, G = WF_METRIC_GAUGE,
-				  H = WF_METRIC_HISTOGRAM;
+	                          H = WF_METRIC_HISTOGRAM;
 	static const char *const L_none[] = {NULL};
 	static const char *const L_model[] = {"model", NULL};
 	struct {
@@ -127,81 +127,79 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 		const char *name, *help;
 		const char *const *labels;
 	} defs[] = {
-		{&wm->info, G, "weightfloor_worker_info",
-		 "The worker's id, device and residency mode (value 1).",
-		 (const char *const[]){"worker", "device", "mode", NULL}},
-		{&wm->loads, C, "weightfloor_loads_total",
-		 "Loads of weights to the device that ended, by result (ok, failed).",
-		 (const char *const[]){"result", NULL}},
-		{&wm->load_seconds, H, "weightfloor_load_duration_seconds",
-		 "Duration of the completed loads of weights to the device.", L_none},
-		{&wm->loaded_bytes, C, "weightfloor_loaded_bytes_total",
-		 "Bytes of weights copied to the device by completed loads.", L_none},
-		{&wm->load_rate, G, "weightfloor_load_rate_bytes_per_second",
-		 "A model's last load rate to the device.", L_model},
-		{&wm->evictions, C, "weightfloor_evictions_total",
-		 "Models evicted from the device (commands and LRU).", L_none},
-		{&wm->lru_evictions, C, "weightfloor_lru_evictions_total",
-		 "Models the LRU evicted from the device for the budget.", L_none},
-		{&wm->mem_total, G, "weightfloor_device_memory_total_bytes",
-		 "The device's memory.", L_none},
-		{&wm->mem_free, G, "weightfloor_device_memory_free_bytes",
-		 "The device's free memory now.", L_none},
-		{&wm->arena, G, "weightfloor_device_arena_bytes",
-		 "Usable device memory the budget starts from.", L_none},
-		{&wm->pool, G, "weightfloor_device_weight_pool_bytes",
-		 "Device memory for weights: pinned and on-demand models share it.", L_none},
-		{&wm->budget, G, "weightfloor_device_budget_bytes",
-		 "The on-demand budget: the weight pool less pinned bytes.", L_none},
-		{&wm->resident, G, "weightfloor_device_resident_bytes",
-		 "Device bytes of unpinned resident weights (against the on-demand budget).",
-		 L_none},
-		{&wm->pinned, G, "weightfloor_device_pinned_bytes",
-		 "Device bytes of pinned weights (exempt from the budget).", L_none},
-		{&wm->reserved, G, "weightfloor_device_reserved_bytes",
-		 "Device bytes reserved by engines (post-fetch scratchpads, expert caches).",
-		 L_none},
-		{&wm->overcommit, G, "weightfloor_device_pinned_overcommit",
-		 "1 when pinned weights exceed the weight pool.", L_none},
-		{&wm->over_budget, G, "weightfloor_device_over_budget",
-		 "1 when resident and reserved bytes exceed the on-demand budget.", L_none},
-		{&wm->residency, G, "weightfloor_model_residency",
-		 "A model's residency on this worker (value 1 for the current state).",
-		 (const char *const[]){"model", "state", NULL}},
-		{&wm->model_bytes, G, "weightfloor_model_bytes", "A model's tensor bytes.",
-		 L_model},
-		{&wm->model_device_bytes, G, "weightfloor_model_device_bytes",
-		 "Device memory a model's weights hold now.", L_model},
-		{&wm->gens, C, "weightfloor_engine_generations_total",
-		 "Generations finished on a model's engine.", L_model},
-		{&wm->tokens, C, "weightfloor_engine_tokens_total",
-		 "Tokens a model's engine computed (prompts and generated).", L_model},
-		{&wm->tps, G, "weightfloor_engine_decode_tokens_per_second",
-		 "Decode rate of the last finished generation of a model.", L_model},
-		{&wm->pf_bytes, C, "weightfloor_postfetch_bytes_total",
-		 "Expert bytes post-fetched to the device for a model's engine.", L_model},
-		{&wm->pf_bpt, G, "weightfloor_postfetch_bytes_per_token",
-		 "Expert bytes post-fetched per token computed.", L_model},
-		{&wm->pf_overlap, G, "weightfloor_postfetch_overlap_ratio",
-		 "Fraction of the post-fetch copy time hidden under compute.", L_model},
-		{&wm->pf_fallbacks, C, "weightfloor_postfetch_fallbacks_total",
-		 "Experts meant for the device that the CPU computed after all.", L_model},
-		{&wm->pf_fallback_ratio, G, "weightfloor_postfetch_fallback_ratio",
-		 "Fallbacks over experts meant for the device.", L_model},
-		{&wm->hits, C, "weightfloor_expert_cache_hits_total",
-		 "Selected experts found in a device slot.", L_model},
-		{&wm->misses, C, "weightfloor_expert_cache_misses_total",
-		 "Selected experts not found in a device slot.", L_model},
-		{&wm->hit_ratio, G, "weightfloor_expert_cache_hit_ratio",
-		 "Hits over lookups of the expert slots.", L_model},
+	    {&wm->info, G, "weightfloor_worker_info",
+	     "The worker's id, device and residency mode (value 1).",
+	     (const char *const[]){"worker", "device", "mode", NULL}},
+	    {&wm->loads, C, "weightfloor_loads_total",
+	     "Loads of weights to the device that ended, by result (ok, failed).",
+	     (const char *const[]){"result", NULL}},
+	    {&wm->load_seconds, H, "weightfloor_load_duration_seconds",
+	     "Duration of the completed loads of weights to the device.", L_none},
+	    {&wm->loaded_bytes, C, "weightfloor_loaded_bytes_total",
+	     "Bytes of weights copied to the device by completed loads.", L_none},
+	    {&wm->load_rate, G, "weightfloor_load_rate_bytes_per_second",
+	     "A model's last load rate to the device.", L_model},
+	    {&wm->evictions, C, "weightfloor_evictions_total",
+	     "Models evicted from the device (commands and LRU).", L_none},
+	    {&wm->lru_evictions, C, "weightfloor_lru_evictions_total",
+	     "Models the LRU evicted from the device for the budget.", L_none},
+	    {&wm->mem_total, G, "weightfloor_device_memory_total_bytes", "The device's memory.",
+	     L_none},
+	    {&wm->mem_free, G, "weightfloor_device_memory_free_bytes",
+	     "The device's free memory now.", L_none},
+	    {&wm->arena, G, "weightfloor_device_arena_bytes",
+	     "Usable device memory the budget starts from.", L_none},
+	    {&wm->pool, G, "weightfloor_device_weight_pool_bytes",
+	     "Device memory for weights: pinned and on-demand models share it.", L_none},
+	    {&wm->budget, G, "weightfloor_device_budget_bytes",
+	     "The on-demand budget: the weight pool less pinned bytes.", L_none},
+	    {&wm->resident, G, "weightfloor_device_resident_bytes",
+	     "Device bytes of unpinned resident weights (against the on-demand budget).", L_none},
+	    {&wm->pinned, G, "weightfloor_device_pinned_bytes",
+	     "Device bytes of pinned weights (exempt from the budget).", L_none},
+	    {&wm->reserved, G, "weightfloor_device_reserved_bytes",
+	     "Device bytes reserved by engines (post-fetch scratchpads, expert caches).", L_none},
+	    {&wm->overcommit, G, "weightfloor_device_pinned_overcommit",
+	     "1 when pinned weights exceed the weight pool.", L_none},
+	    {&wm->over_budget, G, "weightfloor_device_over_budget",
+	     "1 when resident and reserved bytes exceed the on-demand budget.", L_none},
+	    {&wm->residency, G, "weightfloor_model_residency",
+	     "A model's residency on this worker (value 1 for the current state).",
+	     (const char *const[]){"model", "state", NULL}},
+	    {&wm->model_bytes, G, "weightfloor_model_bytes", "A model's tensor bytes.", L_model},
+	    {&wm->model_device_bytes, G, "weightfloor_model_device_bytes",
+	     "Device memory a model's weights hold now.", L_model},
+	    {&wm->gens, C, "weightfloor_engine_generations_total",
+	     "Generations finished on a model's engine.", L_model},
+	    {&wm->tokens, C, "weightfloor_engine_tokens_total",
+	     "Tokens a model's engine computed (prompts and generated).", L_model},
+	    {&wm->tps, G, "weightfloor_engine_decode_tokens_per_second",
+	     "Decode rate of the last finished generation of a model.", L_model},
+	    {&wm->pf_bytes, C, "weightfloor_postfetch_bytes_total",
+	     "Expert bytes post-fetched to the device for a model's engine.", L_model},
+	    {&wm->pf_bpt, G, "weightfloor_postfetch_bytes_per_token",
+	     "Expert bytes post-fetched per token computed.", L_model},
+	    {&wm->pf_overlap, G, "weightfloor_postfetch_overlap_ratio",
+	     "Fraction of the post-fetch copy time hidden under compute.", L_model},
+	    {&wm->pf_fallbacks, C, "weightfloor_postfetch_fallbacks_total",
+	     "Experts meant for the device that the CPU computed after all.", L_model},
+	    {&wm->pf_fallback_ratio, G, "weightfloor_postfetch_fallback_ratio",
+	     "Fallbacks over experts meant for the device.", L_model},
+	    {&wm->hits, C, "weightfloor_expert_cache_hits_total",
+	     "Selected experts found in a device slot.", L_model},
+	    {&wm->misses, C, "weightfloor_expert_cache_misses_total",
+	     "Selected experts not found in a device slot.", L_model},
+	    {&wm->hit_ratio, G, "weightfloor_expert_cache_hit_ratio",
+	     "Hits over lookups of the expert slots.", L_model},
 	};
 	for (size_t i = 0; i < sizeof defs / sizeof defs[0] && rc == 0; i++)
 		rc = wf_metrics_add(wm->reg, defs[i].t, defs[i].name, defs[i].help, defs[i].labels,
-				    defs[i].t == H ? wf_metrics_seconds_buckets : NULL,
-				    defs[i].t == H ? wf_metrics_seconds_buckets_n : 0, defs[i].m);
+		                    defs[i].t == H ? wf_metrics_seconds_buckets : NULL,
+		                    defs[i].t == H ? wf_metrics_seconds_buckets_n : 0, defs[i].m);
 	if (rc == 0)
-		rc = wf_ctl_reqmetrics_init(&wm->req, wm->reg,
-		                            "Errors by status code: request replies other than OK, and failed loads.");
+		rc = wf_ctl_reqmetrics_init(
+		    &wm->req, wm->reg,
+		    "Errors by status code: request replies other than OK, and failed loads.");
 	if (rc == 0)
 		rc = wf_metrics_collector_add(wm->reg, collect, wm);
 	if (rc < 0) {
@@ -237,10 +235,10 @@ void wf_worker_metrics_cache_event(struct wf_worker_metrics *wm, const struct wf
 	if (ev->type == WF_CACHE_EVENT_LOAD_FAILED) {
 		wf_metric_add(wm->loads, (const char *[]){"failed"}, 1);
 		wf_metric_add(wm->req.errors,
-			      (const char *[]){wf_proto_status_name(wf_proto_status_from_err(
-						       ev->error < 0 ? ev->error : -EIO)),
-					       "load"},
-			      1);
+		              (const char *[]){wf_proto_status_name(wf_proto_status_from_err(
+		                                   ev->error < 0 ? ev->error : -EIO)),
+		                               "load"},
+		              1);
 		return;
 	}
 	if (ev->type != WF_CACHE_EVENT_RESIDENCY || ev->seconds <= 0)

@@ -28,6 +28,6 @@ void wf_worker_metrics_cache_event(struct wf_worker_metrics *wm, const struct wf
  * with its latency. ctx is the wf_worker_metrics. */
 void wf_worker_metrics_wrap(struct wf_worker_metrics *wm, wf_ctl_handle_fn inner, void *inner_ctx);
 int wf_worker_metrics_handle(void *ctx, const Weightfloor__V1__Request *req,
-			     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+                             Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
 #endif

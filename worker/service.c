@@ -42,7 +42,7 @@ static struct wf_worker_model *find_locked(struct wf_worker_svc *s, const char *
 }
 
 static struct wf_worker_model *add_locked(struct wf_worker_svc *s, const char *name,
-					  const char *path)
+                                          const char *path)
 {
 	if (s->n_models == WF_WORKER_MAX_MODELS)
 		return NULL;
@@ -60,7 +60,7 @@ static struct wf_worker_model *add_locked(struct wf_worker_svc *s, const char *n
 }
 
 int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char *path,
-			  struct wf_diag *diag)
+                          struct wf_diag *diag)
 {
 	pthread_mutex_lock(&s->mu);
 	int rc = 0;
@@ -77,14 +77,14 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
  * gets a second at most to come up, so a worker without its agent answers at once instead of
  * spending the request's whole budget waiting for a connection. */
 static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms,
-		     struct wf_digest *ret_digest, struct wf_diag *diag)
+                     struct wf_digest *ret_digest, struct wf_diag *diag)
 {
 	if (timeout_ms <= 0)
 		return wf_diag_set(diag, WF_ETIMEOUT, "agent: no time left to ask for model '%s'",
-				   name);
-	int rc = wf_ctl_client_wait_connected(
-	    s->agent, timeout_ms < WF_WORKER_AGENT_CONNECT_MS ? timeout_ms
-							      : WF_WORKER_AGENT_CONNECT_MS);
+		                   name);
+	int rc = wf_ctl_client_wait_connected(s->agent, timeout_ms < WF_WORKER_AGENT_CONNECT_MS
+	                                                    ? timeout_ms
+	                                                    : WF_WORKER_AGENT_CONNECT_MS);
 	if (rc < 0)
 		return wf_diag_set(diag, rc, "agent: not connected (not running?)");
 	Weightfloor__V1__EnsureFloor ef = WEIGHTFLOOR__V1__ENSURE_FLOOR__INIT;
@@ -106,8 +106,8 @@ static int ask_agent(struct wf_worker_svc *s, const char *name, int timeout_ms,
 	if (rc < 0) {
 		wf_diag_set(diag, rc, "agent: model '%s': %s", name, rep->message);
 	} else if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_INFO ||
-		   !rep->model_info->digest_hex ||
-		   wf_digest_parse(rep->model_info->digest_hex, ret_digest) < 0) {
+	           !rep->model_info->digest_hex ||
+	           wf_digest_parse(rep->model_info->digest_hex, ret_digest) < 0) {
 		rc = wf_diag_set(diag, WF_EPROTOCOL, "agent: no floor digest for model '%s'", name);
 	}
 	wf_ctl_reply_free(rep);
@@ -137,9 +137,8 @@ static void refloor(struct wf_worker_svc *s, const char *name, uint32_t id, int 
 /* The model as the floor describes it (shm/region.h, wf_shm_region_model): the worker needs
  * neither the files nor a path, only the floor directory, so it runs in a container that cannot
  * see the model files. The attachment ends here; the cache attaches the floor again by digest. */
-static int model_from_floor(struct wf_worker_svc *s, const char *name,
-			    const struct wf_digest *dg, struct wf_model **ret_model,
-			    struct wf_diag *diag)
+static int model_from_floor(struct wf_worker_svc *s, const char *name, const struct wf_digest *dg,
+                            struct wf_model **ret_model, struct wf_diag *diag)
 {
 	struct wf_shm_region *r = NULL;
 	struct wf_diag d = {{0}};
@@ -147,8 +146,9 @@ static int model_from_floor(struct wf_worker_svc *s, const char *name,
 	wf_digest_hex(dg, hex);
 	if (!s->shm)
 		return wf_diag_set(diag, WF_EUNSUPPORTED,
-				   "model '%s': the agent has floor %s but no floor directory "
-				   "is configured", name, hex);
+		                   "model '%s': the agent has floor %s but no floor directory "
+		                   "is configured",
+		                   name, hex);
 	int rc = wf_shm_region_attach(s->shm, dg, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &d);
 	if (rc == 0) {
 		rc = wf_shm_region_model(r, ret_model, &d);
@@ -156,12 +156,12 @@ static int model_from_floor(struct wf_worker_svc *s, const char *name,
 	}
 	if (rc < 0)
 		return wf_diag_set(diag, rc, "model '%s': floor %s: %s", name, hex,
-				   wf_diag_str(&d, rc));
+		                   wf_diag_str(&d, rc));
 	return 0;
 }
 
 int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
-			  uint32_t *ret_id, struct wf_diag *diag)
+                          uint32_t *ret_id, struct wf_diag *diag)
 {
 	if (!name || !*name)
 		return wf_diag_set(diag, WF_EINVAL, "no model named");
@@ -205,8 +205,10 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 		goto out;
 	}
 	if (!m && !floor_model) {
-		rc = wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s' (declare it with --model "
-						      "or register it with the agent)", name);
+		rc = wf_diag_set(diag, WF_ENOT_FOUND,
+		                 "no model named '%s' (declare it with --model "
+		                 "or register it with the agent)",
+		                 name);
 		goto out;
 	}
 	if (!m && !(m = add_locked(s, name, NULL))) {
@@ -245,18 +247,23 @@ const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *
 Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 {
 	switch (r) {
-	case WF_RESIDENCY_DISK: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
-	case WF_RESIDENCY_HOST: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
-	case WF_RESIDENCY_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
-	case WF_RESIDENCY_PINNED_DEVICE: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
-	default: return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
+	case WF_RESIDENCY_DISK:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
+	case WF_RESIDENCY_HOST:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
+	case WF_RESIDENCY_DEVICE:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
+	case WF_RESIDENCY_PINNED_DEVICE:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
+	default:
+		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
 	}
 }
 
 /* gen: the worker's generation engines, whose metrics ride along (NULL: none). */
 static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
-						    const char *worker_id, struct wf_gen *gen,
-						    const struct wf_cache_model_status *ms)
+                                                     const char *worker_id, struct wf_gen *gen,
+                                                     const struct wf_cache_model_status *ms)
 {
 	Weightfloor__V1__ModelResidency *r = wf_ctl_call_alloc(call, sizeof(*r));
 	if (!r)
@@ -291,7 +298,7 @@ static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
 }
 
 static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1__Reply *reply,
-			   struct wf_ctl_call *call)
+                           struct wf_ctl_call *call)
 {
 	struct wf_cache_status *st = NULL;
 	int rc = wf_cache_status(s->cache, &st);
@@ -301,7 +308,8 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 	for (size_t i = 0; i < st->n_models; i++) {
 		if (st->models[i].id != id)
 			continue;
-		Weightfloor__V1__ModelResidency *r = residency_pb(call, s->worker_id, s->gen, &st->models[i]);
+		Weightfloor__V1__ModelResidency *r =
+		    residency_pb(call, s->worker_id, s->gen, &st->models[i]);
 		rc = r ? 0 : -ENOMEM;
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY;
 		reply->residency = r;
@@ -313,14 +321,17 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 Weightfloor__V1__ResidencyMode wf_worker_svc_mode_pb(enum wf_cache_mode mode)
 {
 	switch (mode) {
-	case WF_CACHE_SELF_MANAGED: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED;
-	case WF_CACHE_EXTERNAL: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL;
-	default: return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_UNSPECIFIED;
+	case WF_CACHE_SELF_MANAGED:
+		return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED;
+	case WF_CACHE_EXTERNAL:
+		return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL;
+	default:
+		return WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_UNSPECIFIED;
 	}
 }
 
 static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
-		       struct wf_ctl_call *call)
+                       struct wf_ctl_call *call)
 {
 	struct wf_cache_status *st = NULL;
 	int rc = wf_cache_status(s->cache, &st);
@@ -328,7 +339,7 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 		return rc;
 	Weightfloor__V1__WorkerInfo *wi = wf_ctl_call_alloc(call, sizeof(*wi));
 	Weightfloor__V1__ModelResidency **ms =
-		wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
+	    wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
 	rc = wi && ms ? 0 : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < st->n_models; i++)
 		if (!(ms[i] = residency_pb(call, s->worker_id, s->gen, &st->models[i])))
@@ -360,7 +371,7 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 }
 
 static int fail(Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, int rc,
-		const struct wf_diag *d)
+                const struct wf_diag *d)
 {
 	reply->message = wf_ctl_call_strdup(call, wf_diag_str(d, rc));
 	return rc;
@@ -370,11 +381,17 @@ static enum wf_residency residency_from_pb(Weightfloor__V1__Residency r, bool *o
 {
 	*ok = true;
 	switch (r) {
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return WF_RESIDENCY_DISK;
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return WF_RESIDENCY_HOST;
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return WF_RESIDENCY_DEVICE;
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return WF_RESIDENCY_PINNED_DEVICE;
-	default: *ok = false; return WF_RESIDENCY_DISK;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK:
+		return WF_RESIDENCY_DISK;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST:
+		return WF_RESIDENCY_HOST;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE:
+		return WF_RESIDENCY_DEVICE;
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE:
+		return WF_RESIDENCY_PINNED_DEVICE;
+	default:
+		*ok = false;
+		return WF_RESIDENCY_DISK;
 	}
 }
 
@@ -399,7 +416,7 @@ static bool wants_bytes(const Weightfloor__V1__Request *req)
 }
 
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
-			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	struct wf_worker_svc *s = ctx;
 	struct wf_diag d = {{0}};
@@ -444,8 +461,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		return WF_EUNSUPPORTED;
 	}
 	if (!for_us(s, wid)) {
-		reply->message = wf_ctl_call_printf(call, "this is worker '%s', not '%s'",
-						    s->worker_id, wid);
+		reply->message =
+		    wf_ctl_call_printf(call, "this is worker '%s', not '%s'", s->worker_id, wid);
 		return WF_ENOT_FOUND;
 	}
 	/* What the agent may take to ensure a floor: most of the client's budget, the rest is
@@ -459,10 +476,11 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			return WF_EUNSUPPORTED;
 		}
 		return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE
-			   ? wf_gen_handle_start(s->gen, req->generate, agent_ms, reply, call)
-			   : wf_gen_handle_read(s->gen, req->generate_read, reply, call);
+		           ? wf_gen_handle_start(s->gen, req->generate, agent_ms, reply, call)
+		           : wf_gen_handle_read(s->gen, req->generate_read, reply, call);
 	}
-	if (model && (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
+	if (model &&
+	    (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
 		return fail(reply, call, rc, &d);
 
 	switch (req->body_case) {
@@ -489,19 +507,22 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		break;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:
 		if (req->prefetch->n_tensors) {
-			reply->message = "prefetch of single tensors is not supported yet: prefetch "
-					 "the whole model";
+			reply->message =
+			    "prefetch of single tensors is not supported yet: prefetch "
+			    "the whole model";
 			return WF_EUNSUPPORTED;
 		}
 		rc = wf_cache_prefetch(s->cache, id, true, &d);
 		break;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT: {
 		const Weightfloor__V1__Compact *c = req->compact;
-		uint32_t *ids = wf_ctl_call_calloc(call, c->n_reload ? c->n_reload : 1, sizeof(*ids));
+		uint32_t *ids =
+		    wf_ctl_call_calloc(call, c->n_reload ? c->n_reload : 1, sizeof(*ids));
 		if (!ids)
 			return -ENOMEM;
 		for (size_t i = 0; i < c->n_reload; i++)
-			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, true, &ids[i], &d)) < 0)
+			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, true, &ids[i],
+			                                &d)) < 0)
 				return fail(reply, call, rc, &d);
 		struct wf_cache_status *before = NULL, *after = NULL;
 		wf_cache_status(s->cache, &before);
@@ -524,7 +545,7 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			cr->reloaded = c->reload;
 			cr->n_reloaded = c->n_reload;
 			cr->duration_ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 +
-						     (t1.tv_nsec - t0.tv_nsec) / 1000000);
+			                             (t1.tv_nsec - t0.tv_nsec) / 1000000);
 			reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_COMPACT;
 			reply->compact = cr;
 		}

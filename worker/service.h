@@ -31,10 +31,10 @@ struct wf_worker_svc {
 	const char *endpoint;
 	struct wf_device *dev;
 	struct wf_cache *cache;
-	struct wf_ctl_client *agent; /* NULL without an agent */
-	struct wf_gen *gen;          /* Generate (worker/generate.h); NULL: not served */
+	struct wf_ctl_client *agent;     /* NULL without an agent */
+	struct wf_gen *gen;              /* Generate (worker/generate.h); NULL: not served */
 	const struct wf_shm_config *shm; /* the floor directory; NULL: models from files only */
-	pthread_mutex_t mu;          /* guards models; never held across a call to the agent */
+	pthread_mutex_t mu;              /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
 	size_t n_models;
 	int64_t started_unix_ms;
@@ -45,7 +45,7 @@ void wf_worker_svc_fini(struct wf_worker_svc *s);
 
 /* Declares a model by name and path (from --model flags); it is opened on first use. */
 int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char *path,
-			  struct wf_diag *diag);
+                          struct wf_diag *diag);
 
 /* Finds the model in the cache, adding it on first use. With an agent, the agent ensures the
  * node's floor (EnsureFloor, whose reply names it by digest) and the model is built from that
@@ -58,7 +58,7 @@ int wf_worker_svc_declare(struct wf_worker_svc *s, const char *name, const char 
  * agent is asked. With for_load, a model already known whose floor is no longer attached is asked
  * for again (the agent may have released it since), within the same agent_ms. */
 int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_ms, bool for_load,
-			  uint32_t *ret_id, struct wf_diag *diag);
+                          uint32_t *ret_id, struct wf_diag *diag);
 
 /* The open model of a name the cache knows (resolved before), or NULL. Models stay open until
  * wf_worker_svc_fini, so the pointer stays valid as long as the service. */
@@ -66,7 +66,7 @@ const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *
 
 /* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
-			 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
 /* A residency state as the protocol's Residency (ModelResidency, ReportResidency). */
 Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r);

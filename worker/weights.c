@@ -51,7 +51,8 @@ static void populate(const void *base, size_t len)
 		sl[i].p = start + off;
 		sl[i].len = len - off < slice ? len - off : slice;
 		if (i + 1 < n)
-			sl[i].started = pthread_create(&sl[i].thread, NULL, populate_main, &sl[i]) == 0;
+			sl[i].started =
+			    pthread_create(&sl[i].thread, NULL, populate_main, &sl[i]) == 0;
 		if (!sl[i].started)
 			populate_main(&sl[i]);
 	}
@@ -83,11 +84,12 @@ int wf_weight_view_map_files(const struct wf_model *model, struct wf_weight_view
 				wf_diag_set(diag, rc, "%s", mf->path);
 			goto fail;
 		}
-		if ((mf->dev || mf->ino) && ((uint64_t)st.st_dev != mf->dev ||
-		                             (uint64_t)st.st_ino != mf->ino ||
-		                             (uint64_t)st.st_size != mf->size)) {
+		if ((mf->dev || mf->ino) &&
+		    ((uint64_t)st.st_dev != mf->dev || (uint64_t)st.st_ino != mf->ino ||
+		     (uint64_t)st.st_size != mf->size)) {
 			close(fd);
-			rc = wf_diag_set(diag, WF_ECHANGED, "%s changed since it was read", mf->path);
+			rc = wf_diag_set(diag, WF_ECHANGED, "%s changed since it was read",
+			                 mf->path);
 			goto fail;
 		}
 		if (mf->size == 0) {

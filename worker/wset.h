@@ -6,9 +6,9 @@
  *   "blk.N.ffn_*_exps"   the routed experts of layer N (GGUF ffn_{gate,up,down}_exps, or the
  *                        per-expert tensors of a safetensors layer)
  *   "experts"            routed experts whose layer the name does not say
- * The cache loads, evicts and pins every set the same way (worker/cache.h). An engine's own device memory (its expert cache, resident
- * experts, dense weights and KV cache) is one reservation in the same budget (cache.h,
- * reservations), evicted by the same LRU. */
+ * The cache loads, evicts and pins every set the same way (worker/cache.h). An engine's own device
+ * memory (its expert cache, resident experts, dense weights and KV cache) is one reservation in the
+ * same budget (cache.h, reservations), evicted by the same LRU. */
 #ifndef WF_WORKER_WSET_H
 #define WF_WORKER_WSET_H
 

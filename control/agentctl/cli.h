@@ -39,16 +39,16 @@ struct cli {
 /* Exit codes: one per protocol status class, so scripts can branch without parsing messages.
  * Local errors map to the same classes (cannot reach the agent: UNAVAILABLE; a missing file:
  * NOT_FOUND; a malformed one: INVALID_ARGUMENT). Documented in docs/man/agentctl.md. */
-#define CLI_EXIT_OK 0                  /* success */
-#define CLI_EXIT_FAIL 1                /* any other failure (INTERNAL, unexpected reply) */
-#define CLI_EXIT_USAGE 2               /* bad flags or arguments: nothing was sent */
-#define CLI_EXIT_NOT_FOUND 3           /* no such model, worker or file */
-#define CLI_EXIT_UNAVAILABLE 4         /* agent or worker not running, not answering, timed out */
-#define CLI_EXIT_RESOURCE_EXHAUSTED 5  /* budget, memory, disk */
-#define CLI_EXIT_PERMISSION_DENIED 6   /* peer not allowed, path outside the model roots */
-#define CLI_EXIT_INVALID_ARGUMENT 7    /* the agent refused the request's content, bad model file */
+#define CLI_EXIT_OK                  0 /* success */
+#define CLI_EXIT_FAIL                1 /* any other failure (INTERNAL, unexpected reply) */
+#define CLI_EXIT_USAGE               2 /* bad flags or arguments: nothing was sent */
+#define CLI_EXIT_NOT_FOUND           3 /* no such model, worker or file */
+#define CLI_EXIT_UNAVAILABLE         4 /* agent or worker not running, not answering, timed out */
+#define CLI_EXIT_RESOURCE_EXHAUSTED  5 /* budget, memory, disk */
+#define CLI_EXIT_PERMISSION_DENIED   6 /* peer not allowed, path outside the model roots */
+#define CLI_EXIT_INVALID_ARGUMENT    7 /* the agent refused the request's content, bad model file */
 #define CLI_EXIT_FAILED_PRECONDITION 8 /* not valid in the current state */
-#define CLI_EXIT_NOT_RESIDENT 9        /* the model is not materialized where it must be */
+#define CLI_EXIT_NOT_RESIDENT        9 /* the model is not materialized where it must be */
 
 /* The exit code for a reply status, for a -errno / WF_E* code; the status name of an exit code
  * ("NOT_FOUND", "USAGE", "FAILED" for 1). */
@@ -59,15 +59,15 @@ const char *cli_exit_name(int exit_code);
 /* Reports an error: "agentctl: <message>" on stderr (with --json, unless -q), and remembers the
  * first one for the JSON error document. Returns exit_code. */
 int cli_fail(struct cli *cli, int exit_code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 /* A usage error of command cmd (NULL: agentctl itself): what was wrong, then a one-line hint to
  * --help. Returns CLI_EXIT_USAGE. */
 int cli_usage(struct cli *cli, const char *cmd, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 /* Checks the number of positional arguments: at least min, at most max (-1: any). Refuses the
  * first extra one by name. names: for "missing MODEL" messages. */
 int cli_check_args(struct cli *cli, const char *cmd, int argc, char **argv, int first, int min,
-		   int max, const char *names);
+                   int max, const char *names);
 /* getopt's failure ('?' or ':') as a usage error naming the option. */
 int cli_bad_option(struct cli *cli, const char *cmd, int argc, char **argv);
 /* The error object {"error": {"code", "message", "exit_code"}} (new reference). */
@@ -78,15 +78,16 @@ char *cli_fmt_duration(uint64_t ms, char *buf, size_t len);
 /* One progress line without the bar's terminal control: "[####....]  42.0%  1.2 GiB / 3 GiB
  * 512 MiB/s  ETA 4s". rate 0: unknown ("-"), and no ETA. bar_width 0: no bar. */
 char *cli_fmt_progress(char *buf, size_t len, uint64_t done, uint64_t total, uint64_t rate,
-		       int bar_width);
+                       int bar_width);
 
 /* A table whose column widths come from its content. Cells are copied. */
 struct cli_table;
 struct cli_table *cli_table_new(int ncols, const char *const *headers, const char *right_align);
 void cli_table_addf(struct cli_table *t, int col, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 /* Adds a line printed as is after the current row (an error, a note), indented by two. */
-void cli_table_note(struct cli_table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cli_table_note(struct cli_table *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void cli_table_print(struct cli_table *t, FILE *out);
 void cli_table_free(struct cli_table *t);
 
@@ -101,10 +102,10 @@ void cli_json_print(struct cli *cli, struct json_object *obj);
  * (cli_fail) with `what` as context and returns its exit code. With c NULL, the process's
  * client; else that one (opened on first use: one per thread for concurrent commands). */
 int cli_call(struct cli *cli, const char *what, Weightfloor__V1__Request *req, int timeout_ms,
-	     Weightfloor__V1__Reply **ret_reply);
+             Weightfloor__V1__Reply **ret_reply);
 struct wf_ctl_client;
 int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
-		Weightfloor__V1__Request *req, int timeout_ms, Weightfloor__V1__Reply **ret_reply);
+                Weightfloor__V1__Request *req, int timeout_ms, Weightfloor__V1__Reply **ret_reply);
 
 /* Renders a progress bar on stderr when it is a terminal (and not -q); done/total bytes. */
 void cli_progress(struct cli *cli, const char *label, uint64_t done, uint64_t total, uint64_t rate);

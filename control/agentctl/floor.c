@@ -21,19 +21,25 @@
 static const char *state_name(Weightfloor__V1__FloorState s)
 {
 	switch (s) {
-	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK: return "DISK";
-	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING: return "MATERIALIZING";
-	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST: return "HOST";
-	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST: return "PINNED_HOST";
-	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED: return "FAILED";
-	default: return "?";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK:
+		return "DISK";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING:
+		return "MATERIALIZING";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_HOST:
+		return "HOST";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_PINNED_HOST:
+		return "PINNED_HOST";
+	case WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED:
+		return "FAILED";
+	default:
+		return "?";
 	}
 }
 
 static void models_table(struct cli *cli, Weightfloor__V1__ModelInfo **m, size_t n)
 {
-	static const char *const hdr[] = {"MODEL", "STATE", "SIZE", "IN RAM", "EXPERTS",
-					  "TENSORS", "HOLDERS", "ARCH", "DIGEST", "FILES"};
+	static const char *const hdr[] = {"MODEL",   "STATE",   "SIZE", "IN RAM", "EXPERTS",
+	                                  "TENSORS", "HOLDERS", "ARCH", "DIGEST", "FILES"};
 	struct cli_table *t = cli_table_new(cli->wide ? 10 : 9, hdr, "..rrrrr...");
 	char b[32];
 	for (size_t i = 0; i < n; i++) {
@@ -41,11 +47,11 @@ static void models_table(struct cli *cli, Weightfloor__V1__ModelInfo **m, size_t
 		 * a released floor that workers still map is DISK with bytes in RAM. */
 		cli_table_addf(t, 0, "%s", m[i]->name);
 		cli_table_addf(t, 1, "%s%s", state_name(m[i]->floor_state),
-			       m[i]->stale ? " STALE" : "");
+		               m[i]->stale ? " STALE" : "");
 		cli_table_addf(t, 2, "%s", cli_fmt_bytes(m[i]->total_bytes, b, sizeof b));
-		cli_table_addf(t, 3, "%s",
-			       m[i]->region_present ? cli_fmt_bytes(m[i]->resident_bytes, b, sizeof b)
-						    : "-");
+		cli_table_addf(
+		    t, 3, "%s",
+		    m[i]->region_present ? cli_fmt_bytes(m[i]->resident_bytes, b, sizeof b) : "-");
 		cli_table_addf(t, 4, "%s", cli_fmt_bytes(m[i]->expert_bytes, b, sizeof b));
 		cli_table_addf(t, 5, "%" PRIu64, m[i]->tensor_count);
 		cli_table_addf(t, 6, "%u", m[i]->holder_count);
@@ -68,7 +74,8 @@ static void model_detail(const Weightfloor__V1__ModelInfo *m)
 {
 	char b1[32], b2[32], b3[32];
 	printf("model       %s\n", m->name);
-	printf("state       %s%s%s\n", state_name(m->floor_state), m->pin_host ? " (pin requested)" : "",
+	printf("state       %s%s%s\n", state_name(m->floor_state),
+	       m->pin_host ? " (pin requested)" : "",
 	       m->stale ? ", STALE: a file changed; release and ensure to reload" : "");
 	printf("format      %s, arch %s\n", m->format, m->arch[0] ? m->arch : "(unknown)");
 	printf("digest      %s\n", m->digest_hex);
@@ -76,23 +83,27 @@ static void model_detail(const Weightfloor__V1__ModelInfo *m)
 	       cli_fmt_bytes(m->total_bytes, b1, sizeof b1),
 	       cli_fmt_bytes(m->dense_bytes, b2, sizeof b2),
 	       cli_fmt_bytes(m->expert_bytes, b3, sizeof b3), m->tensor_count);
-	printf("in RAM      %s\n", m->region_present ? cli_fmt_bytes(m->resident_bytes, b1, sizeof b1)
-						      : "- (no floor)");
+	printf("in RAM      %s\n", m->region_present
+	                               ? cli_fmt_bytes(m->resident_bytes, b1, sizeof b1)
+	                               : "- (no floor)");
 	printf("holders     %u", m->holder_count);
 	for (size_t i = 0; i < m->n_holder_pids; i++)
 		printf("%s%u", i ? ", " : " (pids ", m->holder_pids[i]);
 	printf("%s\n", m->n_holder_pids ? ")" : "");
 	if (m->progress && m->progress->bytes_total) {
 		char line[160];
-		printf("progress    %s\n", cli_fmt_progress(line, sizeof line, m->progress->bytes_done,
-							    m->progress->bytes_total,
-							    m->progress->rate_bytes_per_s, 0));
+		printf("progress    %s\n",
+		       cli_fmt_progress(line, sizeof line, m->progress->bytes_done,
+		                        m->progress->bytes_total, m->progress->rate_bytes_per_s,
+		                        0));
 	}
 	if (m->last_used_unix_ms) {
 		struct timespec now;
 		clock_gettime(CLOCK_REALTIME, &now);
-		int64_t ago = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 - m->last_used_unix_ms;
-		printf("last used   %s ago\n", cli_fmt_duration(ago > 0 ? (uint64_t)ago : 0, b1, sizeof b1));
+		int64_t ago =
+		    (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 - m->last_used_unix_ms;
+		printf("last used   %s ago\n",
+		       cli_fmt_duration(ago > 0 ? (uint64_t)ago : 0, b1, sizeof b1));
 	}
 	if (m->last_error && *m->last_error)
 		printf("last error  %s\n", m->last_error);
@@ -110,11 +121,11 @@ static void model_detail(const Weightfloor__V1__ModelInfo *m)
 /* Options of commands that have none but --help. Returns 0, -1 after help, else the exit code
  * of a usage error. */
 static int simple_opts(int argc, char **argv, struct cli *cli, const char *cmd,
-		       const char *usage_text)
+                       const char *usage_text)
 {
 	static const struct option opts[] = {
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	int c;
 	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
@@ -130,16 +141,17 @@ static int simple_opts(int argc, char **argv, struct cli *cli, const char *cmd,
 }
 
 static int model_status(struct cli *cli, const char *what, const char *name,
-			Weightfloor__V1__Reply **ret);
+                        Weightfloor__V1__Reply **ret);
 
 int cmd_models(struct cli *cli, int argc, char **argv)
 {
-	int o = simple_opts(argc, argv, cli, "models",
-			    "usage: agentctl models [NAME] [--json] [-o wide]\n"
-			    "  Without NAME: the registered models and their floor states, one per row\n"
-			    "  (-o wide: the whole digest and the file count). With NAME: that model in\n"
-			    "  detail (files, sizes, state, holders, bytes in RAM, progress, last error).\n"
-			    "  --json: ModelList ({\"models\": [ModelInfo...]}), or one ModelInfo.\n");
+	int o = simple_opts(
+	    argc, argv, cli, "models",
+	    "usage: agentctl models [NAME] [--json] [-o wide]\n"
+	    "  Without NAME: the registered models and their floor states, one per row\n"
+	    "  (-o wide: the whole digest and the file count). With NAME: that model in\n"
+	    "  detail (files, sizes, state, holders, bytes in RAM, progress, last error).\n"
+	    "  --json: ModelList ({\"models\": [ModelInfo...]}), or one ModelInfo.\n");
 	if (o)
 		return o == -1 ? CLI_EXIT_OK : o;
 	int rc = cli_check_args(cli, "models", argc, argv, optind, 0, 1, "");
@@ -170,7 +182,8 @@ int cmd_models(struct cli *cli, int argc, char **argv)
 		return rc;
 	if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_MODEL_LIST) {
 		wf_ctl_reply_free(rep);
-		return cli_fail(cli, CLI_EXIT_FAIL, "models: the agent answered without a model list");
+		return cli_fail(cli, CLI_EXIT_FAIL,
+		                "models: the agent answered without a model list");
 	}
 	if (cli->json)
 		cli_json_print(cli, wf_pb_to_json(&rep->model_list->base));
@@ -182,12 +195,13 @@ int cmd_models(struct cli *cli, int argc, char **argv)
 
 int cmd_status(struct cli *cli, int argc, char **argv)
 {
-	int o = simple_opts(argc, argv, cli, "status",
-			    "usage: agentctl status [--json] [-o wide]\n"
-			    "  The agent: version, uptime, floor directory, host budget and use, reader\n"
-			    "  backend, model counts, workers, orphan floors; then its models' table.\n"
-			    "  --json: one object, AgentStatusReply's fields with the per-state counts\n"
-			    "  under \"model_counts\" and the models (ModelInfo) under \"models\".\n");
+	int o = simple_opts(
+	    argc, argv, cli, "status",
+	    "usage: agentctl status [--json] [-o wide]\n"
+	    "  The agent: version, uptime, floor directory, host budget and use, reader\n"
+	    "  backend, model counts, workers, orphan floors; then its models' table.\n"
+	    "  --json: one object, AgentStatusReply's fields with the per-state counts\n"
+	    "  under \"model_counts\" and the models (ModelInfo) under \"models\".\n");
 	if (o)
 		return o == -1 ? CLI_EXIT_OK : o;
 	int rc = cli_check_args(cli, "status", argc, argv, optind, 0, 0, "");
@@ -234,12 +248,13 @@ int cmd_status(struct cli *cli, int argc, char **argv)
 		printf("agent       %s pid %u on %s, up %s\n", s->version, s->pid, s->hostname,
 		       cli_fmt_duration(s->uptime_ms, b1, sizeof b1));
 		printf("floor       %s\n", s->floor_dir);
-		printf("host budget %s used of %s\n", cli_fmt_bytes(s->host_used_bytes, b1, sizeof b1),
+		printf("host budget %s used of %s\n",
+		       cli_fmt_bytes(s->host_used_bytes, b1, sizeof b1),
 		       cli_fmt_bytes(s->host_budget_bytes, b2, sizeof b2));
 		printf("reader      %s%s\n",
 		       s->reader_backend == WEIGHTFLOOR__V1__READER_BACKEND__READER_BACKEND_IO_URING
-			       ? "io_uring"
-			       : "pread thread pool (io_uring unavailable)",
+		           ? "io_uring"
+		           : "pread thread pool (io_uring unavailable)",
 		       s->o_direct ? " with O_DIRECT" : ", buffered");
 		if (ms)
 			printf("models      %u: %u pinned, %u host, %u materializing, %u disk, %u "
@@ -248,12 +263,13 @@ int cmd_status(struct cli *cli, int argc, char **argv)
 			       ms->failed);
 		printf("workers     %u\n", s->worker_count);
 		if (s->orphan_count) {
-			printf("orphans     %u floors no model points to, %s in RAM\n", s->orphan_count,
-			       cli_fmt_bytes(s->orphan_bytes, b1, sizeof b1));
+			printf("orphans     %u floors no model points to, %s in RAM\n",
+			       s->orphan_count, cli_fmt_bytes(s->orphan_bytes, b1, sizeof b1));
 			for (size_t i = 0; i < s->n_orphan_floors; i++)
 				printf("            wf-%s  %s, %u holders%s\n",
 				       s->orphan_floors[i]->digest_hex,
-				       cli_fmt_bytes(s->orphan_floors[i]->resident_bytes, b1, sizeof b1),
+				       cli_fmt_bytes(s->orphan_floors[i]->resident_bytes, b1,
+				                     sizeof b1),
 				       s->orphan_floors[i]->holder_count,
 				       s->orphan_floors[i]->kept ? ", kept" : "");
 		}
@@ -271,7 +287,7 @@ static Weightfloor__V1__ModelInfo *info_of(Weightfloor__V1__Reply *rep)
 }
 
 static int model_status(struct cli *cli, const char *what, const char *name,
-			Weightfloor__V1__Reply **ret)
+                        Weightfloor__V1__Reply **ret)
 {
 	Weightfloor__V1__ModelStatus ms = WEIGHTFLOOR__V1__MODEL_STATUS__INIT;
 	ms.name = (char *)name;
@@ -332,31 +348,35 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 		if (mi->floor_state != WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_MATERIALIZING) {
 			if (mi->progress && mi->progress->bytes_total)
 				cli_progress(cli, label, mi->progress->bytes_total,
-					     mi->progress->bytes_total, mi->progress->rate_bytes_per_s);
+				             mi->progress->bytes_total,
+				             mi->progress->rate_bytes_per_s);
 			cli_progress_end(cli);
 			if (mi->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_FAILED) {
 				rc = cli_fail(cli, CLI_EXIT_FAIL,
-					      "floor ensure %s: materialization failed: %s", name,
-					      mi->last_error);
-			} else if (mi->floor_state == WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK) {
+				              "floor ensure %s: materialization failed: %s", name,
+				              mi->last_error);
+			} else if (mi->floor_state ==
+			           WEIGHTFLOOR__V1__FLOOR_STATE__FLOOR_STATE_DISK) {
 				rc = cli_fail(cli, CLI_EXIT_FAILED_PRECONDITION,
-					      "floor ensure %s: materialization was cancelled", name);
+				              "floor ensure %s: materialization was cancelled",
+				              name);
 			} else {
 				print_info(cli, rep);
 			}
 			break;
 		}
 		if (mi->progress)
-			cli_progress(cli, label, mi->progress->bytes_done, mi->progress->bytes_total,
-				     mi->progress->rate_bytes_per_s
-					     ? mi->progress->rate_bytes_per_s
-					     : cli_rate_update(&rate, mi->progress->bytes_done));
+			cli_progress(cli, label, mi->progress->bytes_done,
+			             mi->progress->bytes_total,
+			             mi->progress->rate_bytes_per_s
+			                 ? mi->progress->rate_bytes_per_s
+			                 : cli_rate_update(&rate, mi->progress->bytes_done));
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (interrupted || (timeout_s > 0 && now.tv_sec - t0.tv_sec >= timeout_s)) {
 			cli_progress_end(cli);
 			rc = cli_fail(cli, interrupted ? CLI_EXIT_FAIL : CLI_EXIT_UNAVAILABLE,
-				      "floor ensure %s: %s; the agent goes on materializing", name,
-				      interrupted ? "interrupted" : "timed out");
+			              "floor ensure %s: %s; the agent goes on materializing", name,
+			              interrupted ? "interrupted" : "timed out");
 			break;
 		}
 		struct timespec ts = {0, 200 * 1000 * 1000};
@@ -374,18 +394,19 @@ static int floor_ensure(struct cli *cli, const char *name, bool wait, int timeou
 int cmd_floor(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
-		"usage: agentctl floor ensure|release|pin|unpin MODEL [--no-wait] [--wait-timeout S]\n"
-		"  ensure   materialize the model's floor (progress bar on a terminal; --no-wait\n"
-		"           returns at once, --wait-timeout S gives up waiting after S seconds: exit 4)\n"
-		"  release  drop the agent's hold; the floor goes when no process holds it\n"
-		"  pin      keep the floor (materializing it if needed); never evicted\n"
-		"  unpin    make it evictable again\n"
-		"  Prints the model's row (--json: its ModelInfo).\n";
+	    "usage: agentctl floor ensure|release|pin|unpin MODEL [--no-wait] [--wait-timeout S]\n"
+	    "  ensure   materialize the model's floor (progress bar on a terminal; --no-wait\n"
+	    "           returns at once, --wait-timeout S gives up waiting after S seconds: exit "
+	    "4)\n"
+	    "  release  drop the agent's hold; the floor goes when no process holds it\n"
+	    "  pin      keep the floor (materializing it if needed); never evicted\n"
+	    "  unpin    make it evictable again\n"
+	    "  Prints the model's row (--json: its ModelInfo).\n";
 	static const struct option opts[] = {
-		{"no-wait", no_argument, NULL, 'n'},
-		{"wait-timeout", required_argument, NULL, 't'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"no-wait", no_argument, NULL, 'n'},
+	    {"wait-timeout", required_argument, NULL, 't'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	bool wait = true;
 	int timeout_s = 0, c;
@@ -393,15 +414,21 @@ int cmd_floor(struct cli *cli, int argc, char **argv)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":nh", opts, NULL)) != -1) {
 		switch (c) {
-		case 'n': wait = false; break;
+		case 'n':
+			wait = false;
+			break;
 		case 't':
 			timeout_s = atoi(optarg);
 			if (timeout_s <= 0)
-				return cli_usage(cli, "floor", "--wait-timeout takes seconds > 0, not '%s'",
-						 optarg);
+				return cli_usage(cli, "floor",
+				                 "--wait-timeout takes seconds > 0, not '%s'",
+				                 optarg);
 			break;
-		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: return cli_bad_option(cli, "floor", argc, argv);
+		case 'h':
+			printf("%s", usage_text);
+			return CLI_EXIT_OK;
+		default:
+			return cli_bad_option(cli, "floor", argc, argv);
 		}
 	}
 	int rc = cli_check_args(cli, "floor", argc, argv, optind, 2, 2, "ACTION and MODEL");
@@ -428,8 +455,8 @@ int cmd_floor(struct cli *cli, int argc, char **argv)
 		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_UNPIN_HOST;
 		req.unpin_host = &uh;
 	} else {
-		return cli_usage(cli, "floor", "unknown action '%s' (ensure, release, pin or unpin)",
-				 verb);
+		return cli_usage(cli, "floor",
+		                 "unknown action '%s' (ensure, release, pin or unpin)", verb);
 	}
 	bool follow = strcmp(verb, "pin") == 0 && wait;
 	char what[64];
@@ -451,15 +478,15 @@ int cmd_floor(struct cli *cli, int argc, char **argv)
 int cmd_register(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
-		"usage: agentctl register NAME PATH [--pin]\n"
-		"  Registers a model with the agent. PATH: a GGUF file or any shard, a safetensors\n"
-		"  file, index.json or directory; a relative PATH must exist here and is sent\n"
-		"  absolute. --pin also pins its floor in host memory. Prints the model's row\n"
-		"  (--json: its ModelInfo).\n";
+	    "usage: agentctl register NAME PATH [--pin]\n"
+	    "  Registers a model with the agent. PATH: a GGUF file or any shard, a safetensors\n"
+	    "  file, index.json or directory; a relative PATH must exist here and is sent\n"
+	    "  absolute. --pin also pins its floor in host memory. Prints the model's row\n"
+	    "  (--json: its ModelInfo).\n";
 	static const struct option opts[] = {
-		{"pin", no_argument, NULL, 'p'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"pin", no_argument, NULL, 'p'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	bool pin = false;
 	int c;
@@ -467,9 +494,14 @@ int cmd_register(struct cli *cli, int argc, char **argv)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":ph", opts, NULL)) != -1) {
 		switch (c) {
-		case 'p': pin = true; break;
-		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: return cli_bad_option(cli, "register", argc, argv);
+		case 'p':
+			pin = true;
+			break;
+		case 'h':
+			printf("%s", usage_text);
+			return CLI_EXIT_OK;
+		default:
+			return cli_bad_option(cli, "register", argc, argv);
 		}
 	}
 	int crc = cli_check_args(cli, "register", argc, argv, optind, 2, 2, "NAME and PATH");
@@ -481,10 +513,11 @@ int cmd_register(struct cli *cli, int argc, char **argv)
 	const char *arg = argv[optind + 1];
 	char *abs = realpath(arg, NULL);
 	if (!abs && arg[0] != '/') {
-		return cli_fail(cli, cli_exit_for_err(-errno),
-				"register: %s: %s (a relative path must exist here; give an absolute "
-				"path for a file that only the agent can see)",
-				arg, strerror(errno));
+		return cli_fail(
+		    cli, cli_exit_for_err(-errno),
+		    "register: %s: %s (a relative path must exist here; give an absolute "
+		    "path for a file that only the agent can see)",
+		    arg, strerror(errno));
 	}
 	char *path = abs ? abs : (char *)arg;
 	Weightfloor__V1__RegisterModel rm = WEIGHTFLOOR__V1__REGISTER_MODEL__INIT;
@@ -508,41 +541,53 @@ int cmd_register(struct cli *cli, int argc, char **argv)
 static const char *event_kind(Weightfloor__V1__EventKind k)
 {
 	switch (k) {
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE: return "floor";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS: return "progress";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY: return "residency";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR: return "error";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER: return "worker";
-	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE: return "stale";
-	default: return "?";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_FLOOR_STATE:
+		return "floor";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PROGRESS:
+		return "progress";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY:
+		return "residency";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR:
+		return "error";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_WORKER:
+		return "worker";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE:
+		return "stale";
+	default:
+		return "?";
 	}
 }
 
 static const char *residency_state_name(Weightfloor__V1__Residency r)
 {
 	switch (r) {
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return "DISK";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return "HOST";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return "DEVICE";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return "PINNED_DEVICE";
-	default: return "UNKNOWN";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK:
+		return "DISK";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST:
+		return "HOST";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE:
+		return "DEVICE";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE:
+		return "PINNED_DEVICE";
+	default:
+		return "UNKNOWN";
 	}
 }
 
 int cmd_watch(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
-		"usage: agentctl watch [--count N] [--for SECONDS] [--json]\n"
-		"  Prints the agent's events as they come: floor states, progress, errors, workers\n"
-		"  registering or gone (with the worker's id), residency changes on the workers'\n"
-		"  devices (\"worker ID model NAME STATE\"), and \"agent restarted\" when the\n"
-		"  agent's event epoch changes. Stops after N events or S seconds, else on ^C.\n"
-		"  --json: JSON Lines, one Event object per line.\n";
+	    "usage: agentctl watch [--count N] [--for SECONDS] [--json]\n"
+	    "  Prints the agent's events as they come: floor states, progress, errors, workers\n"
+	    "  registering or gone (with the worker's id), residency changes on the workers'\n"
+	    "  devices (\"worker ID model NAME STATE\"), and \"agent restarted\" when the\n"
+	    "  agent's event epoch changes. Stops after N events or S seconds, else on ^C.\n"
+	    "  --json: JSON Lines, one Event object per line.\n";
 	static const struct option opts[] = {
-		{"count", required_argument, NULL, 'n'},
-		{"for", required_argument, NULL, 'f'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"count", required_argument, NULL, 'n'},
+	    {"for", required_argument, NULL, 'f'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	long count = -1, secs = -1;
 	int c;
@@ -555,16 +600,20 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 			count = strtol(optarg, &end, 10);
 			if (*end || count <= 0)
 				return cli_usage(cli, "watch", "--count: '%s' is not a number > 0",
-						 optarg);
+				                 optarg);
 			break;
 		case 'f':
 			secs = strtol(optarg, &end, 10);
 			if (*end || secs <= 0)
-				return cli_usage(cli, "watch", "--for: '%s' is not a number of seconds > 0",
-						 optarg);
+				return cli_usage(cli, "watch",
+				                 "--for: '%s' is not a number of seconds > 0",
+				                 optarg);
 			break;
-		case 'h': printf("%s", usage_text); return CLI_EXIT_OK;
-		default: return cli_bad_option(cli, "watch", argc, argv);
+		case 'h':
+			printf("%s", usage_text);
+			return CLI_EXIT_OK;
+		default:
+			return cli_bad_option(cli, "watch", argc, argv);
 		}
 	}
 	int crc = cli_check_args(cli, "watch", argc, argv, optind, 0, 0, "");
@@ -576,7 +625,7 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 	int rc = wf_ctl_sub_open(cli->events, &so, &sub, &d);
 	if (rc < 0) {
 		return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s: %s", cli->events,
-				wf_diag_str(&d, rc));
+		                wf_diag_str(&d, rc));
 	}
 	signal(SIGINT, on_sigint);
 	struct timespec t0, now;
@@ -592,9 +641,11 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 			continue;
 		if (rc < 0) {
 			wf_ctl_sub_close(sub);
-			return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s", wf_diag_str(&d, rc));
+			return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s",
+			                wf_diag_str(&d, rc));
 		}
-		/* A new epoch is a new publisher: the agent restarted (its sequence starts over). */
+		/* A new epoch is a new publisher: the agent restarted (its sequence starts over).
+		 */
 		bool restarted = last_epoch && ev->epoch != last_epoch;
 		if (cli->json) {
 			cli_json_print(cli, wf_pb_to_json(&ev->base));
@@ -607,13 +658,14 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 				printf("%02d:%02d:%02d agent restarted (event epoch %" PRIx64 ")\n",
 				       tm.tm_hour, tm.tm_min, tm.tm_sec, ev->epoch);
 			else if (last_seq && ev->sequence > last_seq + 1)
-				printf("(%" PRIu64 " events missed)\n", ev->sequence - last_seq - 1);
+				printf("(%" PRIu64 " events missed)\n",
+				       ev->sequence - last_seq - 1);
 			/* Worker events name the worker (their model is empty or secondary). */
 			char subject[512];
 			if (ev->worker_id && *ev->worker_id)
 				snprintf(subject, sizeof subject, "worker %s%s%s", ev->worker_id,
-					 ev->model && *ev->model ? " model " : "",
-					 ev->model ? ev->model : "");
+				         ev->model && *ev->model ? " model " : "",
+				         ev->model ? ev->model : "");
 			else
 				snprintf(subject, sizeof subject, "%s", ev->model ? ev->model : "");
 			printf("%02d:%02d:%02d %-9s %-20s", tm.tm_hour, tm.tm_min, tm.tm_sec,

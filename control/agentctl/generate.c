@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GEN_POLL_MS 1000       /* each long poll's wait */
-#define GEN_START_MS 600000    /* a first Generate may load the model: its default budget */
-#define GEN_IDS_MAX 65536
+#define GEN_POLL_MS  1000   /* each long poll's wait */
+#define GEN_START_MS 600000 /* a first Generate may load the model: its default budget */
+#define GEN_IDS_MAX  65536
 
 static const char gen_help[] =
     "usage: agentctl generate MODEL PROMPT [OPTIONS]\n"
@@ -62,13 +62,12 @@ static int parse_float(struct cli *cli, const char *flag, const char *s, float *
 	return 0;
 }
 
-static int parse_uint(struct cli *cli, const char *flag, const char *s, uint64_t max,
-		      uint64_t *out)
+static int parse_uint(struct cli *cli, const char *flag, const char *s, uint64_t max, uint64_t *out)
 {
 	uint64_t v;
 	if (wf_parse_uint(s, max, &v) < 0)
 		return cli_usage(cli, "generate", "%s: '%s' is not a number in 0..%llu", flag, s,
-				 (unsigned long long)max);
+		                 (unsigned long long)max);
 	*out = v;
 	return 0;
 }
@@ -80,27 +79,34 @@ static int parse_ids(struct cli *cli, const char *s, int32_t **ret, size_t *ret_
 		return cli_fail(cli, CLI_EXIT_FAIL, "generate: out of memory");
 	if (rc < 0)
 		return cli_usage(cli, "generate",
-				 "--prompt-ids: '%s' is not a list of at most %d token ids (1,2,3)", s,
-				 GEN_IDS_MAX);
+		                 "--prompt-ids: '%s' is not a list of at most %d token ids (1,2,3)",
+		                 s, GEN_IDS_MAX);
 	return 0;
 }
 
 static const char *finish_name(Weightfloor__V1__FinishReason f)
 {
 	switch (f) {
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT: return "context";
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED: return "canceled";
-	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR: return "error";
-	default: return "?";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_EOS:
+		return "eos";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_STOP:
+		return "stop";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_LENGTH:
+		return "length";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT:
+		return "context";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED:
+		return "canceled";
+	case WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR:
+		return "error";
+	default:
+		return "?";
 	}
 }
 
 /* Prints the tokens of one reply; returns how many it held. */
 static uint32_t print_tokens(struct cli *cli, const Weightfloor__V1__GenerateReply *g,
-			     bool *ended_nl)
+                             bool *ended_nl)
 {
 	for (size_t i = 0; i < g->n_tokens; i++) {
 		const Weightfloor__V1__GeneratedToken *t = g->tokens[i];
@@ -108,9 +114,9 @@ static uint32_t print_tokens(struct cli *cli, const Weightfloor__V1__GenerateRep
 			struct json_object *o = json_object_new_object();
 			json_object_object_add(o, "index", json_object_new_int64(g->first + i));
 			json_object_object_add(o, "id", json_object_new_int(t->id));
-			json_object_object_add(o, "text", json_object_new_string_len(
-							      (const char *)t->text.data,
-							      (int)t->text.len));
+			json_object_object_add(o, "text",
+			                       json_object_new_string_len(
+			                           (const char *)t->text.data, (int)t->text.len));
 			printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 			json_object_put(o);
 		} else if (t->text.len) {
@@ -137,23 +143,27 @@ static int print_end(struct cli *cli, const Weightfloor__V1__GenerateReply *g, b
 		json_object_object_add(o, "finish", json_object_new_string(finish_name(g->finish)));
 		if (g->error && *g->error)
 			json_object_object_add(o, "error", json_object_new_string(g->error));
-		json_object_object_add(o, "generation_id", json_object_new_uint64(g->generation_id));
+		json_object_object_add(o, "generation_id",
+		                       json_object_new_uint64(g->generation_id));
 		json_object_object_add(o, "worker_id", json_object_new_string(g->worker_id));
 		json_object_object_add(o, "model", json_object_new_string(g->model));
 		json_object_object_add(o, "seed", json_object_new_uint64(g->seed));
 		if (t) {
-			json_object_object_add(o, "prompt_tokens", json_object_new_int64(t->prompt_tokens));
+			json_object_object_add(o, "prompt_tokens",
+			                       json_object_new_int64(t->prompt_tokens));
 			json_object_object_add(o, "generated_tokens",
-					       json_object_new_int64(t->generated_tokens));
+			                       json_object_new_int64(t->generated_tokens));
 			json_object_object_add(o, "queue_ms", json_object_new_double(t->queue_ms));
-			json_object_object_add(o, "prompt_ms", json_object_new_double(t->prompt_ms));
-			json_object_object_add(o, "decode_ms", json_object_new_double(t->decode_ms));
+			json_object_object_add(o, "prompt_ms",
+			                       json_object_new_double(t->prompt_ms));
+			json_object_object_add(o, "decode_ms",
+			                       json_object_new_double(t->decode_ms));
 			json_object_object_add(o, "time_to_first_token_ms",
-					       json_object_new_double(t->time_to_first_token_ms));
+			                       json_object_new_double(t->time_to_first_token_ms));
 			json_object_object_add(o, "prompt_tokens_per_s",
-					       json_object_new_double(t->prompt_tokens_per_s));
+			                       json_object_new_double(t->prompt_tokens_per_s));
 			json_object_object_add(o, "decode_tokens_per_s",
-					       json_object_new_double(t->decode_tokens_per_s));
+			                       json_object_new_double(t->decode_tokens_per_s));
 		}
 		printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 		json_object_put(o);
@@ -165,46 +175,56 @@ static int print_end(struct cli *cli, const Weightfloor__V1__GenerateReply *g, b
 		fflush(stdout);
 		if (t)
 			fprintf(stderr,
-				"agentctl: %u prompt tokens at %.1f tokens/s, %u generated at %.1f "
-				"tokens/s, first token after %.1f ms (%s, worker %s, seed %llu)\n",
-				t->prompt_tokens, t->prompt_tokens_per_s, t->generated_tokens,
-				t->decode_tokens_per_s, t->time_to_first_token_ms,
-				finish_name(g->finish), g->worker_id,
-				(unsigned long long)g->seed);
+			        "agentctl: %u prompt tokens at %.1f tokens/s, %u generated at %.1f "
+			        "tokens/s, first token after %.1f ms (%s, worker %s, seed %llu)\n",
+			        t->prompt_tokens, t->prompt_tokens_per_s, t->generated_tokens,
+			        t->decode_tokens_per_s, t->time_to_first_token_ms,
+			        finish_name(g->finish), g->worker_id, (unsigned long long)g->seed);
 	}
 	if (g->finish == WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_ERROR ||
 	    g->finish == WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CONTEXT ||
 	    g->finish == WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED) {
 		if (rc)
 			cli_fail(cli, rc, "generate: %s%s%s", finish_name(g->finish),
-				 g->error && *g->error ? ": " : "", g->error ? g->error : "");
+			         g->error && *g->error ? ": " : "", g->error ? g->error : "");
 		else if (!cli->json)
-			fprintf(stderr, "agentctl: generate: %s\n", g->error && *g->error
-								      ? g->error
-								      : finish_name(g->finish));
+			fprintf(stderr, "agentctl: generate: %s\n",
+			        g->error && *g->error ? g->error : finish_name(g->finish));
 	}
 	return rc;
 }
 
 int cmd_generate(struct cli *cli, int argc, char **argv)
 {
-	enum { O_WORKER = 256, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_PEN, O_LASTN,
-	       O_SEED, O_STOP, O_NOEOS };
+	enum {
+		O_WORKER = 256,
+		O_IDS,
+		O_MAX,
+		O_TEMP,
+		O_TOPK,
+		O_TOPP,
+		O_MINP,
+		O_PEN,
+		O_LASTN,
+		O_SEED,
+		O_STOP,
+		O_NOEOS
+	};
 	static const struct option opts[] = {
-		{"worker", required_argument, NULL, O_WORKER},
-		{"prompt-ids", required_argument, NULL, O_IDS},
-		{"max-tokens", required_argument, NULL, O_MAX},
-		{"temp", required_argument, NULL, O_TEMP},
-		{"top-k", required_argument, NULL, O_TOPK},
-		{"top-p", required_argument, NULL, O_TOPP},
-		{"min-p", required_argument, NULL, O_MINP},
-		{"repeat-penalty", required_argument, NULL, O_PEN},
-		{"repeat-last-n", required_argument, NULL, O_LASTN},
-		{"seed", required_argument, NULL, O_SEED},
-		{"stop", required_argument, NULL, O_STOP},
-		{"ignore-eos", no_argument, NULL, O_NOEOS},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"worker", required_argument, NULL, O_WORKER},
+	    {"prompt-ids", required_argument, NULL, O_IDS},
+	    {"max-tokens", required_argument, NULL, O_MAX},
+	    {"temp", required_argument, NULL, O_TEMP},
+	    {"top-k", required_argument, NULL, O_TOPK},
+	    {"top-p", required_argument, NULL, O_TOPP},
+	    {"min-p", required_argument, NULL, O_MINP},
+	    {"repeat-penalty", required_argument, NULL, O_PEN},
+	    {"repeat-last-n", required_argument, NULL, O_LASTN},
+	    {"seed", required_argument, NULL, O_SEED},
+	    {"stop", required_argument, NULL, O_STOP},
+	    {"ignore-eos", no_argument, NULL, O_NOEOS},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	Weightfloor__V1__Generate g = WEIGHTFLOOR__V1__GENERATE__INIT;
 	Weightfloor__V1__Sampling sp = WEIGHTFLOOR__V1__SAMPLING__INIT;
@@ -218,7 +238,9 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 	opterr = 0;
 	while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
-		case O_WORKER: g.worker_id = optarg; break;
+		case O_WORKER:
+			g.worker_id = optarg;
+			break;
 		case O_IDS:
 			free(ids);
 			ids = NULL;
@@ -229,33 +251,51 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 				g.max_tokens = (uint32_t)v;
 			break;
 		/* Values are sent as given: the worker checks them and names a bad one. */
-		case O_TEMP: rc = parse_float(cli, "--temp", optarg, &sp.temperature); break;
+		case O_TEMP:
+			rc = parse_float(cli, "--temp", optarg, &sp.temperature);
+			break;
 		case O_TOPK: {
 			char *end;
 			errno = 0;
 			long k = strtol(optarg, &end, 10);
 			if (!*optarg || *end || errno || k < INT32_MIN || k > INT32_MAX)
-				rc = cli_usage(cli, "generate", "--top-k: '%s' is not a number", optarg);
+				rc = cli_usage(cli, "generate", "--top-k: '%s' is not a number",
+				               optarg);
 			sp.top_k = (int32_t)k;
 			break;
 		}
-		case O_TOPP: rc = parse_float(cli, "--top-p", optarg, &sp.top_p); break;
-		case O_MINP: rc = parse_float(cli, "--min-p", optarg, &sp.min_p); break;
-		case O_PEN: rc = parse_float(cli, "--repeat-penalty", optarg, &sp.repeat_penalty); break;
+		case O_TOPP:
+			rc = parse_float(cli, "--top-p", optarg, &sp.top_p);
+			break;
+		case O_MINP:
+			rc = parse_float(cli, "--min-p", optarg, &sp.min_p);
+			break;
+		case O_PEN:
+			rc = parse_float(cli, "--repeat-penalty", optarg, &sp.repeat_penalty);
+			break;
 		case O_LASTN:
 			if (!(rc = parse_uint(cli, "--repeat-last-n", optarg, UINT32_MAX, &v)))
 				sp.repeat_last_n = (uint32_t)v;
 			break;
-		case O_SEED: rc = parse_uint(cli, "--seed", optarg, UINT64_MAX, &sp.seed); break;
+		case O_SEED:
+			rc = parse_uint(cli, "--seed", optarg, UINT64_MAX, &sp.seed);
+			break;
 		case O_STOP:
 			if (n_stop == 16)
 				rc = cli_usage(cli, "generate", "--stop: at most 16");
 			else
 				stops[n_stop++] = optarg;
 			break;
-		case O_NOEOS: g.ignore_eos = true; break;
-		case 'h': printf("%s", gen_help); free(ids); return CLI_EXIT_OK;
-		default: free(ids); return cli_bad_option(cli, "generate", argc, argv);
+		case O_NOEOS:
+			g.ignore_eos = true;
+			break;
+		case 'h':
+			printf("%s", gen_help);
+			free(ids);
+			return CLI_EXIT_OK;
+		default:
+			free(ids);
+			return cli_bad_option(cli, "generate", argc, argv);
 		}
 	}
 	if (rc) {
@@ -263,7 +303,7 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 		return rc;
 	}
 	if ((rc = cli_check_args(cli, "generate", argc, argv, optind, ids ? 1 : 2, ids ? 1 : 2,
-				 ids ? "MODEL" : "MODEL and PROMPT"))) {
+	                         ids ? "MODEL" : "MODEL and PROMPT"))) {
 		free(ids);
 		return rc;
 	}
@@ -282,7 +322,7 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 	req.generate = &g;
 	Weightfloor__V1__Reply *rep = NULL;
 	rc = cli_call(cli, "generate", &req, cli->timeout_given ? cli->timeout_ms : GEN_START_MS,
-		      &rep);
+	              &rep);
 	free(ids);
 	if (rc)
 		return rc;
@@ -320,7 +360,8 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 		rep = next;
 		if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_GENERATE) {
 			wf_ctl_reply_free(rep);
-			return cli_fail(cli, CLI_EXIT_FAIL, "generate: the reply has no generation");
+			return cli_fail(cli, CLI_EXIT_FAIL,
+			                "generate: the reply has no generation");
 		}
 		have += print_tokens(cli, rep->generate, &ended_nl);
 	}

@@ -39,11 +39,13 @@ static struct json_object *hparams_json(const struct wf_hparams *hp)
 	return o;
 }
 
-static struct json_object *model_json(const char *path, const struct wf_model *m, const char *digest)
+static struct json_object *model_json(const char *path, const struct wf_model *m,
+                                      const char *digest)
 {
 	struct json_object *o = json_object_new_object();
 	json_object_object_add(o, "path", json_object_new_string(path));
-	json_object_object_add(o, "format", json_object_new_string(wf_model_format_name(m->format)));
+	json_object_object_add(o, "format",
+	                       json_object_new_string(wf_model_format_name(m->format)));
 	json_object_object_add(o, "digest_hex", json_object_new_string(digest));
 	json_object_object_add(o, "hparams", hparams_json(&m->hp));
 	json_object_object_add(o, "tensor_count", json_object_new_int64(m->n_tensors));
@@ -57,7 +59,8 @@ static struct json_object *model_json(const char *path, const struct wf_model *m
 			continue;
 		struct json_object *e = json_object_new_object();
 		json_object_object_add(e, "tensors", json_object_new_int64(m->count_by_dtype[t]));
-		json_object_object_add(e, "bytes", json_object_new_int64((int64_t)m->bytes_by_dtype[t]));
+		json_object_object_add(e, "bytes",
+		                       json_object_new_int64((int64_t)m->bytes_by_dtype[t]));
 		json_object_object_add(by, dtype_name(t), e);
 	}
 	json_object_object_add(o, "bytes_by_type", by);
@@ -68,10 +71,12 @@ static struct json_object *model_json(const char *path, const struct wf_model *m
 		struct json_object *e = json_object_new_object();
 		json_object_object_add(e, "path", json_object_new_string(f->path));
 		json_object_object_add(e, "size_bytes", json_object_new_int64((int64_t)f->size));
-		json_object_object_add(e, "data_offset", json_object_new_int64((int64_t)f->data_offset));
+		json_object_object_add(e, "data_offset",
+		                       json_object_new_int64((int64_t)f->data_offset));
 		json_object_object_add(e, "tensors", json_object_new_int64(f->n_tensors));
 		if (f->gguf_version)
-			json_object_object_add(e, "gguf_version", json_object_new_int64(f->gguf_version));
+			json_object_object_add(e, "gguf_version",
+			                       json_object_new_int64(f->gguf_version));
 		json_object_array_add(files, e);
 	}
 	json_object_object_add(o, "files", files);
@@ -89,8 +94,9 @@ static struct json_object *model_json(const char *path, const struct wf_model *m
 		json_object_object_add(e, "bytes", json_object_new_int64((int64_t)t->nbytes));
 		json_object_object_add(e, "file", json_object_new_int64(t->file));
 		json_object_object_add(e, "offset", json_object_new_int64((int64_t)t->offset));
-		json_object_object_add(e, "class", json_object_new_string(
-						       t->tclass == WF_TENSOR_EXPERT ? "expert" : "dense"));
+		json_object_object_add(
+		    e, "class",
+		    json_object_new_string(t->tclass == WF_TENSOR_EXPERT ? "expert" : "dense"));
 		json_object_array_add(tensors, e);
 	}
 	json_object_object_add(o, "tensors", tensors);
@@ -113,7 +119,8 @@ static void model_print(const char *path, const struct wf_model *m, const char *
 	       hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
 	       hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_vocab, hp->n_ctx_train);
 	printf("tensors   %u\n", m->n_tensors);
-	printf("bytes     %s total, %s dense, %s experts\n", cli_fmt_bytes(m->total_bytes, b1, sizeof b1),
+	printf("bytes     %s total, %s dense, %s experts\n",
+	       cli_fmt_bytes(m->total_bytes, b1, sizeof b1),
 	       cli_fmt_bytes(m->dense_bytes, b2, sizeof b2),
 	       cli_fmt_bytes(m->expert_bytes, b3, sizeof b3));
 	printf("\n%-10s %8s %12s\n", "TYPE", "TENSORS", "BYTES");
@@ -129,27 +136,30 @@ static void model_print(const char *path, const struct wf_model *m, const char *
 }
 
 static const char inspect_help[] =
-	"usage: agentctl inspect FILE... [--json]\n"
-	"  Prints the inventory of GGUF or safetensors models, read from their headers (no agent\n"
-	"  needed): architecture, hyper-parameters, bytes by type, dense vs expert bytes, shards,\n"
-	"  digest. A shard, an index.json or a directory opens the whole model.\n"
-	"  --json  one document: an object for one FILE, an array of them for several (each with\n"
-	"          \"path\"; a FILE that cannot be read is {\"path\", \"error\"}), listing every\n"
-	"          tensor. Field names as in ModelInfo: digest_hex, total_bytes, files[].size_bytes.\n";
+    "usage: agentctl inspect FILE... [--json]\n"
+    "  Prints the inventory of GGUF or safetensors models, read from their headers (no agent\n"
+    "  needed): architecture, hyper-parameters, bytes by type, dense vs expert bytes, shards,\n"
+    "  digest. A shard, an index.json or a directory opens the whole model.\n"
+    "  --json  one document: an object for one FILE, an array of them for several (each with\n"
+    "          \"path\"; a FILE that cannot be read is {\"path\", \"error\"}), listing every\n"
+    "          tensor. Field names as in ModelInfo: digest_hex, total_bytes, files[].size_bytes.\n";
 
 int cmd_inspect(struct cli *cli, int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	int c;
 	optind = 0; /* 0, not 1: glibc then re-initializes (and permutes: options anywhere) */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'h': printf("%s", inspect_help); return CLI_EXIT_OK;
-		default: return cli_bad_option(cli, "inspect", argc, argv);
+		case 'h':
+			printf("%s", inspect_help);
+			return CLI_EXIT_OK;
+		default:
+			return cli_bad_option(cli, "inspect", argc, argv);
 		}
 	}
 	int rc_all = cli_check_args(cli, "inspect", argc, argv, optind, 1, -1, "FILE");
@@ -164,7 +174,7 @@ int cmd_inspect(struct cli *cli, int argc, char **argv)
 		if (rc < 0) {
 			char msg[512];
 			snprintf(msg, sizeof msg, "inspect %s: %s (%s)", argv[i],
-				 wf_diag_str(&diag, rc), wf_err_name(rc));
+			         wf_diag_str(&diag, rc), wf_err_name(rc));
 			int ex = cli_fail(cli, cli_exit_for_err(rc), "%s", msg);
 			if (arr) {
 				struct json_object *e = cli_error_json(ex, msg);

@@ -21,48 +21,50 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{"inspect", cmd_inspect, "print the inventory of model files (no agent needed)"},
-	{"status", cmd_status, "the agent's state, host budget and models"},
-	{"models", cmd_models, "registered models and their floor states"},
-	{"register", cmd_register, "register a model with the agent"},
-	{"floor", cmd_floor, "floor ensure|release|pin|unpin MODEL"},
-	{"watch", cmd_watch, "follow the agent's events"},
-	{"workers", cmd_workers, "the node's workers, devices, budgets and models"},
-	{"residency", cmd_worker_verb, "residency MODEL disk|host|device|pinned_device"},
-	{"pin", cmd_worker_verb, "load MODEL on a worker's device and pin it"},
-	{"unpin", cmd_worker_verb, "make MODEL evictable on a worker"},
-	{"evict", cmd_worker_verb, "free MODEL's device memory on a worker"},
-	{"prefetch", cmd_worker_verb, "load MODEL on a worker's device"},
-	{"compact", cmd_worker_verb, "free every unpinned device buffer, reload MODEL..."},
-	{"generate", cmd_generate, "generate MODEL PROMPT: text from a worker, with tokens/s"},
+    {"inspect", cmd_inspect, "print the inventory of model files (no agent needed)"},
+    {"status", cmd_status, "the agent's state, host budget and models"},
+    {"models", cmd_models, "registered models and their floor states"},
+    {"register", cmd_register, "register a model with the agent"},
+    {"floor", cmd_floor, "floor ensure|release|pin|unpin MODEL"},
+    {"watch", cmd_watch, "follow the agent's events"},
+    {"workers", cmd_workers, "the node's workers, devices, budgets and models"},
+    {"residency", cmd_worker_verb, "residency MODEL disk|host|device|pinned_device"},
+    {"pin", cmd_worker_verb, "load MODEL on a worker's device and pin it"},
+    {"unpin", cmd_worker_verb, "make MODEL evictable on a worker"},
+    {"evict", cmd_worker_verb, "free MODEL's device memory on a worker"},
+    {"prefetch", cmd_worker_verb, "load MODEL on a worker's device"},
+    {"compact", cmd_worker_verb, "free every unpinned device buffer, reload MODEL..."},
+    {"generate", cmd_generate, "generate MODEL PROMPT: text from a worker, with tokens/s"},
 };
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: agentctl [GLOBAL OPTIONS] COMMAND [ARGS] [GLOBAL OPTIONS]\n\ncommands:\n");
+	fprintf(out,
+	        "usage: agentctl [GLOBAL OPTIONS] COMMAND [ARGS] [GLOBAL OPTIONS]\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-	fprintf(out, "\nglobal options (before or after the command):\n"
-		     "  --socket URL            the agent's control URL ($WF_AGENT_SOCKET, else %s)\n"
-		     "  --events URL            the agent's event URL ($WF_AGENT_EVENTS, else %s)\n"
-		     "  --timeout MS            bound every request (default 10000)\n"
-		     "  --json, -o json         one JSON document on stdout, errors included\n"
-		     "  -o wide                 tables with extra columns\n"
-		     "  -q, --quiet             no progress bars; with --json, no error line on stderr\n"
-		     "  --version               print agentctl's version\n"
-		     "For tls+tcp:// URLs:\n"
-		     "  --tls-ca FILE           CA (PEM) that signed the agent's certificate "
-		     "($WF_AGENT_TLS_CA)\n"
-		     "  --tls-cert FILE         client certificate (PEM) to present "
-		     "($WF_AGENT_TLS_CERT)\n"
-		     "  --tls-key FILE          its private key (PEM; default: in --tls-cert) "
-		     "($WF_AGENT_TLS_KEY)\n"
-		     "  --tls-server-name NAME  name to verify in the agent's certificate "
-		     "(default: the URL's host)\n"
-		     "\n'agentctl COMMAND --help' describes a command. Exit status: 0 ok, 1 failure,\n"
-		     "2 usage, 3 not found, 4 unavailable, 5 resource exhausted, 6 permission denied,\n"
-		     "7 invalid argument, 8 failed precondition, 9 not resident (man agentctl).\n",
-		DEFAULT_SOCKET, DEFAULT_EVENTS);
+	fprintf(out,
+	        "\nglobal options (before or after the command):\n"
+	        "  --socket URL            the agent's control URL ($WF_AGENT_SOCKET, else %s)\n"
+	        "  --events URL            the agent's event URL ($WF_AGENT_EVENTS, else %s)\n"
+	        "  --timeout MS            bound every request (default 10000)\n"
+	        "  --json, -o json         one JSON document on stdout, errors included\n"
+	        "  -o wide                 tables with extra columns\n"
+	        "  -q, --quiet             no progress bars; with --json, no error line on stderr\n"
+	        "  --version               print agentctl's version\n"
+	        "For tls+tcp:// URLs:\n"
+	        "  --tls-ca FILE           CA (PEM) that signed the agent's certificate "
+	        "($WF_AGENT_TLS_CA)\n"
+	        "  --tls-cert FILE         client certificate (PEM) to present "
+	        "($WF_AGENT_TLS_CERT)\n"
+	        "  --tls-key FILE          its private key (PEM; default: in --tls-cert) "
+	        "($WF_AGENT_TLS_KEY)\n"
+	        "  --tls-server-name NAME  name to verify in the agent's certificate "
+	        "(default: the URL's host)\n"
+	        "\n'agentctl COMMAND --help' describes a command. Exit status: 0 ok, 1 failure,\n"
+	        "2 usage, 3 not found, 4 unavailable, 5 resource exhausted, 6 permission denied,\n"
+	        "7 invalid argument, 8 failed precondition, 9 not resident (man agentctl).\n",
+	        DEFAULT_SOCKET, DEFAULT_EVENTS);
 }
 
 /* Global options, taken out of argv wherever they are (before or after the command), so that
@@ -75,30 +77,46 @@ struct gopt {
 };
 
 static const struct gopt gopts[] = {
-	{"socket", 0, true, 's'},   {"events", 0, true, 'e'},   {"json", 0, false, 'j'},
-	{"timeout", 0, true, 't'},  {"quiet", 'q', false, 'q'}, {"output", 'o', true, 'o'},
-	{"tls-cert", 0, true, 'C'}, {"tls-key", 0, true, 'K'},  {"tls-ca", 0, true, 'A'},
-	{"tls-server-name", 0, true, 'N'}, {"version", 0, false, 'V'},
+    {"socket", 0, true, 's'},          {"events", 0, true, 'e'},   {"json", 0, false, 'j'},
+    {"timeout", 0, true, 't'},         {"quiet", 'q', false, 'q'}, {"output", 'o', true, 'o'},
+    {"tls-cert", 0, true, 'C'},        {"tls-key", 0, true, 'K'},  {"tls-ca", 0, true, 'A'},
+    {"tls-server-name", 0, true, 'N'}, {"version", 0, false, 'V'},
 };
 
 static int set_global(struct cli *cli, int key, const char *val)
 {
 	switch (key) {
-	case 's': cli->socket = val; break;
-	case 'e': cli->events = val; break;
-	case 'j': cli->json = true; break;
-	case 'q': cli->quiet = true; break;
-	case 'C': cli->tls.cert_file = val; break;
-	case 'K': cli->tls.key_file = val; break;
-	case 'A': cli->tls.ca_file = val; break;
-	case 'N': cli->tls.server_name = val; break;
+	case 's':
+		cli->socket = val;
+		break;
+	case 'e':
+		cli->events = val;
+		break;
+	case 'j':
+		cli->json = true;
+		break;
+	case 'q':
+		cli->quiet = true;
+		break;
+	case 'C':
+		cli->tls.cert_file = val;
+		break;
+	case 'K':
+		cli->tls.key_file = val;
+		break;
+	case 'A':
+		cli->tls.ca_file = val;
+		break;
+	case 'N':
+		cli->tls.server_name = val;
+		break;
 	case 't': {
 		char *end;
 		long v = strtol(val, &end, 10);
 		if (!*val || *end || v <= 0 || v > 24L * 3600 * 1000)
-			return cli_usage(cli, NULL,
-					 "--timeout: '%s' is not a number of milliseconds (1..86400000)",
-					 val);
+			return cli_usage(
+			    cli, NULL,
+			    "--timeout: '%s' is not a number of milliseconds (1..86400000)", val);
 		cli->timeout_ms = (int)v;
 		cli->timeout_given = true;
 		break;
@@ -175,8 +193,8 @@ static int finish(struct cli *cli, int rc)
 	/* With --json an error is a document on stdout, unless the command printed its own (an
 	 * --all command reports each worker's error in its document). */
 	if (rc != CLI_EXIT_OK && cli->json && !cli->doc_printed)
-		cli_json_print(cli, cli_error_json(rc, cli->err_msg[0] ? cli->err_msg
-								: cli_exit_name(rc)));
+		cli_json_print(
+		    cli, cli_error_json(rc, cli->err_msg[0] ? cli->err_msg : cli_exit_name(rc)));
 	fflush(stdout);
 	return rc;
 }
@@ -184,9 +202,9 @@ static int finish(struct cli *cli, int rc)
 int main(int argc, char **argv)
 {
 	struct cli cli = {
-		.socket = getenv("WF_AGENT_SOCKET"),
-		.events = getenv("WF_AGENT_EVENTS"),
-		.timeout_ms = 10000,
+	    .socket = getenv("WF_AGENT_SOCKET"),
+	    .events = getenv("WF_AGENT_EVENTS"),
+	    .timeout_ms = 10000,
 	};
 	if (!cli.socket || !*cli.socket)
 		cli.socket = DEFAULT_SOCKET;
@@ -204,7 +222,8 @@ int main(int argc, char **argv)
 	if (version) {
 		if (cli.json) {
 			struct json_object *o = json_object_new_object();
-			json_object_object_add(o, "version", json_object_new_string(AGENTCTL_VERSION));
+			json_object_object_add(o, "version",
+			                       json_object_new_string(AGENTCTL_VERSION));
 			cli_json_print(&cli, o);
 		} else {
 			printf("agentctl %s\n", AGENTCTL_VERSION);

@@ -17,7 +17,7 @@ static void close_client(void)
 }
 
 int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
-		Weightfloor__V1__Request *req, int timeout_ms, Weightfloor__V1__Reply **ret_reply)
+                Weightfloor__V1__Request *req, int timeout_ms, Weightfloor__V1__Reply **ret_reply)
 {
 	struct wf_diag d = {{0}};
 	int rc;
@@ -27,16 +27,17 @@ int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
 		if (rc < 0) {
 			/* the agent cannot be reached: UNAVAILABLE, unless it refused us (TLS) */
 			int ex = cli_exit_for_err(rc);
-			return cli_fail(cli, ex == CLI_EXIT_PERMISSION_DENIED ? ex : CLI_EXIT_UNAVAILABLE,
-					"%s: cannot reach the agent at %s: %s", what, cli->socket,
-					wf_diag_str(&d, rc));
+			return cli_fail(
+			    cli, ex == CLI_EXIT_PERMISSION_DENIED ? ex : CLI_EXIT_UNAVAILABLE,
+			    "%s: cannot reach the agent at %s: %s", what, cli->socket,
+			    wf_diag_str(&d, rc));
 		}
 		if (c == &client)
 			atexit(close_client);
 	}
 	Weightfloor__V1__Reply *rep = NULL;
 	rc = wf_ctl_client_call_timeout(*c, req, timeout_ms > 0 ? timeout_ms : cli->timeout_ms,
-					&rep, &d);
+	                                &rep, &d);
 	if (rc < 0) {
 		int ex = cli_exit_for_err(rc);
 		/* a failed exchange with the agent is the agent being unreachable, unless the
@@ -47,8 +48,8 @@ int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
 	}
 	if (rep->code != WEIGHTFLOOR__V1__STATUS__STATUS_OK) {
 		int ex = cli_fail(cli, cli_exit_for_status(rep->code), "%s: %s: %s", what,
-				  wf_proto_status_name(rep->code),
-				  rep->message && *rep->message ? rep->message : "(no detail)");
+		                  wf_proto_status_name(rep->code),
+		                  rep->message && *rep->message ? rep->message : "(no detail)");
 		wf_ctl_reply_free(rep);
 		return ex;
 	}
@@ -57,7 +58,7 @@ int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
 }
 
 int cli_call(struct cli *cli, const char *what, Weightfloor__V1__Request *req, int timeout_ms,
-	     Weightfloor__V1__Reply **ret_reply)
+             Weightfloor__V1__Reply **ret_reply)
 {
 	return cli_call_on(cli, &client, what, req, timeout_ms, ret_reply);
 }

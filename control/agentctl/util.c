@@ -38,11 +38,14 @@ char *cli_fmt_duration(uint64_t ms, char *buf, size_t len)
 {
 	uint64_t s = ms / 1000, m = s / 60, h = m / 60, d = h / 24;
 	if (d)
-		snprintf(buf, len, "%llud %lluh", (unsigned long long)d, (unsigned long long)(h % 24));
+		snprintf(buf, len, "%llud %lluh", (unsigned long long)d,
+		         (unsigned long long)(h % 24));
 	else if (h)
-		snprintf(buf, len, "%lluh %llum", (unsigned long long)h, (unsigned long long)(m % 60));
+		snprintf(buf, len, "%lluh %llum", (unsigned long long)h,
+		         (unsigned long long)(m % 60));
 	else if (m)
-		snprintf(buf, len, "%llum %llus", (unsigned long long)m, (unsigned long long)(s % 60));
+		snprintf(buf, len, "%llum %llus", (unsigned long long)m,
+		         (unsigned long long)(s % 60));
 	else if (s)
 		snprintf(buf, len, "%llus", (unsigned long long)s);
 	else
@@ -51,7 +54,7 @@ char *cli_fmt_duration(uint64_t ms, char *buf, size_t len)
 }
 
 char *cli_fmt_progress(char *buf, size_t len, uint64_t done, uint64_t total, uint64_t rate,
-		       int bar_width)
+                       int bar_width)
 {
 	char a[32], b[32], r[32], e[32];
 	double frac = total ? (double)done / (double)total : 0.0;
@@ -77,17 +80,18 @@ char *cli_fmt_progress(char *buf, size_t len, uint64_t done, uint64_t total, uin
 		snprintf(e, sizeof e, "done");
 	else if (rate && total > done)
 		snprintf(e, sizeof e, "ETA %s",
-			 cli_fmt_duration((total - done) * 1000 / rate, a, sizeof a));
+		         cli_fmt_duration((total - done) * 1000 / rate, a, sizeof a));
 	else
 		snprintf(e, sizeof e, "ETA -");
 	snprintf(buf, len, "%s%5.1f%%  %s / %s  %s  %s", bar, 100.0 * frac,
-		 cli_fmt_bytes(done, a, sizeof a), cli_fmt_bytes(total, b, sizeof b), r, e);
+	         cli_fmt_bytes(done, a, sizeof a), cli_fmt_bytes(total, b, sizeof b), r, e);
 	return buf;
 }
 
 void cli_json_print(struct cli *cli, struct json_object *obj)
 {
-	fputs(json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE),
+	fputs(json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PLAIN |
+	                                              JSON_C_TO_STRING_NOSLASHESCAPE),
 	      stdout);
 	fputc('\n', stdout);
 	fflush(stdout);
@@ -99,15 +103,24 @@ void cli_json_print(struct cli *cli, struct json_object *obj)
 int cli_exit_for_status(Weightfloor__V1__Status st)
 {
 	switch (st) {
-	case WEIGHTFLOOR__V1__STATUS__STATUS_OK: return CLI_EXIT_OK;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_NOT_FOUND: return CLI_EXIT_NOT_FOUND;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_NOT_RESIDENT: return CLI_EXIT_NOT_RESIDENT;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_RESOURCE_EXHAUSTED: return CLI_EXIT_RESOURCE_EXHAUSTED;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_INVALID_ARGUMENT: return CLI_EXIT_INVALID_ARGUMENT;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_PERMISSION_DENIED: return CLI_EXIT_PERMISSION_DENIED;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_FAILED_PRECONDITION: return CLI_EXIT_FAILED_PRECONDITION;
-	case WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE: return CLI_EXIT_UNAVAILABLE;
-	default: return CLI_EXIT_FAIL;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_OK:
+		return CLI_EXIT_OK;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_NOT_FOUND:
+		return CLI_EXIT_NOT_FOUND;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_NOT_RESIDENT:
+		return CLI_EXIT_NOT_RESIDENT;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_RESOURCE_EXHAUSTED:
+		return CLI_EXIT_RESOURCE_EXHAUSTED;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_INVALID_ARGUMENT:
+		return CLI_EXIT_INVALID_ARGUMENT;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_PERMISSION_DENIED:
+		return CLI_EXIT_PERMISSION_DENIED;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_FAILED_PRECONDITION:
+		return CLI_EXIT_FAILED_PRECONDITION;
+	case WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE:
+		return CLI_EXIT_UNAVAILABLE;
+	default:
+		return CLI_EXIT_FAIL;
 	}
 }
 
@@ -130,16 +143,26 @@ int cli_exit_for_err(int err)
 const char *cli_exit_name(int exit_code)
 {
 	switch (exit_code) {
-	case CLI_EXIT_OK: return "OK";
-	case CLI_EXIT_USAGE: return "USAGE";
-	case CLI_EXIT_NOT_FOUND: return "NOT_FOUND";
-	case CLI_EXIT_UNAVAILABLE: return "UNAVAILABLE";
-	case CLI_EXIT_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-	case CLI_EXIT_PERMISSION_DENIED: return "PERMISSION_DENIED";
-	case CLI_EXIT_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-	case CLI_EXIT_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-	case CLI_EXIT_NOT_RESIDENT: return "NOT_RESIDENT";
-	default: return "FAILED";
+	case CLI_EXIT_OK:
+		return "OK";
+	case CLI_EXIT_USAGE:
+		return "USAGE";
+	case CLI_EXIT_NOT_FOUND:
+		return "NOT_FOUND";
+	case CLI_EXIT_UNAVAILABLE:
+		return "UNAVAILABLE";
+	case CLI_EXIT_RESOURCE_EXHAUSTED:
+		return "RESOURCE_EXHAUSTED";
+	case CLI_EXIT_PERMISSION_DENIED:
+		return "PERMISSION_DENIED";
+	case CLI_EXIT_INVALID_ARGUMENT:
+		return "INVALID_ARGUMENT";
+	case CLI_EXIT_FAILED_PRECONDITION:
+		return "FAILED_PRECONDITION";
+	case CLI_EXIT_NOT_RESIDENT:
+		return "NOT_RESIDENT";
+	default:
+		return "FAILED";
 	}
 }
 
@@ -188,7 +211,7 @@ int cli_usage(struct cli *cli, const char *cmd, const char *fmt, ...)
 {
 	char hint[128], what[400], msg[512];
 	snprintf(hint, sizeof hint, "Try 'agentctl %s%s--help' for more information.",
-		 cmd ? cmd : "", cmd ? " " : "");
+	         cmd ? cmd : "", cmd ? " " : "");
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof what, fmt, ap);
@@ -198,7 +221,7 @@ int cli_usage(struct cli *cli, const char *cmd, const char *fmt, ...)
 }
 
 int cli_check_args(struct cli *cli, const char *cmd, int argc, char **argv, int first, int min,
-		   int max, const char *names)
+                   int max, const char *names)
 {
 	int n = argc - first;
 	if (n < min)

@@ -18,11 +18,16 @@
 static const char *residency_name(Weightfloor__V1__Residency r)
 {
 	switch (r) {
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK: return "DISK";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST: return "HOST";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE: return "DEVICE";
-	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE: return "PINNED_DEVICE";
-	default: return "?";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK:
+		return "DISK";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST:
+		return "HOST";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE:
+		return "DEVICE";
+	case WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE:
+		return "PINNED_DEVICE";
+	default:
+		return "?";
 	}
 }
 
@@ -31,9 +36,12 @@ static const char *residency_name(Weightfloor__V1__Residency r)
 static const char *mode_name(Weightfloor__V1__ResidencyMode m)
 {
 	switch (m) {
-	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED: return "self-managed";
-	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL: return "external";
-	default: return "-";
+	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED:
+		return "self-managed";
+	case WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL:
+		return "external";
+	default:
+		return "-";
 	}
 }
 
@@ -43,11 +51,11 @@ static int parse_residency(const char *s, Weightfloor__V1__Residency *out)
 		const char *name;
 		Weightfloor__V1__Residency r;
 	} t[] = {
-		{"disk", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK},
-		{"host", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST},
-		{"device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE},
-		{"pinned_device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE},
-		{"pinned-device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE},
+	    {"disk", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK},
+	    {"host", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST},
+	    {"device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE},
+	    {"pinned_device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE},
+	    {"pinned-device", WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE},
 	};
 	for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
 		if (strcasecmp(s, t[i].name) == 0) {
@@ -67,13 +75,14 @@ static int list_workers(struct cli *cli, Weightfloor__V1__Reply **ret)
 	int rc = cli_call(cli, "workers", &req, 0, ret);
 	if (rc == 0 && (*ret)->body_case != WEIGHTFLOOR__V1__REPLY__BODY_WORKER_LIST) {
 		wf_ctl_reply_free(*ret);
-		return cli_fail(cli, CLI_EXIT_FAIL, "workers: the agent answered without a worker list");
+		return cli_fail(cli, CLI_EXIT_FAIL,
+		                "workers: the agent answered without a worker list");
 	}
 	return rc;
 }
 
 static int worker_status(struct cli *cli, struct wf_ctl_client **c, const char *id,
-			 Weightfloor__V1__Reply **ret)
+                         Weightfloor__V1__Reply **ret)
 {
 	Weightfloor__V1__WorkerStatus ws = WEIGHTFLOOR__V1__WORKER_STATUS__INIT;
 	ws.worker_id = (char *)id;
@@ -81,7 +90,7 @@ static int worker_status(struct cli *cli, struct wf_ctl_client **c, const char *
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS;
 	req.worker_status = &ws;
 	int rc = c ? cli_call_on(cli, c, "worker status", &req, 0, ret)
-		   : cli_call(cli, "worker status", &req, 0, ret);
+	           : cli_call(cli, "worker status", &req, 0, ret);
 	if (rc == 0 && (*ret)->body_case != WEIGHTFLOOR__V1__REPLY__BODY_WORKER_INFO) {
 		wf_ctl_reply_free(*ret);
 		return cli_fail(cli, CLI_EXIT_FAIL, "worker status %s: unexpected reply", id);
@@ -111,15 +120,15 @@ static void engine_note(struct cli_table *t, const Weightfloor__V1__ModelResiden
 		cli_fmt_bytes((uint64_t)(m->fetch_bytes_per_token + 0.5), fpt, sizeof fpt);
 	else
 		snprintf(fpt, sizeof fpt, "-");
-	cli_table_note(t,
-		       "  engine: %llu generations, %llu tokens, %s tokens/s (last), fetched %s/token, "
-		       "overlap %s, fallback %s, scratchpad %s, cache hit %s",
-		       (unsigned long long)m->engine_generations,
-		       (unsigned long long)m->engine_tokens, tps, fpt,
-		       fmt_pct(m->fetch_overlap, ov, sizeof ov),
-		       fmt_pct(m->fetch_fallback_rate, fb, sizeof fb),
-		       cli_fmt_bytes(m->scratchpad_bytes, sp, sizeof sp),
-		       fmt_pct(m->cache_hit_rate, hit, sizeof hit));
+	cli_table_note(
+	    t,
+	    "  engine: %llu generations, %llu tokens, %s tokens/s (last), fetched %s/token, "
+	    "overlap %s, fallback %s, scratchpad %s, cache hit %s",
+	    (unsigned long long)m->engine_generations, (unsigned long long)m->engine_tokens, tps,
+	    fpt, fmt_pct(m->fetch_overlap, ov, sizeof ov),
+	    fmt_pct(m->fetch_fallback_rate, fb, sizeof fb),
+	    cli_fmt_bytes(m->scratchpad_bytes, sp, sizeof sp),
+	    fmt_pct(m->cache_hit_rate, hit, sizeof hit));
 }
 
 int cmd_workers(struct cli *cli, int argc, char **argv)
@@ -130,17 +139,24 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		if (c == 'h') {
-			printf("usage: agentctl workers [--json] [-o wide]\n"
-			       "  The node's workers: id, residency mode (self-managed or external), pid,\n"
-			       "  device (whole name), device memory total, on-demand budget and use,\n"
-			       "  pinned device bytes / weight pool (OVER: pinned over-commit), pinned host\n"
-			       "  memory, endpoint; then each model's residency and device bytes, and for\n"
-			       "  a model with a generation engine its metrics (tokens/s of the last\n"
-			       "  generation, post-fetched bytes per token, copy overlap, fallback rate,\n"
-			       "  scratchpad bytes, expert cache hit rate). -o wide\n"
-			       "  adds the device index and uuid and the last heartbeat. --json:\n"
-			       "  {\"workers\": [WorkerInfo + \"reachable\"]}, \"mode\" SELF_MANAGED or\n"
-			       "  EXTERNAL.\n");
+			printf(
+			    "usage: agentctl workers [--json] [-o wide]\n"
+			    "  The node's workers: id, residency mode (self-managed or external), "
+			    "pid,\n"
+			    "  device (whole name), device memory total, on-demand budget and "
+			    "use,\n"
+			    "  pinned device bytes / weight pool (OVER: pinned over-commit), "
+			    "pinned host\n"
+			    "  memory, endpoint; then each model's residency and device bytes, and "
+			    "for\n"
+			    "  a model with a generation engine its metrics (tokens/s of the last\n"
+			    "  generation, post-fetched bytes per token, copy overlap, fallback "
+			    "rate,\n"
+			    "  scratchpad bytes, expert cache hit rate). -o wide\n"
+			    "  adds the device index and uuid and the last heartbeat. --json:\n"
+			    "  {\"workers\": [WorkerInfo + \"reachable\"]}, \"mode\" SELF_MANAGED "
+			    "or\n"
+			    "  EXTERNAL.\n");
 			return CLI_EXIT_OK;
 		}
 		return cli_bad_option(cli, "workers", argc, argv);
@@ -156,9 +172,9 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 	struct json_object *arr = cli->json ? json_object_new_array() : NULL;
 	/* Pinned host memory is a wide column: workers report it only when they pin host memory
 	 * of their own (a budget of 0 says nothing). */
-	static const char *const hdr[] = {"WORKER", "MODE",	   "PID",   "DEVICE",	   "TOTAL",
-					  "BUDGET", "USED",	   "PINNED", "ENDPOINT",    "PINNED HOST",
-					  "INDEX",  "UUID",	   "SEEN"};
+	static const char *const hdr[] = {"WORKER", "MODE", "PID",    "DEVICE",   "TOTAL",
+	                                  "BUDGET", "USED", "PINNED", "ENDPOINT", "PINNED HOST",
+	                                  "INDEX",  "UUID", "SEEN"};
 	struct cli_table *t = cli_table_new(cli->wide ? 13 : 9, hdr, "..r.rrrr.rr..");
 	/* A worker's own status is what it holds now; errors polling it are shown per row. */
 	struct cli quiet = *cli;
@@ -173,9 +189,11 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 	for (size_t i = 0; i < wl->n_workers; i++) {
 		const Weightfloor__V1__WorkerInfo *w = wl->workers[i];
 		Weightfloor__V1__Reply *st = NULL;
-		/* The agent's entry says who the worker is; the worker itself says what it holds. */
+		/* The agent's entry says who the worker is; the worker itself says what it holds.
+		 */
 		bool live = worker_status(&quiet, NULL, w->worker_id, &st) == 0;
-		Weightfloor__V1__WorkerInfo *wi = live ? st->worker_info : (Weightfloor__V1__WorkerInfo *)w;
+		Weightfloor__V1__WorkerInfo *wi =
+		    live ? st->worker_info : (Weightfloor__V1__WorkerInfo *)w;
 		if (cli->json) {
 			struct json_object *o = wf_pb_to_json(&wi->base);
 			json_object_object_add(o, "reachable", json_object_new_boolean(live));
@@ -187,43 +205,46 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 			cli_table_addf(t, 1, "%s", mode_name(wi->mode));
 			cli_table_addf(t, 2, "%u", wi->pid);
 			cli_table_addf(t, 3, "%s", wi->device_name);
-			cli_table_addf(t, 4, "%s", cli_fmt_bytes(wi->device_total_bytes, b, sizeof b));
-			cli_table_addf(t, 5, "%s", cli_fmt_bytes(wi->device_budget_bytes, b, sizeof b));
-			cli_table_addf(t, 6, "%s", cli_fmt_bytes(wi->device_used_bytes, b, sizeof b));
+			cli_table_addf(t, 4, "%s",
+			               cli_fmt_bytes(wi->device_total_bytes, b, sizeof b));
+			cli_table_addf(t, 5, "%s",
+			               cli_fmt_bytes(wi->device_budget_bytes, b, sizeof b));
+			cli_table_addf(t, 6, "%s",
+			               cli_fmt_bytes(wi->device_used_bytes, b, sizeof b));
 			/* pinned device bytes against the weight pool; beyond it an over-commit */
 			if (live)
-				cli_table_addf(t, 7, "%s / %s%s",
-					       cli_fmt_bytes(wi->device_pinned_bytes, b, sizeof b),
-					       cli_fmt_bytes(wi->device_weight_pool_bytes, b2,
-							     sizeof b2),
-					       wi->device_pinned_overcommit ? " OVER" : "");
+				cli_table_addf(
+				    t, 7, "%s / %s%s",
+				    cli_fmt_bytes(wi->device_pinned_bytes, b, sizeof b),
+				    cli_fmt_bytes(wi->device_weight_pool_bytes, b2, sizeof b2),
+				    wi->device_pinned_overcommit ? " OVER" : "");
 			else
 				cli_table_addf(t, 7, "-");
 			cli_table_addf(t, 8, "%s%s", wi->endpoint, live ? "" : " (unreachable)");
 			if (cli->wide) {
 				/* pinned host memory; over-commit shows as used > budget */
-				cli_table_addf(t, 9, "%s / %s%s",
-					       cli_fmt_bytes(wi->pinned_host_used_bytes, b, sizeof b),
-					       cli_fmt_bytes(wi->pinned_host_budget_bytes, b2, sizeof b2),
-					       wi->pinned_host_budget_bytes &&
-							       wi->pinned_host_used_bytes >
-								       wi->pinned_host_budget_bytes
-						       ? " OVER"
-						       : "");
+				cli_table_addf(
+				    t, 9, "%s / %s%s",
+				    cli_fmt_bytes(wi->pinned_host_used_bytes, b, sizeof b),
+				    cli_fmt_bytes(wi->pinned_host_budget_bytes, b2, sizeof b2),
+				    wi->pinned_host_budget_bytes && wi->pinned_host_used_bytes >
+				                                        wi->pinned_host_budget_bytes
+				        ? " OVER"
+				        : "");
 				cli_table_addf(t, 10, "%d", wi->device_index);
 				cli_table_addf(t, 11, "%s", wi->device_uuid);
 				int64_t ago = now_ms - wi->last_seen_unix_ms;
 				cli_table_addf(t, 12, "%s ago",
-					       cli_fmt_duration(wi->last_seen_unix_ms && ago > 0
-								    ? (uint64_t)ago
-								    : 0,
-								b, sizeof b));
+				               cli_fmt_duration(wi->last_seen_unix_ms && ago > 0
+				                                    ? (uint64_t)ago
+				                                    : 0,
+				                                b, sizeof b));
 			}
 			for (size_t k = 0; live && k < wi->n_models; k++) {
 				const Weightfloor__V1__ModelResidency *m = wi->models[k];
 				cli_table_note(t, "%s  %s  %s on device", m->model,
-					       residency_name(m->state),
-					       cli_fmt_bytes(m->device_bytes, b, sizeof b));
+				               residency_name(m->state),
+				               cli_fmt_bytes(m->device_bytes, b, sizeof b));
 				if (m->engine)
 					engine_note(t, m);
 			}
@@ -316,11 +337,12 @@ static void *run_job(void *arg)
 	}
 	char what[160];
 	snprintf(what, sizeof what, "%s%s%.64s%s%.32s", verb, j->model ? " " : "",
-		 j->model ? j->model : "", j->worker ? " on " : "", j->worker ? j->worker : "");
+	         j->model ? j->model : "", j->worker ? " on " : "", j->worker ? j->worker : "");
 	/* A load can take minutes: 30 of them unless --timeout says otherwise. The request carries
-	 * it as its deadline, which bounds the agent's relay and the worker's calls to the agent. */
+	 * it as its deadline, which bounds the agent's relay and the worker's calls to the agent.
+	 */
 	j->rc = cli_call_on(&j->cli, &j->client, what, &req,
-			    j->cli.timeout_given ? j->cli.timeout_ms : 30 * 60 * 1000, &j->rep);
+	                    j->cli.timeout_given ? j->cli.timeout_ms : 30 * 60 * 1000, &j->rep);
 	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
 	return NULL;
 }
@@ -338,7 +360,7 @@ static void draw_bars(struct job *jobs, size_t n, bool multi, int *lines_drawn)
 		uint64_t rate = cli_rate_update(&j->rate, j->bytes_done);
 		cli_fmt_progress(line, sizeof line, j->bytes_done, j->bytes_total, rate, 30);
 		fprintf(stderr, "\r\033[K%s%s%s %s\n", multi && j->worker ? j->worker : "",
-			multi && j->worker ? " " : "", j->model, line);
+		        multi && j->worker ? " " : "", j->model, line);
 		drawn++;
 	}
 	fflush(stderr);
@@ -355,7 +377,7 @@ static void run_jobs(struct cli *cli, struct job *jobs, size_t n)
 			run_job(&jobs[i]);
 	}
 	bool bars = !cli->quiet && !cli->json && isatty(STDERR_FILENO) && n &&
-		    verb_loads(jobs[0].verb, jobs[0].state);
+	            verb_loads(jobs[0].verb, jobs[0].state);
 	int lines = 0;
 	struct cli quiet = *cli;
 	quiet.quiet = quiet.json = true; /* polling errors are the command's to report */
@@ -377,7 +399,8 @@ static void run_jobs(struct cli *cli, struct job *jobs, size_t n)
 			if (worker_status(&quiet, NULL, j->worker ? j->worker : "", &st) != 0)
 				continue;
 			for (size_t k = 0; k < st->worker_info->n_models; k++) {
-				const Weightfloor__V1__ModelResidency *m = st->worker_info->models[k];
+				const Weightfloor__V1__ModelResidency *m =
+				    st->worker_info->models[k];
 				if (strcmp(m->model, j->model) == 0 && m->bytes_total) {
 					j->bytes_done = m->bytes_done;
 					j->bytes_total = m->bytes_total;
@@ -416,10 +439,11 @@ static struct json_object *job_json(const struct job *j)
 	} else {
 		o = json_object_new_object();
 	}
-	const char *wid = j->worker ? j->worker
-				    : (j->rep && j->rep->body_case == WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY
-					       ? j->rep->residency->worker_id
-					       : "");
+	const char *wid =
+	    j->worker ? j->worker
+	              : (j->rep && j->rep->body_case == WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY
+	                     ? j->rep->residency->worker_id
+	                     : "");
 	json_object_object_add(o, "worker_id", json_object_new_string(wid));
 	return o;
 }
@@ -429,7 +453,8 @@ static void jobs_table(const struct job *jobs, size_t n)
 	static const char *const hdr[] = {"WORKER", "MODEL", "STATE", "ON DEVICE"};
 	static const char *const chdr[] = {"WORKER", "FREED", "RELOADED", "MODELS", "TIME"};
 	bool compact = strcmp(jobs[0].verb, "compact") == 0;
-	struct cli_table *t = compact ? cli_table_new(5, chdr, ".rrrr") : cli_table_new(4, hdr, "...r");
+	struct cli_table *t =
+	    compact ? cli_table_new(5, chdr, ".rrrr") : cli_table_new(4, hdr, "...r");
 	char b[32];
 	for (size_t i = 0; i < n; i++) {
 		const struct job *j = &jobs[i];
@@ -437,7 +462,9 @@ static void jobs_table(const struct job *jobs, size_t n)
 			continue; /* its error is on stderr */
 		if (j->rep->body_case == WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY) {
 			const Weightfloor__V1__ModelResidency *m = j->rep->residency;
-			cli_table_addf(t, 0, "%s", m->worker_id[0] ? m->worker_id : (j->worker ? j->worker : ""));
+			cli_table_addf(t, 0, "%s",
+			               m->worker_id[0] ? m->worker_id
+			                               : (j->worker ? j->worker : ""));
 			cli_table_addf(t, 1, "%s", m->model);
 			cli_table_addf(t, 2, "%s", residency_name(m->state));
 			cli_table_addf(t, 3, "%s", cli_fmt_bytes(m->device_bytes, b, sizeof b));
@@ -455,17 +482,17 @@ static void jobs_table(const struct job *jobs, size_t n)
 }
 
 static const char verb_help[] =
-	"usage: agentctl residency MODEL disk|host|device|pinned_device [--worker ID | --all]\n"
-	"       agentctl pin|unpin|evict|prefetch MODEL [--worker ID | --all]\n"
-	"       agentctl compact [MODEL...] [--worker ID | --all]\n"
-	"  Moves MODEL on a worker: pin loads it on the device and keeps it there, unpin makes it\n"
-	"  evictable, evict frees its device memory, prefetch loads it; compact frees every\n"
-	"  unpinned device buffer, then reloads the MODELs listed.\n"
-	"  --worker ID  the worker (without it the node must have exactly one)\n"
-	"  --all        every worker at once, one progress bar each on a terminal\n"
-	"  Prints a row per worker (WORKER MODEL STATE ON DEVICE). --json: the ModelResidency\n"
-	"  (compact: CompactReply) object with \"worker_id\"; with --all one document\n"
-	"  {\"workers\": [...]}, a worker that failed as {\"worker_id\", \"error\": {...}}.\n";
+    "usage: agentctl residency MODEL disk|host|device|pinned_device [--worker ID | --all]\n"
+    "       agentctl pin|unpin|evict|prefetch MODEL [--worker ID | --all]\n"
+    "       agentctl compact [MODEL...] [--worker ID | --all]\n"
+    "  Moves MODEL on a worker: pin loads it on the device and keeps it there, unpin makes it\n"
+    "  evictable, evict frees its device memory, prefetch loads it; compact frees every\n"
+    "  unpinned device buffer, then reloads the MODELs listed.\n"
+    "  --worker ID  the worker (without it the node must have exactly one)\n"
+    "  --all        every worker at once, one progress bar each on a terminal\n"
+    "  Prints a row per worker (WORKER MODEL STATE ON DEVICE). --json: the ModelResidency\n"
+    "  (compact: CompactReply) object with \"worker_id\"; with --all one document\n"
+    "  {\"workers\": [...]}, a worker that failed as {\"worker_id\", \"error\": {...}}.\n";
 
 /* residency MODEL STATE | pin MODEL | unpin MODEL | evict MODEL | prefetch MODEL |
  * compact [MODEL...], each with [--worker ID | --all]. */
@@ -473,10 +500,10 @@ int cmd_worker_verb(struct cli *cli, int argc, char **argv)
 {
 	const char *verb = argv[0];
 	static const struct option opts[] = {
-		{"worker", required_argument, NULL, 'w'},
-		{"all", no_argument, NULL, 'a'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"worker", required_argument, NULL, 'w'},
+	    {"all", no_argument, NULL, 'a'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	const char *worker = NULL;
 	bool all = false;
@@ -485,16 +512,25 @@ int cmd_worker_verb(struct cli *cli, int argc, char **argv)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":w:ah", opts, NULL)) != -1) {
 		switch (c) {
-		case 'w': worker = optarg; break;
-		case 'a': all = true; break;
-		case 'h': printf("%s", verb_help); return CLI_EXIT_OK;
-		default: return cli_bad_option(cli, verb, argc, argv);
+		case 'w':
+			worker = optarg;
+			break;
+		case 'a':
+			all = true;
+			break;
+		case 'h':
+			printf("%s", verb_help);
+			return CLI_EXIT_OK;
+		default:
+			return cli_bad_option(cli, verb, argc, argv);
 		}
 	}
-	bool is_residency = strcmp(verb, "residency") == 0, is_compact = strcmp(verb, "compact") == 0;
-	int rc = is_residency ? cli_check_args(cli, verb, argc, argv, optind, 2, 2, "MODEL and STATE")
-		 : is_compact ? 0
-			      : cli_check_args(cli, verb, argc, argv, optind, 1, 1, "MODEL");
+	bool is_residency = strcmp(verb, "residency") == 0,
+	     is_compact = strcmp(verb, "compact") == 0;
+	int rc = is_residency
+	             ? cli_check_args(cli, verb, argc, argv, optind, 2, 2, "MODEL and STATE")
+	         : is_compact ? 0
+	                      : cli_check_args(cli, verb, argc, argv, optind, 1, 1, "MODEL");
 	if (rc)
 		return rc;
 	if (worker && all)
@@ -504,7 +540,7 @@ int cmd_worker_verb(struct cli *cli, int argc, char **argv)
 	Weightfloor__V1__Residency target;
 	if (is_residency && parse_residency(state, &target) < 0)
 		return cli_usage(cli, verb, "STATE '%s' is not disk, host, device or pinned_device",
-				 state);
+		                 state);
 	char **reload = is_compact ? argv + optind : NULL;
 	size_t n_reload = is_compact ? (size_t)(argc - optind) : 0;
 
@@ -516,8 +552,8 @@ int cmd_worker_verb(struct cli *cli, int argc, char **argv)
 		n = wl->worker_list->n_workers;
 		if (n == 0) {
 			wf_ctl_reply_free(wl);
-			return cli_fail(cli, CLI_EXIT_NOT_FOUND, "%s --all: no worker is registered",
-					verb);
+			return cli_fail(cli, CLI_EXIT_NOT_FOUND,
+			                "%s --all: no worker is registered", verb);
 		}
 	}
 	struct job *jobs = calloc(n, sizeof(*jobs));

@@ -137,7 +137,8 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "exec") == 0) {
 		if (optind + 1 >= argc)
 			return 2;
-		/* O_CLOEXEC is fine for an ELF program: the kernel has read it before closing fds. */
+		/* O_CLOEXEC is fine for an ELF program: the kernel has read it before closing fds.
+		 */
 		prog_fd = open(argv[optind + 1], O_RDONLY | O_CLOEXEC);
 		if (prog_fd < 0) {
 			fprintf(stderr, "agent_helper: open %s: %s\n", argv[optind + 1],

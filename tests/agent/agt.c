@@ -551,7 +551,8 @@ struct wf_ctl_sub *agt_sub_synced(struct agt *a, const char *ping_name, const ch
 	cr_assert_eq(rc, 0, "sub %s: %s", a->ev_url, wf_diag_str(&d, rc));
 	int64_t end = mono_ms() + 15000;
 	/* Each round registers a new name: only a new registration is announced (re-registering
-	 * a model is idempotent and silent), so the first one may go out before we are connected. */
+	 * a model is idempotent and silent), so the first one may go out before we are connected.
+	 */
 	for (unsigned round = 0; mono_ms() < end; round++) {
 		char name[160];
 		if (round == 0)
@@ -577,10 +578,10 @@ struct wf_ctl_sub *agt_sub_synced(struct agt *a, const char *ping_name, const ch
 /* ---- assertions shared by the agent suites ---- */
 
 void agt_expect_code(const Weightfloor__V1__Reply *r, Weightfloor__V1__Status want,
-		     const char *what)
+                     const char *what)
 {
 	cr_assert_eq(r->code, want, "%s: got %s (%s), want %s", what, wf_proto_status_name(r->code),
-		     r->message ? r->message : "", wf_proto_status_name(want));
+	             r->message ? r->message : "", wf_proto_status_name(want));
 }
 
 void agt_ensure_ok(struct agt *a, const char *name)
@@ -628,10 +629,10 @@ pid_t agt_hold_floor(struct agt *a, const char *hex)
 		struct wf_digest dg;
 		struct wf_shm_region *r = NULL;
 		char ok = wf_digest_parse(hex, &dg) == 0 &&
-				  wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL,
-						       NULL, &r, NULL) == 0
-			  ? 'y'
-			  : 'n';
+		                  wf_shm_region_attach(&cfg, &dg, NULL, WF_SHM_ATTACH_READER, NULL,
+		                                       NULL, &r, NULL) == 0
+		              ? 'y'
+		              : 'n';
 		if (write(p[1], &ok, 1) != 1 || ok != 'y')
 			_exit(1);
 		for (;;)
@@ -654,7 +655,7 @@ int64_t agt_now_ms(void)
 }
 
 void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const char *agent_url,
-		      const char *device, const char *const *extra)
+                      const char *device, const char *const *extra)
 {
 	snprintf(w->url, sizeof w->url, "ipc://%s/%s.sock", a->run, id);
 	static int seq;
@@ -684,7 +685,7 @@ void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
 	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->log, O_WRONLY | O_CREAT | O_APPEND,
-					 0644);
+	                                 0644);
 	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
 	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
 	posix_spawn_file_actions_destroy(&fa);
@@ -699,7 +700,7 @@ char *agt_worker_log(const struct agt_worker *w)
 }
 
 int agt_call_url(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
-		 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag)
+                 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag)
 {
 	struct wf_ctl_client *c = NULL;
 	int rc = wf_ctl_client_open(url, timeout_ms, NULL, &c, diag);

@@ -77,13 +77,13 @@ struct agt_worker {
  * (agent_url NULL: a->sock_url) on device (NULL: "host:mem=256Mi"), with extra args
  * (NULL-terminated). Does not wait for it; tracked for cleanup. */
 void agt_spawn_worker(struct agt *a, struct agt_worker *w, const char *id, const char *agent_url,
-		      const char *device, const char *const *extra);
+                      const char *device, const char *const *extra);
 /* The worker's log (malloc'ed, "" if none). */
 char *agt_worker_log(const struct agt_worker *w);
 /* One request to url (a worker's endpoint, or any server) with a client of its own. Returns the
  * call's rc; on 0 *ret_reply is the caller's (wf_ctl_reply_free). */
 int agt_call_url(const char *url, Weightfloor__V1__Request *req, int timeout_ms,
-		 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag);
+                 Weightfloor__V1__Reply **ret_reply, struct wf_diag *diag);
 /* WorkerStatus to url (timeout_ms); *ret_rc is the call's rc, the reply (or NULL) the caller's. */
 Weightfloor__V1__Reply *agt_worker_status(const char *url, int timeout_ms, int *ret_rc);
 /* Waits until the worker answers WorkerStatus OK; asserts, with its log, within 20 s or when it
@@ -140,7 +140,7 @@ void agt_sleep_ms(int ms);
 
 /* Asserts the reply's status code, naming what and the reply's message on failure. */
 void agt_expect_code(const Weightfloor__V1__Reply *r, Weightfloor__V1__Status want,
-		     const char *what);
+                     const char *what);
 /* EnsureFloor with wait; asserts OK and HOST or PINNED_HOST. */
 void agt_ensure_ok(struct agt *a, const char *name);
 /* The model's digest (malloc'ed); asserts the model exists. */

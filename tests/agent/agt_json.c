@@ -12,7 +12,7 @@ struct json_object *agt_json_parse(const char *text, const char *what)
 	/* exactly one document: only blanks after it */
 	size_t off = json_tokener_get_parse_end(tok);
 	cr_assert(strspn(text + off, " \n") == strlen(text + off), "%s: more than one document: %s",
-		  what, text);
+	          what, text);
 	json_tokener_free(tok);
 	return o;
 }
@@ -21,6 +21,6 @@ struct json_object *agt_json_key(struct json_object *o, const char *k)
 {
 	struct json_object *v = NULL;
 	cr_assert(json_object_object_get_ex(o, k, &v), "no key '%s' in %s", k,
-		  json_object_to_json_string(o));
+	          json_object_to_json_string(o));
 	return v;
 }

@@ -94,7 +94,8 @@ Test(enospc, materialization_fails_cleanly)
 	wf_ctl_reply_free(r);
 	cr_assert_eq(agt_stop(a, 10000), 0);
 
-	/* A failed materialization keeps its cause: a full floor directory is RESOURCE_EXHAUSTED. */
+	/* A failed materialization keeps its cause: a full floor directory is RESOURCE_EXHAUSTED.
+	 */
 	cr_expect_eq(code, ST(RESOURCE_EXHAUSTED),
 	             "ensure answered %s (%s), want RESOURCE_EXHAUSTED", wf_proto_status_name(code),
 	             msg);

@@ -20,8 +20,8 @@ extern char **environ;
 
 TestSuite(agent_events, .fini = agt_fini, .timeout = 120);
 
-#define RES(x) WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_##x
-#define KIND(x) WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
+#define RES(x)     WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_##x
+#define KIND(x)    WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
 #define REPORT_MAX 256 /* changes per ReportResidency, docs/PROTOCOL.md */
 
 static char *slurp(const char *path)
@@ -33,8 +33,8 @@ static char *slurp(const char *path)
 /* Reads events until one of kind from worker_id (and model, state when given) arrives; asserts
  * within 20 s, with the worker's log. */
 static Weightfloor__V1__Event *wait_event(struct wf_ctl_sub *sub, Weightfloor__V1__EventKind kind,
-					  const char *worker_id, const char *model,
-					  Weightfloor__V1__Residency state, const char *log)
+                                          const char *worker_id, const char *model,
+                                          Weightfloor__V1__Residency state, const char *log)
 {
 	int64_t end = agt_now_ms() + 20000;
 	while (agt_now_ms() < end) {
@@ -52,12 +52,12 @@ static Weightfloor__V1__Event *wait_event(struct wf_ctl_sub *sub, Weightfloor__V
 	}
 	char *l = slurp(log);
 	cr_assert_fail("no event kind %d worker %s model %s state %d in 20 s; worker log:\n%s",
-		       (int)kind, worker_id, model ? model : "-", (int)state, l);
+	               (int)kind, worker_id, model ? model : "-", (int)state, l);
 	return NULL;
 }
 
 static Weightfloor__V1__Reply *worker_cmd(struct agt *a, Weightfloor__V1__Request__BodyCase what,
-					  const char *model, const char *worker_id)
+                                          const char *model, const char *worker_id)
 {
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	Weightfloor__V1__Pin pin = WEIGHTFLOOR__V1__PIN__INIT;
@@ -103,10 +103,10 @@ static void *watch_main(void *arg)
 	struct watcher *w = arg;
 	if (w->json)
 		w->rc = agt_ctl(w->a, &w->out, &w->err,
-				(const char *const[]){"watch", "--json", "--for", "10", NULL});
+		                (const char *const[]){"watch", "--json", "--for", "10", NULL});
 	else
 		w->rc = agt_ctl(w->a, &w->out, &w->err,
-				(const char *const[]){"watch", "--for", "10", NULL});
+		                (const char *const[]){"watch", "--for", "10", NULL});
 	return NULL;
 }
 
@@ -165,7 +165,7 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 		ev = wait_event(sub, KIND(RESIDENCY), "w-ev.0", "A", 0, log);
 	}
 	cr_expect(ev->message && strstr(ev->message, "evicted"), "eviction message: '%s'",
-		  ev->message ? ev->message : "");
+	          ev->message ? ev->message : "");
 	wf_ctl_event_free(ev);
 	wf_ctl_sub_close(sub);
 
@@ -175,10 +175,10 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 	cr_expect_eq(wj.rc, 0, "watch --json: %s", wj.err);
 	cr_expect(strstr(wt.out, "worker w-ev.0 model A DEVICE"), "watch output:\n%s", wt.out);
 	cr_expect(strstr(wt.out, "worker w-ev.0 model A PINNED_DEVICE"), "watch output:\n%s",
-		  wt.out);
+	          wt.out);
 	cr_expect(strstr(wt.out, "worker w-ev.0 model A DISK evicted") ||
-		      strstr(wt.out, "worker w-ev.0 model A HOST evicted"),
-		  "watch output:\n%s", wt.out);
+	              strstr(wt.out, "worker w-ev.0 model A HOST evicted"),
+	          "watch output:\n%s", wt.out);
 	cr_expect(strstr(wj.out, "\"residency\":\"PINNED_DEVICE\""), "%s", wj.out);
 	/* JSON Lines: every residency line carries the worker's id (strtok_r cuts wj.out). */
 	int lines = 0;
@@ -187,8 +187,9 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 		if (!strstr(l, "\"RESIDENCY\""))
 			continue;
 		lines++;
-		cr_expect(strstr(l, "\"worker_id\":\"w-ev.0\"") || strstr(l, "\"worker_id\": \"w-ev.0\""),
-			  "%s", l);
+		cr_expect(strstr(l, "\"worker_id\":\"w-ev.0\"") ||
+		              strstr(l, "\"worker_id\": \"w-ev.0\""),
+		          "%s", l);
 	}
 	cr_expect_geq(lines, 3, "RESIDENCY lines in watch --json:\n%s", wj.out);
 	free(wt.out);
@@ -272,7 +273,7 @@ Test(agent_events, report_from_unregistered_id_refused)
 
 /* One request straight to the worker's endpoint (no agent involved). */
 static void worker_direct(const char *url, Weightfloor__V1__Request__BodyCase what,
-			  const char *model)
+                          const char *model)
 {
 	struct wf_ctl_client *c = NULL;
 	struct wf_diag d = {{0}};
@@ -355,14 +356,15 @@ Test(agent_events, changes_while_agent_down_are_counted_not_replayed)
 	/* Not replayed: the first change the agent publishes is the new one, not the eviction. */
 	Weightfloor__V1__Event *ev = wait_event(sub, KIND(RESIDENCY), "w-ev.2", "A", 0, log);
 	cr_expect_eq(ev->residency, RES(DEVICE));
-	cr_expect(ev->message && strstr(ev->message, "1 earlier residency changes were not reported"),
-		  "message: '%s'", ev->message ? ev->message : "");
+	cr_expect(ev->message &&
+	              strstr(ev->message, "1 earlier residency changes were not reported"),
+	          "message: '%s'", ev->message ? ev->message : "");
 	wf_ctl_event_free(ev);
 	/* Told once: the next change carries no count. */
 	worker_direct(url, WEIGHTFLOOR__V1__REQUEST__BODY_EVICT, "A");
 	ev = wait_event(sub, KIND(RESIDENCY), "w-ev.2", "A", 0, log);
 	cr_expect(ev->residency == RES(DISK) || ev->residency == RES(HOST), "state %d",
-		  (int)ev->residency);
+	          (int)ev->residency);
 	cr_expect(!strstr(ev->message, "not reported"), "message: '%s'", ev->message);
 	wf_ctl_event_free(ev);
 	wf_ctl_sub_close(sub);
@@ -400,6 +402,6 @@ Test(agent_events, watch_announces_an_agent_restart)
 	}
 	pthread_join(wt.th, NULL);
 	cr_assert(strstr(wt.out, "agent restarted"), "watch did not announce the restart:\n%s\n%s",
-		  wt.out, wt.err);
+	          wt.out, wt.err);
 	cr_assert_eq(agt_stop(a, 10000), 0);
 }

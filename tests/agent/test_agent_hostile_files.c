@@ -72,11 +72,11 @@ static void start_rooted(struct agt *a)
 }
 
 static void expect_refused(Weightfloor__V1__Reply *r, Weightfloor__V1__Status code,
-			   const char *needle1, const char *needle2)
+                           const char *needle1, const char *needle2)
 {
 	cr_assert_eq(r->code, code, "code %d, want %d: %s", r->code, code, r->message);
 	cr_assert(strstr(r->message, needle1) && strstr(r->message, needle2),
-		  "message '%s' does not name '%s' and '%s'", r->message, needle1, needle2);
+	          "message '%s' does not name '%s' and '%s'", r->message, needle1, needle2);
 	wf_ctl_reply_free(r);
 }
 
@@ -106,7 +106,7 @@ Test(hostile, gguf_shard_sibling_outside_the_roots)
 	move_out(a, second);
 	start_rooted(a);
 	expect_refused(agt_register(a, "s", first, false), ST(PERMISSION_DENIED),
-		       "s-00002-of-00004.gguf", "outside the model roots");
+	               "s-00002-of-00004.gguf", "outside the model roots");
 	Weightfloor__V1__Reply *r = agt_list(a);
 	cr_assert_eq(r->model_list->n_models, 0);
 	wf_ctl_reply_free(r);
@@ -130,14 +130,14 @@ Test(hostile, safetensors_shard_outside_the_roots)
 	move_out(a, shard);
 	start_rooted(a);
 	expect_refused(agt_register(a, "st", dir, false), ST(PERMISSION_DENIED), sname,
-		       "outside the model roots");
+	               "outside the model roots");
 	/* the config read for hparams is a model file too */
 	char *cfgjson = agt_printf("%s/config.json", dir);
 	cr_assert_eq(unlink(shard), 0);
 	cr_assert_eq(rename(agt_printf("%s/outside/%s", a->dir, sname), shard), 0);
 	move_out(a, cfgjson);
 	expect_refused(agt_register(a, "st", dir, false), ST(PERMISSION_DENIED), "config.json",
-		       "outside the model roots");
+	               "outside the model roots");
 	free(cfgjson);
 	free(shard);
 	free(dir);
@@ -164,8 +164,8 @@ Test(hostile, shard_swapped_after_registration_is_not_read)
 	r = agt_ensure(a, "s", true);
 	cr_assert_neq(r->code, ST(OK), "a shard outside the roots was materialized");
 	cr_assert(strstr(r->message, "s-00003-of-00004.gguf") &&
-			  strstr(r->message, "no longer the file that was inventoried"),
-		  "%s", r->message);
+	              strstr(r->message, "no longer the file that was inventoried"),
+	          "%s", r->message);
 	wf_ctl_reply_free(r);
 	char names[1024];
 	cr_assert_eq(agt_dir_count(a->floor, names, sizeof names), 0, "left: %s", names);
@@ -187,7 +187,7 @@ Test(hostile, fifo_shard_sibling_does_not_block_register, .timeout = 60)
 	cr_assert_eq(mkfifo(second, 0644), 0);
 	agt_start(a, NULL, (const char *[]){NULL});
 	expect_refused(agt_register(a, "s", first, false), ST(INVALID_ARGUMENT),
-		       "s-00002-of-00004.gguf", "not a regular file");
+	               "s-00002-of-00004.gguf", "not a regular file");
 	/* and the agent still answers */
 	Weightfloor__V1__Reply *r = agt_status(a);
 	cr_assert_eq(r->code, ST(OK));
@@ -242,7 +242,7 @@ static void expect_floor_equals_files(struct agt *a, const char *path)
 		cr_assert_eq(pread(fd, buf, t->nbytes, (off_t)t->offset), (ssize_t)t->nbytes);
 		close(fd);
 		cr_assert_eq(memcmp(buf, ti.data, t->nbytes), 0, "tensor %s differs from the file",
-			     t->name);
+		             t->name);
 		free(buf);
 	}
 	wf_shm_region_detach(r);
@@ -282,7 +282,7 @@ Test(hostile, tampered_floor_is_rebuilt_not_adopted)
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	r = agt_model(a, "m");
 	cr_assert(agt_state(r) == FS(HOST) || agt_state(r) == FS(DISK), "state %s",
-		  agt_state_name(agt_state(r)));
+	          agt_state_name(agt_state(r)));
 	wf_ctl_reply_free(r);
 	r = agt_ensure(a, "m", true);
 	cr_assert_eq(r->code, ST(OK), "%s", r->message);
@@ -321,8 +321,8 @@ Test(hostile, rewrite_in_place_with_mtime_restored_fails_materialization)
 	for (int i = 0; i < 500 && !in_delay; i++) {
 		r = agt_model(a, "m");
 		in_delay = agt_state(r) == FS(MATERIALIZING) && r->model_info->progress &&
-			   r->model_info->progress->bytes_total > 0 &&
-			   r->model_info->progress->bytes_done == 0;
+		           r->model_info->progress->bytes_total > 0 &&
+		           r->model_info->progress->bytes_done == 0;
 		wf_ctl_reply_free(r);
 		if (!in_delay)
 			agt_sleep_ms(5);
@@ -344,9 +344,9 @@ Test(hostile, rewrite_in_place_with_mtime_restored_fails_materialization)
 
 	r = agt_wait_settled(a, "m", 60000);
 	cr_assert_eq(agt_state(r), FS(FAILED), "a torn floor became %s",
-		     agt_state_name(agt_state(r)));
+	             agt_state_name(agt_state(r)));
 	cr_assert(strstr(r->model_info->last_error, "changed during materialization"), "%s",
-		  r->model_info->last_error);
+	          r->model_info->last_error);
 	wf_ctl_reply_free(r);
 	char names[1024];
 	cr_assert_eq(agt_dir_count(a->floor, names, sizeof names), 0, "left: %s", names);

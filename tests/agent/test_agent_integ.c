@@ -422,7 +422,8 @@ Test(agent, paths_outside_the_model_roots_are_refused)
 	char *other = agt_printf("%s/other", a->dir), *evil = agt_printf("%s/models-evil", a->dir);
 	cr_assert_eq(mkdir(other, 0755), 0);
 	cr_assert_eq(mkdir(evil, 0755), 0);
-	char *out_path = agt_printf("%s/out.gguf", other), *evil_path = agt_printf("%s/x.gguf", evil);
+	char *out_path = agt_printf("%s/out.gguf", other),
+	     *evil_path = agt_printf("%s/x.gguf", evil);
 	cr_assert_eq(rename(agt_gen(a, "out", 2, NULL), out_path), 0);
 	cr_assert_eq(rename(agt_gen(a, "x", 3, NULL), evil_path), 0);
 	char *link = agt_printf("%s/link.gguf", a->models);
@@ -743,7 +744,8 @@ Test(agent, host_budget_lru_pins_and_holders)
 	uint64_t budget = 2 * rs + rs / 2; /* two floors fit, three do not */
 	char sbudget[32];
 	snprintf(sbudget, sizeof sbudget, "%llu", (unsigned long long)budget);
-	char *ma = agt_printf("a=%s", p[0]), *mb = agt_printf("b=%s", p[1]), *mc = agt_printf("c=%s", p[2]);
+	char *ma = agt_printf("a=%s", p[0]), *mb = agt_printf("b=%s", p[1]),
+	     *mc = agt_printf("c=%s", p[2]);
 	agt_start(a, NULL,
 	          (const char *[]){"--host-budget", sbudget, "--model", ma, "--model", mb,
 	                           "--model", mc, NULL});
@@ -1338,7 +1340,8 @@ Test(agent, sigterm_during_materialization)
 	int64_t t0 = agt_now_ms();
 	int rc = agt_stop(a, 10000);
 	cr_assert_eq(rc, 0, "exit status %d", rc);
-	cr_assert_lt(agt_now_ms() - t0, 5000, "stopping took %lld ms", (long long)(agt_now_ms() - t0));
+	cr_assert_lt(agt_now_ms() - t0, 5000, "stopping took %lld ms",
+	             (long long)(agt_now_ms() - t0));
 	rc = wait_child(waiter, 10000);
 	char *line = wft_read_file(wout, NULL);
 	cr_assert_eq(rc, 0, "waiting client: exit %d %s", rc, line ? line : "");

@@ -27,7 +27,7 @@
 TestSuite(agent_word, .fini = agt_fini, .timeout = 90);
 
 static Weightfloor__V1__ModelInfo *model_info(struct agt *a, const char *name,
-					       Weightfloor__V1__Reply **ret_reply)
+                                              Weightfloor__V1__Reply **ret_reply)
 {
 	Weightfloor__V1__Reply *r = agt_model(a, name);
 	agt_expect_code(r, ST(OK), name);
@@ -50,7 +50,7 @@ static char *state_path(struct agt *a)
 
 /* Polls cond(a, arg) every 20 ms for up to ms. */
 static bool eventually(bool (*cond)(struct agt *, const void *), struct agt *a, const void *arg,
-		       int ms)
+                       int ms)
 {
 	int64_t end = agt_now_ms() + ms;
 	do {
@@ -93,7 +93,7 @@ Test(agent_word, api_registrations_and_pins_survive_a_restart)
 	pid_t pid2 = agt_start(a, NULL, NULL);
 	Weightfloor__V1__ModelInfo *mi = model_info(a, "m", &r);
 	cr_assert_eq(mi->floor_state, FS(PINNED_HOST), "m is %s after the restart",
-		     agt_state_name(mi->floor_state));
+	             agt_state_name(mi->floor_state));
 	cr_assert(mi->pin_host);
 	cr_assert_eq(mi->progress->started_unix_ms, 0, "re-materialized instead of re-adopted");
 	bool holds = false;
@@ -135,7 +135,7 @@ Test(agent_word, a_floor_survives_any_stop_order)
 	cr_assert_eq(agt_stop(a, 10000), 0);
 	wf_shm_region_detach(w);
 	cr_assert_eq(agt_inode(region), ino,
-		     "the last worker's detach removed a floor the agent meant to keep");
+	             "the last worker's detach removed a floor the agent meant to keep");
 
 	agt_start(a, NULL, (const char *[]){"--model", marg, NULL});
 	Weightfloor__V1__Reply *r = NULL;
@@ -168,8 +168,7 @@ Test(agent_word, status_tells_the_truth_and_the_janitor_reaps)
 {
 	struct agt *a = agt_new("word-reap");
 	char *marg = model_flag(a, "m", 24);
-	agt_start(a, NULL,
-		  (const char *[]){"--model", marg, "--janitor-interval", "50", NULL});
+	agt_start(a, NULL, (const char *[]){"--model", marg, "--janitor-interval", "50", NULL});
 	agt_ensure_ok(a, "m");
 	char *hm = agt_digest_of(a, "m");
 	char *region = agt_region_path(a, hm, NULL);
@@ -190,9 +189,9 @@ Test(agent_word, status_tells_the_truth_and_the_janitor_reaps)
 	cr_assert_neq(agt_inode(region), 0, "the janitor removed a held floor");
 	r = agt_status(a);
 	cr_assert_geq(r->agent_status->host_used_bytes, resident,
-		      "host_used %llu does not count the held floor's %llu bytes",
-		      (unsigned long long)r->agent_status->host_used_bytes,
-		      (unsigned long long)resident);
+	              "host_used %llu does not count the held floor's %llu bytes",
+	              (unsigned long long)r->agent_status->host_used_bytes,
+	              (unsigned long long)resident);
 	wf_ctl_reply_free(r);
 
 	/* both workers die without detaching: nobody holds it; the janitor reaps it */
@@ -201,13 +200,13 @@ Test(agent_word, status_tells_the_truth_and_the_janitor_reaps)
 	waitpid(w1, NULL, 0);
 	waitpid(w2, NULL, 0);
 	cr_assert(eventually(path_gone, a, region, 3000),
-		  "a floor nobody holds was not reaped within 3 s");
+	          "a floor nobody holds was not reaped within 3 s");
 	/* the pass that unlinked it publishes its counts when it ends */
 	cr_assert(eventually(reaped_and_nothing_used, a, NULL, 3000),
-		  "after the reap: reaped_count 0 or host_used not 0");
+	          "after the reap: reaped_count 0 or host_used not 0");
 	char names[1024];
 	cr_assert_eq(agt_dir_count(a->floor, names, sizeof names), 0, "left in the floor dir: %s",
-		     names);
+	             names);
 	cr_assert_eq(agt_stop(a, 10000), 0);
 }
 
@@ -235,7 +234,8 @@ Test(agent_word, orphan_floors_are_listed)
 	wf_ctl_reply_free(r);
 	char *out = NULL, *err = NULL;
 	cr_assert_eq(agt_ctl(a, &out, &err, (const char *[]){"status", NULL}), 0, "%s", err);
-	cr_assert(strstr(out, "orphans     1 floors") && strstr(out, hm), "agentctl status:\n%s", out);
+	cr_assert(strstr(out, "orphans     1 floors") && strstr(out, hm), "agentctl status:\n%s",
+	          out);
 	kill(w, SIGKILL);
 	waitpid(w, NULL, 0);
 	char *region = agt_region_path(a, hm, NULL);
@@ -295,9 +295,10 @@ Test(agent_word, a_peer_on_the_guard_lock_freezes_nothing)
 	wf_ctl_reply_free(r);
 	agt_ensure_ok(a, "n");
 	int64_t took = agt_now_ms() - t0;
-	cr_assert_lt(took, 3000, "release, status, list and another model's ensure took %lld ms "
-				 "with a peer on m's guard",
-		     (long long)took);
+	cr_assert_lt(took, 3000,
+	             "release, status, list and another model's ensure took %lld ms "
+	             "with a peer on m's guard",
+	             (long long)took);
 	close(gfd);
 	/* and it stops promptly */
 	t0 = agt_now_ms();
@@ -338,8 +339,7 @@ Test(agent_word, a_changed_file_is_reported_stale)
 	ts[0].tv_sec -= 1000;
 	ts[1] = ts[0];
 	cr_assert_eq(utimensat(AT_FDCWD, pm, ts, 0), 0);
-	cr_assert(eventually(is_stale, a, "m", 3000),
-		  "a changed file was not reported");
+	cr_assert(eventually(is_stale, a, "m", 3000), "a changed file was not reported");
 	char *log = agt_log(a);
 	cr_assert(strstr(log, "changed since the floor was materialized"), "log:\n%s", log);
 	/* release and ensure serve the new file */

@@ -50,8 +50,9 @@ Test(agentctl_cli, exit_codes_and_json_errors)
 	/* usage: 2, what was wrong and the hint */
 	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "extra", NULL});
 	cr_assert_eq(rc, CLI_EXIT_USAGE);
-	cr_assert(strstr(err, "unexpected argument 'extra'") && strstr(err, "agentctl status --help"),
-		  "stderr: %s", err);
+	cr_assert(strstr(err, "unexpected argument 'extra'") &&
+	              strstr(err, "agentctl status --help"),
+	          "stderr: %s", err);
 	rc = agt_ctl(a, &out, &err, (const char *[]){"pin", "m", "--frob", NULL});
 	cr_assert_eq(rc, CLI_EXIT_USAGE);
 	cr_assert(strstr(err, "--frob"), "stderr: %s", err);
@@ -62,10 +63,12 @@ Test(agentctl_cli, exit_codes_and_json_errors)
 	cr_assert_eq(rc, CLI_EXIT_USAGE);
 	/* agent down: 4 */
 	cr_assert_eq(agt_stop(a, 10000), 0);
-	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "--timeout", "1000", "--json", NULL});
+	rc =
+	    agt_ctl(a, &out, &err, (const char *[]){"status", "--timeout", "1000", "--json", NULL});
 	cr_assert_eq(rc, CLI_EXIT_UNAVAILABLE, "agent down: exit %d: %s", rc, err);
 	o = agt_json_parse(out, "agent down");
-	cr_assert_str_eq(json_object_get_string(agt_json_key(agt_json_key(o, "error"), "code")), "UNAVAILABLE");
+	cr_assert_str_eq(json_object_get_string(agt_json_key(agt_json_key(o, "error"), "code")),
+	                 "UNAVAILABLE");
 	json_object_put(o);
 }
 
@@ -77,7 +80,8 @@ Test(agentctl_cli, flags_anywhere_help_and_version)
 	int rc = agt_ctl(a, &out, &err, (const char *[]){"status", "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
 	json_object_put(agt_json_parse(out, "status --json"));
-	rc = agt_ctl(a, &out, &err, (const char *[]){"status", "-o", "json", "--timeout=5000", NULL});
+	rc = agt_ctl(a, &out, &err,
+	             (const char *[]){"status", "-o", "json", "--timeout=5000", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
 	json_object_put(agt_json_parse(out, "status -o json"));
 	rc = agt_ctl(a, &out, &err, (const char *[]){"-o", "yaml", "status", NULL});
@@ -136,9 +140,11 @@ Test(agentctl_cli, json_shapes_and_tables)
 	o = agt_json_parse(out, "status");
 	struct json_object *ms = agt_json_key(o, "models");
 	cr_assert(json_object_is_type(ms, json_type_array));
-	cr_assert_str_eq(json_object_get_string(agt_json_key(json_object_array_get_idx(ms, 0), "name")),
-			 longname);
-	cr_assert_eq(json_object_get_int(agt_json_key(agt_json_key(o, "model_counts"), "total")), 1);
+	cr_assert_str_eq(
+	    json_object_get_string(agt_json_key(json_object_array_get_idx(ms, 0), "name")),
+	    longname);
+	cr_assert_eq(json_object_get_int(agt_json_key(agt_json_key(o, "model_counts"), "total")),
+	             1);
 	agt_json_key(o, "pid");
 	cr_assert_not(json_object_object_get_ex(o, "model_list", NULL));
 	json_object_put(o);
@@ -163,7 +169,8 @@ Test(agentctl_cli, progress_line_format)
 	cr_assert_str_eq(buf, "[####] 100.0%  1.00 KiB / 1.00 KiB  - B/s  done");
 	cli_fmt_progress(buf, sizeof buf, 0, 1000, 0, 0);
 	cr_assert_str_eq(buf, "  0.0%  0 B / 1000 B  - B/s  ETA -");
-	cr_assert_str_eq(cli_fmt_duration(3 * 86400000ull + 4 * 3600000ull, b2, sizeof b2), "3d 4h");
+	cr_assert_str_eq(cli_fmt_duration(3 * 86400000ull + 4 * 3600000ull, b2, sizeof b2),
+	                 "3d 4h");
 	cr_assert_str_eq(cli_fmt_duration(12 * 60000ull + 5000, b2, sizeof b2), "12m 5s");
 	cr_assert_str_eq(cli_fmt_duration(850, b2, sizeof b2), "850 ms");
 }

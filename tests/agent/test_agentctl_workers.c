@@ -18,7 +18,7 @@
 TestSuite(agentctl_workers, .fini = agt_fini, .timeout = 180);
 
 #define ID_SELF "gpu-0.node-a.example.internal"
-#define ID_EXT	"gpu-1.node-a.example.internal"
+#define ID_EXT  "gpu-1.node-a.example.internal"
 
 /* WorkerStatus for id through the agent; NULL unless it came back OK. */
 static Weightfloor__V1__Reply *relayed_status(struct agt *a, const char *id)
@@ -42,7 +42,7 @@ static void wait_served(struct agt *a, const char *id, const struct agt_worker *
 	Weightfloor__V1__Reply *r;
 	while (!(r = relayed_status(a, id))) {
 		cr_assert_lt(agt_now_ms(), end, "worker %s not served through the agent; log:\n%s",
-			     id, agt_worker_log(w));
+		             id, agt_worker_log(w));
 		agt_sleep_ms(50);
 	}
 	wf_ctl_reply_free(r);
@@ -92,7 +92,7 @@ static struct agt *two_workers(const char *tag)
 	static struct agt_worker ws, we;
 	agt_spawn_worker(a, &ws, ID_SELF, NULL, NULL, (const char *const[]){NULL});
 	agt_spawn_worker(a, &we, ID_EXT, NULL, NULL,
-			 (const char *const[]){"--mode", "external", NULL});
+	                 (const char *const[]){"--mode", "external", NULL});
 	wait_served(a, ID_SELF, &ws);
 	wait_served(a, ID_EXT, &we);
 	return a;
@@ -132,8 +132,8 @@ Test(agentctl_workers, modes_ids_and_last_seen)
 		cr_expect_str_eq(mode, ext ? "EXTERNAL" : "SELF_MANAGED", "mode of %s", id);
 		int64_t seen = json_object_get_int64(agt_json_key(w, "last_seen_unix_ms"));
 		cr_expect(seen > 0 && seen <= now + 1000 && seen > now - 60000,
-			  "last_seen_unix_ms of %s: %lld (now %lld)", id, (long long)seen,
-			  (long long)now);
+		          "last_seen_unix_ms of %s: %lld (now %lld)", id, (long long)seen,
+		          (long long)now);
 		cr_expect(json_object_get_int64(agt_json_key(w, "registered_unix_ms")) > 0);
 		cr_expect(json_object_get_boolean(agt_json_key(w, "reachable")));
 		cr_expect_not(json_object_get_boolean(agt_json_key(w, "device_pinned_overcommit")));
@@ -148,7 +148,7 @@ Test(agentctl_workers, modes_ids_and_last_seen)
 	cr_expect_gt(r->worker_info->last_seen_unix_ms, 0, "relayed last_seen_unix_ms");
 	cr_expect_gt(r->worker_info->registered_unix_ms, 0, "relayed registered_unix_ms");
 	cr_expect_eq(r->worker_info->mode,
-		     WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL);
+	             WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL);
 	wf_ctl_reply_free(r);
 	/* and ListWorkers has the mode from the registration, without asking the worker */
 	Weightfloor__V1__ListWorkers lw = WEIGHTFLOOR__V1__LIST_WORKERS__INIT;
@@ -160,10 +160,11 @@ Test(agentctl_workers, modes_ids_and_last_seen)
 	cr_assert_eq(r->worker_list->n_workers, 2);
 	for (size_t i = 0; i < 2; i++) {
 		const Weightfloor__V1__WorkerInfo *w = r->worker_list->workers[i];
-		cr_expect_eq(w->mode, strcmp(w->worker_id, ID_EXT) == 0
-					      ? WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL
-					      : WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED,
-			     "ListWorkers mode of %s", w->worker_id);
+		cr_expect_eq(w->mode,
+		             strcmp(w->worker_id, ID_EXT) == 0
+		                 ? WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_EXTERNAL
+		                 : WEIGHTFLOOR__V1__RESIDENCY_MODE__RESIDENCY_MODE_SELF_MANAGED,
+		             "ListWorkers mode of %s", w->worker_id);
 	}
 	wf_ctl_reply_free(r);
 }
@@ -181,8 +182,8 @@ static void expect_all_doc(const char *out, const char *what, const char *state)
 		const char *id = json_object_get_string(agt_json_key(w, "worker_id"));
 		seen_self |= strcmp(id, ID_SELF) == 0;
 		seen_ext |= strcmp(id, ID_EXT) == 0;
-		cr_expect_str_eq(json_object_get_string(agt_json_key(w, "state")), state, "%s on %s: %s", what,
-				 id, out);
+		cr_expect_str_eq(json_object_get_string(agt_json_key(w, "state")), state,
+		                 "%s on %s: %s", what, id, out);
 	}
 	cr_expect(seen_self && seen_ext, "%s: both workers: %s", what, out);
 	json_object_put(o);
@@ -207,7 +208,8 @@ Test(agentctl_workers, all_workers_pin_prefetch_and_quiet_evict)
 	free(row_of(out, ID_EXT));
 	free(out);
 	free(err);
-	cr_expect_eq(state_on(a, ID_SELF, "A"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE);
+	cr_expect_eq(state_on(a, ID_SELF, "A"),
+	             WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE);
 	cr_expect_eq(state_on(a, ID_EXT, "A"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE);
 
 	rc = agt_ctl(a, &out, &err, (const char *[]){"pin", "A", "--all", "--json", NULL});
@@ -228,7 +230,7 @@ Test(agentctl_workers, all_workers_pin_prefetch_and_quiet_evict)
 	free(err);
 	cr_expect_neq(state_on(a, ID_EXT, "B"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE);
 	cr_expect_eq(state_on(a, ID_SELF, "B"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE,
-		     "the other worker keeps B");
+	             "the other worker keeps B");
 }
 
 /* Pinning more than the worker's weight pool is allowed and flagged: `workers` marks it. */
@@ -244,7 +246,7 @@ Test(agentctl_workers, pinned_overcommit_marked)
 	/* a 32 MiB device with a tenth for weights: a ~3 MiB pool, less than one model (~6.5 MB) */
 	struct agt_worker w;
 	agt_spawn_worker(a, &w, ID_SELF, NULL, "host:mem=32Mi",
-			 (const char *const[]){"--weight-fraction", "0.1", NULL});
+	                 (const char *const[]){"--weight-fraction", "0.1", NULL});
 	wait_served(a, ID_SELF, &w);
 
 	char *out, *err;
@@ -276,7 +278,8 @@ Test(agentctl_workers, pinned_overcommit_marked)
 	cr_assert_not_null(w0, "%s", out);
 	cr_expect(json_object_get_boolean(agt_json_key(w0, "device_pinned_overcommit")), "%s", out);
 	cr_expect_gt(json_object_get_int64(agt_json_key(w0, "device_pinned_bytes")),
-		     json_object_get_int64(agt_json_key(w0, "device_weight_pool_bytes")), "%s", out);
+	             json_object_get_int64(agt_json_key(w0, "device_weight_pool_bytes")), "%s",
+	             out);
 	json_object_put(o);
 	free(out);
 	free(err);

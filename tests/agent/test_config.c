@@ -4,8 +4,8 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -21,12 +21,13 @@ Test(config, defaults_and_full_file)
 	cr_assert_str_eq(cfg.floor_dir, "/dev/shm/weightfloor");
 	cr_assert_eq(cfg.io_queue_depth, 64);
 	struct wf_diag d = {{0}};
-	const char *j = "{\"floor_dir\":\"/tmp/f\",\"group\":\"0\",\"host_budget\":\"2G\","
-			"\"model_roots\":[\"/models\",\"/data\"],\"socket\":\"ipc:///tmp/a.sock\","
-			"\"allowed_uids\":[1000,1001],\"max_message\":\"1M\","
-			"\"io\":{\"backend\":\"pread\",\"queue_depth\":32,\"chunk\":\"2M\"},"
-			"\"models\":[{\"name\":\"q\",\"path\":\"/models/q.gguf\",\"pin_host\":true},"
-			"{\"name\":\"m\",\"path\":\"/models/m.gguf\",\"preload\":true}]}";
+	const char *j =
+	    "{\"floor_dir\":\"/tmp/f\",\"group\":\"0\",\"host_budget\":\"2G\","
+	    "\"model_roots\":[\"/models\",\"/data\"],\"socket\":\"ipc:///tmp/a.sock\","
+	    "\"allowed_uids\":[1000,1001],\"max_message\":\"1M\","
+	    "\"io\":{\"backend\":\"pread\",\"queue_depth\":32,\"chunk\":\"2M\"},"
+	    "\"models\":[{\"name\":\"q\",\"path\":\"/models/q.gguf\",\"pin_host\":true},"
+	    "{\"name\":\"m\",\"path\":\"/models/m.gguf\",\"preload\":true}]}";
 	cr_assert_eq(parse(&cfg, j, &d), 0, "%s", d.msg);
 	cr_assert_str_eq(cfg.floor_dir, "/tmp/f");
 	cr_assert_eq(cfg.host_budget, 2ull << 30);
@@ -50,21 +51,21 @@ Test(config, bad_input_is_named_and_leaves_config_unchanged)
 	struct {
 		const char *json, *needle;
 	} cases[] = {
-		{"{\"florr_dir\":\"/x\"}", "unknown key 'florr_dir'"},
-		{"{\"io\":{\"depth\":3}}", "unknown key 'io.depth'"},
-		{"{\"host_budget\":\"lots\"}", "host_budget"},
-		{"{\"host_budget\":-5}", "host_budget"},
-		{"{\"floor_dir\":\"relative\"}", "not absolute"},
-		{"{\"io\":{\"chunk\":\"1000\"}}", "io.chunk"},
-		{"{\"io\":{\"backend\":\"spdk\"}}", "io.backend"},
-		{"{\"models\":[{\"name\":\"a\"}]}", "needs 'name' and 'path'"},
-		{"{\"models\":[{\"name\":\"a b\",\"path\":\"/x\"}]}", "model name"},
-		{"{\"models\":[{\"name\":\"a\",\"path\":\"/x\"},{\"name\":\"a\",\"path\":\"/y\"}]}",
-		 "listed twice"},
-		{"{\"model_roots\":[\"rel\"]}", "not absolute"},
-		{"[1,2]", "top level"},
-		{"{\"floor_dir\":", "invalid JSON"},
-		{"{} x", "trailing"},
+	    {"{\"florr_dir\":\"/x\"}", "unknown key 'florr_dir'"},
+	    {"{\"io\":{\"depth\":3}}", "unknown key 'io.depth'"},
+	    {"{\"host_budget\":\"lots\"}", "host_budget"},
+	    {"{\"host_budget\":-5}", "host_budget"},
+	    {"{\"floor_dir\":\"relative\"}", "not absolute"},
+	    {"{\"io\":{\"chunk\":\"1000\"}}", "io.chunk"},
+	    {"{\"io\":{\"backend\":\"spdk\"}}", "io.backend"},
+	    {"{\"models\":[{\"name\":\"a\"}]}", "needs 'name' and 'path'"},
+	    {"{\"models\":[{\"name\":\"a b\",\"path\":\"/x\"}]}", "model name"},
+	    {"{\"models\":[{\"name\":\"a\",\"path\":\"/x\"},{\"name\":\"a\",\"path\":\"/y\"}]}",
+	     "listed twice"},
+	    {"{\"model_roots\":[\"rel\"]}", "not absolute"},
+	    {"[1,2]", "top level"},
+	    {"{\"floor_dir\":", "invalid JSON"},
+	    {"{} x", "trailing"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct wf_agent_config cfg;
@@ -72,9 +73,10 @@ Test(config, bad_input_is_named_and_leaves_config_unchanged)
 		wf_agent_config_init(&cfg);
 		int rc = parse(&cfg, cases[i].json, &d);
 		cr_assert(rc < 0, "accepted %s", cases[i].json);
-		cr_assert(strstr(d.msg, cases[i].needle), "'%s': diag '%s' lacks '%s'", cases[i].json,
-			  d.msg, cases[i].needle);
-		cr_assert_str_eq(cfg.floor_dir, "/dev/shm/weightfloor", "config changed on failure");
+		cr_assert(strstr(d.msg, cases[i].needle), "'%s': diag '%s' lacks '%s'",
+		          cases[i].json, d.msg, cases[i].needle);
+		cr_assert_str_eq(cfg.floor_dir, "/dev/shm/weightfloor",
+		                 "config changed on failure");
 		cr_assert_eq(cfg.n_models, 0);
 		wf_agent_config_fini(&cfg);
 	}

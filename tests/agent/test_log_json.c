@@ -42,16 +42,17 @@ static struct json_object *parse_all(const char *log, const char *prog)
 		struct json_object *o = json_tokener_parse_ex(tok, p, (int)(nl - p));
 		enum json_tokener_error e = json_tokener_get_error(tok);
 		json_tokener_free(tok);
-		cr_assert(o && e == json_tokener_success && json_object_is_type(o, json_type_object),
-			  "line %d is not a JSON object (%s): %.*s", n + 1,
-			  json_tokener_error_desc(e), (int)(nl - p), p);
+		cr_assert(o && e == json_tokener_success &&
+		              json_object_is_type(o, json_type_object),
+		          "line %d is not a JSON object (%s): %.*s", n + 1,
+		          json_tokener_error_desc(e), (int)(nl - p), p);
 		struct json_object *v;
 		cr_assert(get_str(o, "ts") && get_str(o, "level") && get_str(o, "msg"),
-			  "line %d lacks ts, level or msg: %.*s", n + 1, (int)(nl - p), p);
+		          "line %d lacks ts, level or msg: %.*s", n + 1, (int)(nl - p), p);
 		cr_assert(str_is(o, "prog", prog), "line %d: prog: %.*s", n + 1, (int)(nl - p), p);
 		cr_assert(json_object_object_get_ex(o, "pid", &v) &&
-			      json_object_is_type(v, json_type_int) && json_object_get_int(v) > 0,
-			  "line %d: pid: %.*s", n + 1, (int)(nl - p), p);
+		              json_object_is_type(v, json_type_int) && json_object_get_int(v) > 0,
+		          "line %d: pid: %.*s", n + 1, (int)(nl - p), p);
 		json_object_array_add(arr, o);
 		n++;
 		p = nl + 1;
@@ -60,8 +61,8 @@ static struct json_object *parse_all(const char *log, const char *prog)
 }
 
 /* The first line whose "event" is event and whose "model" (and "worker") match, or NULL. */
-static struct json_object *find_event(struct json_object *arr, const char *event,
-				      const char *model, const char *worker)
+static struct json_object *find_event(struct json_object *arr, const char *event, const char *model,
+                                      const char *worker)
 {
 	for (size_t i = 0; i < json_object_array_length(arr); i++) {
 		struct json_object *o = json_object_array_get_idx(arr, i);
@@ -106,7 +107,7 @@ Test(log_json, agent_and_worker_write_only_json_lines_with_ids)
 
 	struct agt_worker wk;
 	agt_spawn_worker(a, &wk, "w-log.0", NULL, NULL,
-			 (const char *const[]){"--log-format", "json", NULL});
+	                 (const char *const[]){"--log-format", "json", NULL});
 	agt_wait_worker_ready(&wk);
 	/* Serving is not registered yet: the agent logs the registration. */
 	free(wait_file(a->log, "\"worker\":\"w-log.0\",\"event\":\"worker\""));

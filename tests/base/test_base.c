@@ -43,24 +43,24 @@ Test(units, parse_size)
 		int rc;
 		uint64_t v;
 	} cases[] = {
-		{"0", 0, 0},
-		{"4096", 0, 4096},
-		{"1K", 0, 1024},
-		{"1KiB", 0, 1024},
-		{"2M", 0, 2u << 20},
-		{"64G", 0, 64ull << 30},
-		{"1.5G", 0, 3ull << 29},
-		{"3T", 0, 3ull << 40},
-		{"10 MB", 0, 10u << 20},
-		{" 7b ", 0, 7},
-		{"", WF_EINVAL, 0},
-		{"-1", WF_EINVAL, 0},
-		{"G", WF_EINVAL, 0},
-		{"1X", WF_EINVAL, 0},
-		{"1.", WF_EINVAL, 0},
-		{"1GG", WF_EINVAL, 0},
-		{"99999999999999999999", WF_EOVERFLOW, 0},
-		{"16777216T", WF_EOVERFLOW, 0},
+	    {"0", 0, 0},
+	    {"4096", 0, 4096},
+	    {"1K", 0, 1024},
+	    {"1KiB", 0, 1024},
+	    {"2M", 0, 2u << 20},
+	    {"64G", 0, 64ull << 30},
+	    {"1.5G", 0, 3ull << 29},
+	    {"3T", 0, 3ull << 40},
+	    {"10 MB", 0, 10u << 20},
+	    {" 7b ", 0, 7},
+	    {"", WF_EINVAL, 0},
+	    {"-1", WF_EINVAL, 0},
+	    {"G", WF_EINVAL, 0},
+	    {"1X", WF_EINVAL, 0},
+	    {"1.", WF_EINVAL, 0},
+	    {"1GG", WF_EINVAL, 0},
+	    {"99999999999999999999", WF_EOVERFLOW, 0},
+	    {"16777216T", WF_EOVERFLOW, 0},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		uint64_t v = 12345;
@@ -68,7 +68,7 @@ Test(units, parse_size)
 		cr_assert_eq(rc, cases[i].rc, "'%s': rc %d want %d", cases[i].s, rc, cases[i].rc);
 		if (rc == 0)
 			cr_assert_eq(v, cases[i].v, "'%s': %llu want %llu", cases[i].s,
-				     (unsigned long long)v, (unsigned long long)cases[i].v);
+			             (unsigned long long)v, (unsigned long long)cases[i].v);
 		else
 			cr_assert_eq(v, 12345, "output written on failure");
 	}
@@ -80,7 +80,8 @@ Test(units, parse_size)
 Test(error, docs_table_matches)
 {
 	char path[4096];
-	snprintf(path, sizeof path, "%s/docs/ERRORS.md", getenv("WF_SOURCE_DIR") ? getenv("WF_SOURCE_DIR") : ".");
+	snprintf(path, sizeof path, "%s/docs/ERRORS.md",
+	         getenv("WF_SOURCE_DIR") ? getenv("WF_SOURCE_DIR") : ".");
 	FILE *f = fopen(path, "r");
 	cr_assert(f, "cannot open %s", path);
 	static char text[1 << 16];

@@ -55,7 +55,7 @@ static struct json_object *parse_line(const char *line)
 	enum json_tokener_error e = json_tokener_get_error(tok);
 	json_tokener_free(tok);
 	cr_assert(o && e == json_tokener_success, "not strict JSON (%s): %.*s",
-		  json_tokener_error_desc(e), (int)len, line);
+	          json_tokener_error_desc(e), (int)len, line);
 	cr_assert(json_object_is_type(o, json_type_object), "not an object: %s", line);
 	return o;
 }
@@ -73,15 +73,17 @@ Test(log, text_line_has_prefix_fields_and_message)
 	capture_stderr();
 	wf_log_init("wf-test", WF_LOG_INFO);
 	wf_log_event(WF_LOG_WARN,
-		     WF_LOG_F(.worker = "gpu0", .model = "qwen", .request_id = 42,
-			      .client = "agentctl", .event = "x", .code = WF_ENOT_FOUND),
-		     "ensure_floor: %s", "NOT_FOUND");
+	             WF_LOG_F(.worker = "gpu0", .model = "qwen", .request_id = 42,
+	                      .client = "agentctl", .event = "x", .code = WF_ENOT_FOUND),
+	             "ensure_floor: %s", "NOT_FOUND");
 	wf_log_info("plain %d", 7);
 	char *out = captured();
 	cr_assert_eq(count_lines(out), 2, "%s", out);
 	char want[128];
-	snprintf(want, sizeof want, " warn  wf-test[%d]: worker gpu0: model qwen: request 42 from "
-				    "agentctl: ensure_floor: NOT_FOUND\n", (int)getpid());
+	snprintf(want, sizeof want,
+	         " warn  wf-test[%d]: worker gpu0: model qwen: request 42 from "
+	         "agentctl: ensure_floor: NOT_FOUND\n",
+	         (int)getpid());
 	cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
 	/* "YYYY-MM-DDTHH:MM:SS.mmmZ " */
 	cr_assert(strlen(out) > 24 && out[4] == '-' && out[10] == 'T' && out[23] == 'Z', "%s", out);
@@ -120,10 +122,10 @@ Test(log, json_line_has_every_field)
 	wf_log_init("wf-test", WF_LOG_INFO);
 	wf_log_set_format(WF_LOG_FORMAT_JSON);
 	wf_log_event(WF_LOG_ERROR,
-		     WF_LOG_F(.worker = "gpu0", .model = "qwen", .request_id = UINT64_MAX,
-			      .client = "cp-1", .generation = 9, .event = "request_failed",
-			      .code = WF_ENOT_FOUND),
-		     "generation %d", 9);
+	             WF_LOG_F(.worker = "gpu0", .model = "qwen", .request_id = UINT64_MAX,
+	                      .client = "cp-1", .generation = 9, .event = "request_failed",
+	                      .code = WF_ENOT_FOUND),
+	             "generation %d", 9);
 	wf_log_info("no fields");
 	char *out = captured();
 	cr_assert_eq(count_lines(out), 2, "%s", out);
@@ -162,14 +164,16 @@ Test(log, json_escapes_quotes_controls_and_invalid_utf8)
 	wf_log_set_format(WF_LOG_FORMAT_JSON);
 	/* A quote, a backslash, a newline, an escape, a slash, valid UTF-8 (é, €, 😀), a stray
 	 * continuation byte, a truncated sequence, an overlong '/' and a surrogate. */
-	const char *nasty = "q\"b\\n\nesc\x1b/s é€😀 bad\x80 trunc\xe2\x82 over\xc0\xaf sur\xed\xa0\x80.";
+	const char *nasty =
+	    "q\"b\\n\nesc\x1b/s é€😀 bad\x80 trunc\xe2\x82 over\xc0\xaf sur\xed\xa0\x80.";
 	wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = nasty, .worker = "w\"1"), "%s", nasty);
 	char *out = captured();
 	cr_assert_eq(count_lines(out), 1, "%s", out);
 	cr_expect_null(strstr(out, "\\/"), "slashes need no escape: %s", out);
 	struct json_object *o = parse_line(out);
-	const char *want = "q\"b\\n\nesc\x1b/s é€😀 bad\xef\xbf\xbd trunc\xef\xbf\xbd\xef\xbf\xbd over"
-			   "\xef\xbf\xbd\xef\xbf\xbd sur\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd.";
+	const char *want =
+	    "q\"b\\n\nesc\x1b/s é€😀 bad\xef\xbf\xbd trunc\xef\xbf\xbd\xef\xbf\xbd over"
+	    "\xef\xbf\xbd\xef\xbf\xbd sur\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd.";
 	cr_expect_str_eq(get_str(o, "msg"), want);
 	cr_expect_str_eq(get_str(o, "model"), want);
 	cr_expect_str_eq(get_str(o, "worker"), "w\"1");
@@ -204,7 +208,7 @@ Test(log, journal_prefix_only_when_journal_stream_is_our_stderr)
 	cr_assert_eq(fstat(STDERR_FILENO, &st), 0);
 	char js[64];
 	snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
-		 (unsigned long long)st.st_ino);
+	         (unsigned long long)st.st_ino);
 	setenv("JOURNAL_STREAM", js, 1);
 	wf_log_init("wf-test", WF_LOG_INFO);
 	wf_log_event(WF_LOG_WARN, WF_LOG_F(.model = "m"), "text");
@@ -213,7 +217,7 @@ Test(log, journal_prefix_only_when_journal_stream_is_our_stderr)
 
 	/* Another stream (inherited by a child whose stderr went elsewhere): plain lines. */
 	snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
-		 (unsigned long long)st.st_ino + 1);
+	         (unsigned long long)st.st_ino + 1);
 	setenv("JOURNAL_STREAM", js, 1);
 	wf_log_init("wf-test", WF_LOG_INFO);
 	wf_log_set_format(WF_LOG_FORMAT_TEXT);

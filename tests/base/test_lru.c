@@ -159,9 +159,11 @@ Test(lru, lrfu_scores_decay_and_pick_the_coldest)
 	wf_lrfu_touch(&lfu, 900, 0);
 	cr_expect_float_eq(lfu.crf, 2.0, 1e-12, "lambda 0 is LFU: no decay");
 
-	struct wf_lru_item it[5] = {
-	    {.bytes = 1, .last_used = 5}, {.bytes = 1, .last_used = 3}, {.bytes = 1, .last_used = 4},
-	    {.bytes = 1, .last_used = 1, .busy = true}, {.bytes = 1, .last_used = 0, .pinned = true}};
+	struct wf_lru_item it[5] = {{.bytes = 1, .last_used = 5},
+	                            {.bytes = 1, .last_used = 3},
+	                            {.bytes = 1, .last_used = 4},
+	                            {.bytes = 1, .last_used = 1, .busy = true},
+	                            {.bytes = 1, .last_used = 0, .pinned = true}};
 	double v[5] = {2.0, 1.0, 1.0, 0.1, 0.0};
 	cr_expect_eq(wf_lrfu_victim(it, v, 5), 1, "lowest score, the older of a tie");
 	v[2] = 0.5;
@@ -189,7 +191,9 @@ Test(lru, lrfu_ranks_order_as_values_do)
 			const double vi = wf_lrfu_value(&s[i], now, lambda),
 			             vj = wf_lrfu_value(&s[j], now, lambda);
 			if (fabs(vi - vj) > 1e-9 * (vi + vj))
-				cr_assert_eq(vi < vj, wf_lrfu_rank(&s[i], lambda) < wf_lrfu_rank(&s[j], lambda),
+				cr_assert_eq(vi < vj,
+				             wf_lrfu_rank(&s[i], lambda) <
+				                 wf_lrfu_rank(&s[j], lambda),
 				             "scores %d and %d", i, j);
 		}
 	struct wf_lrfu_score never = {0};

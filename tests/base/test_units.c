@@ -70,8 +70,8 @@ Test(units, fractions_round_to_bytes)
 
 Test(units, rejects)
 {
-	static const char *bad[] = {"", " ", "+1", "-1", ".5", "1.", "1e9", "0x10", "8X",
-	                            "8Gx", "8iB", "8 G B", "G", "1GG", "nan", "inf"};
+	static const char *bad[] = {"",   " ",   "+1",  "-1",    ".5", "1.",  "1e9", "0x10",
+	                            "8X", "8Gx", "8iB", "8 G B", "G",  "1GG", "nan", "inf"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		expect(bad[i], WF_EINVAL, 0);
 	uint64_t v;

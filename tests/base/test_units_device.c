@@ -28,8 +28,8 @@ Test(units_device, host_mem_8G_is_8_GiB)
 
 Test(units_device, bad_sizes_are_refused)
 {
-	static const char *bad[] = {"host:mem=8X", "host:mem=1e9", "host:mem=-1", "host:mem=",
-	                            "host:bw=12Q", "host:mem=0"};
+	static const char *bad[] = {"host:mem=8X", "host:mem=1e9", "host:mem=-1",
+	                            "host:mem=",   "host:bw=12Q",  "host:mem=0"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		struct wf_device *dev = NULL;
 		cr_assert_eq(wf_device_open(bad[i], &dev, NULL), WF_EINVAL, "%s", bad[i]);

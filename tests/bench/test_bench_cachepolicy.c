@@ -41,8 +41,8 @@ static void check_capacity(const char *out, unsigned p)
 	for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
 		struct json_object *j = json_tokener_parse(l), *m, *v;
 		cr_assert(j, "not a JSON line: %s", l);
-		const char *metric = json_object_object_get_ex(j, "metric", &m)
-		                         ? json_object_get_string(m) : "";
+		const char *metric =
+		    json_object_object_get_ex(j, "metric", &m) ? json_object_get_string(m) : "";
 		const size_t ml = strlen(metric), sl = strlen(suffix);
 		if (strncmp(metric, "hit_rate_", 9) == 0 && ml > sl &&
 		    strcmp(metric + ml - sl, suffix) == 0) {
@@ -70,8 +70,18 @@ Test(bench_cachepolicy, tiny_reference_trace, .fini = fini, .timeout = 30)
 	snprintf(model, sizeof model, "%s/qwen3moe-tiny-q8_0/qwen3moe-tiny-q8_0.gguf", ref);
 	snprintf(out, sizeof out, "%s/out.jsonl", dir);
 	snprintf(err, sizeof err, "%s/err.txt", dir);
-	char *argv[] = {wft_exe("bench/wf-bench"), "cachepolicy", "--json", "--model", model,
-	                "--tokens", "256", "--threads", "1", "--half-life", "16,0", NULL};
+	char *argv[] = {wft_exe("bench/wf-bench"),
+	                "cachepolicy",
+	                "--json",
+	                "--model",
+	                model,
+	                "--tokens",
+	                "256",
+	                "--threads",
+	                "1",
+	                "--half-life",
+	                "16,0",
+	                NULL};
 	int rc = wft_run(argv, out, err, 25);
 	char *o = wft_read_file(out, NULL), *e = wft_read_file(err, NULL);
 	cr_assert_eq(rc, 0, "wf-bench cachepolicy exited %d\nstdout:\n%s\nstderr:\n%s", rc, o, e);
@@ -83,7 +93,8 @@ Test(bench_cachepolicy, tiny_reference_trace, .fini = fini, .timeout = 30)
 	struct json_object *t = row(o, "trace_distinct_experts");
 	cr_assert(t, "no trace_distinct_experts row");
 	const double distinct = num(t, "value");
-	cr_expect(num(t, "anchor_value") == 48, "layers x experts %g, not 48", num(t, "anchor_value"));
+	cr_expect(num(t, "anchor_value") == 48, "layers x experts %g, not 48",
+	          num(t, "anchor_value"));
 	cr_expect(distinct >= 4 && distinct <= 48, "%g distinct experts", distinct);
 	json_object_put(t);
 	const double accesses = (16.0 + 256.0) * 3 * 4; /* steps x layers x top k */
@@ -113,8 +124,8 @@ Test(bench_cachepolicy, tiny_reference_trace, .fini = fini, .timeout = 30)
 		struct json_object *j = row(o, cmp[i]);
 		cr_assert(j, "no %s row", cmp[i]);
 		const double v = num(j, "value"), a = num(j, "anchor_value"), r = num(j, "ratio");
-		cr_expect(a > 0 && fabs(r - v / a) <= 1e-9 * r, "%s ratio %g (%g / %g)", cmp[i], r, v,
-		          a);
+		cr_expect(a > 0 && fabs(r - v / a) <= 1e-9 * r, "%s ratio %g (%g / %g)", cmp[i], r,
+		          v, a);
 		json_object_put(j);
 	}
 	free(o);

@@ -28,8 +28,8 @@ static void expect_measured(const char *out, const char *name)
 	double v = num(j, "value"), a = num(j, "anchor_value"), r = num(j, "ratio");
 	cr_expect(isfinite(v) && v > 0, "%s value %g", name, v);
 	cr_expect(isfinite(a) && a > 0, "%s anchor %g", name, a);
-	cr_expect(isfinite(r) && r > 0 && fabs(r - v / a) <= 1e-6 * r, "%s ratio %g (%g / %g)", name,
-		  r, v, a);
+	cr_expect(isfinite(r) && r > 0 && fabs(r - v / a) <= 1e-6 * r, "%s ratio %g (%g / %g)",
+	          name, r, v, a);
 	json_object_put(j);
 }
 
@@ -38,7 +38,7 @@ static void expect_skipped(const char *out, const char *name)
 	struct json_object *j = row(out, name), *s;
 	cr_assert(j, "no %s row in:\n%s", name, out);
 	cr_expect(json_object_object_get_ex(j, "skipped", &s) && strlen(json_object_get_string(s)),
-		  "%s is not skipped with a reason: %s", name, json_object_to_json_string(j));
+	          "%s is not skipped with a reason: %s", name, json_object_to_json_string(j));
 	json_object_put(j);
 }
 
@@ -49,13 +49,24 @@ Test(bench_engine, tiny_model_every_row, .fini = fini, .timeout = 50)
 	snprintf(model, sizeof model, "%s/tiny.gguf", dir);
 	snprintf(out, sizeof out, "%s/out.jsonl", dir);
 	snprintf(err, sizeof err, "%s/err.txt", dir);
-	char *gen[] = {wft_exe("tools/wf-gen"), "--arch", "qwen3moe", "--seed", "3", "-q", "-o", model,
-		       NULL};
+	char *gen[] = {
+	    wft_exe("tools/wf-gen"), "--arch", "qwen3moe", "--seed", "3", "-q", "-o", model, NULL};
 	cr_assert_eq(wft_run(gen, NULL, NULL, 30), 0, "wf-gen");
 	const char *llama = getenv("WF_LLAMA_BENCH");
-	char *argv[] = {wft_exe("bench/wf-bench"), "engine", "--json", "--model", model,
-			"--iterations", "1", "--threads", "2", "--dir", dir,
-			llama ? "--llama-bench" : NULL, (char *)llama, NULL};
+	char *argv[] = {wft_exe("bench/wf-bench"),
+	                "engine",
+	                "--json",
+	                "--model",
+	                model,
+	                "--iterations",
+	                "1",
+	                "--threads",
+	                "2",
+	                "--dir",
+	                dir,
+	                llama ? "--llama-bench" : NULL,
+	                (char *)llama,
+	                NULL};
 	int rc = wft_run(argv, out, err, 40);
 	char *o = wft_read_file(out, NULL), *e = wft_read_file(err, NULL);
 	cr_assert_eq(rc, 0, "wf-bench engine exited %d\nstdout:\n%s\nstderr:\n%s", rc, o, e);

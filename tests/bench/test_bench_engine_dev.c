@@ -31,8 +31,8 @@ static void expect_measured(const char *out, const char *name, const char *const
 	double v = num(j, "value"), a = num(j, "anchor_value"), r = num(j, "ratio");
 	cr_expect(isfinite(v) && v > 0, "%s value %g", name, v);
 	cr_expect(isfinite(a) && a > 0, "%s anchor %g", name, a);
-	cr_expect(isfinite(r) && r > 0 && fabs(r - v / a) <= 1e-6 * r, "%s ratio %g (%g / %g)", name,
-	          r, v, a);
+	cr_expect(isfinite(r) && r > 0 && fabs(r - v / a) <= 1e-6 * r, "%s ratio %g (%g / %g)",
+	          name, r, v, a);
 	const char *notes = str(j, "notes");
 	for (; words && *words; words++)
 		cr_expect(strstr(notes, *words), "%s notes lack '%s': %s", name, *words, notes);
@@ -61,14 +61,26 @@ Test(bench_engine_dev, host_device_every_dev_row, .fini = fini, .timeout = 60)
 	cr_assert(asprintf(&model, "%s/qwen3moe-tiny-q4_k_m/qwen3moe-tiny-q4_k_m.gguf",
 	                   wft_reference_dir()) > 0);
 	const char *llama = getenv("WF_LLAMA_BENCH_GPU");
-	char *argv[] = {wft_exe("bench/wf-bench"), "engine", "--json", "--model", model,
-	                "--iterations", "1", "--threads", "2", "--dir", dir,
-	                "--device", "host:bw=16G",
-	                llama ? "--llama-bench-gpu" : NULL, (char *)llama, NULL};
+	char *argv[] = {wft_exe("bench/wf-bench"),
+	                "engine",
+	                "--json",
+	                "--model",
+	                model,
+	                "--iterations",
+	                "1",
+	                "--threads",
+	                "2",
+	                "--dir",
+	                dir,
+	                "--device",
+	                "host:bw=16G",
+	                llama ? "--llama-bench-gpu" : NULL,
+	                (char *)llama,
+	                NULL};
 	char *o = run_bench(argv, NULL);
 	static const char *const dev[] = {"host", NULL};
-	static const char *const fetch[] = {"host", "overlap", "fallback rate", "hit rate",
-	                                    "whole hits", NULL};
+	static const char *const fetch[] = {"host",     "overlap",    "fallback rate",
+	                                    "hit rate", "whole hits", NULL};
 	expect_measured(o, "dev_resident", dev);
 	expect_measured(o, "dev_cpu_experts", dev);
 	expect_measured(o, "dev_postfetch_vs_cpu_experts", fetch);
@@ -89,7 +101,8 @@ Test(bench_engine_dev, host_device_every_dev_row, .fini = fini, .timeout = 60)
 	cr_assert(l, "no cache25_vs_llama_cpu_moe row in:\n%s", o);
 	if (llama) {
 		json_object_put(l);
-		expect_measured(o, "cache25_vs_llama_cpu_moe", (const char *const[]){"-ncmoe", NULL});
+		expect_measured(o, "cache25_vs_llama_cpu_moe",
+		                (const char *const[]){"-ncmoe", NULL});
 	} else {
 		cr_expect(strlen(str(l, "skipped")) > 0, "%s", json_object_to_json_string(l));
 		json_object_put(l);
@@ -105,8 +118,18 @@ Test(bench_engine_dev, no_device_no_dev_rows, .fini = fini, .timeout = 60)
 	char *model = NULL;
 	cr_assert(asprintf(&model, "%s/qwen3moe-tiny-q4_k_m/qwen3moe-tiny-q4_k_m.gguf",
 	                   wft_reference_dir()) > 0);
-	char *argv[] = {wft_exe("bench/wf-bench"), "engine", "--json", "--model", model,
-	                "--iterations", "1", "--threads", "2", "--dir", dir, NULL};
+	char *argv[] = {wft_exe("bench/wf-bench"),
+	                "engine",
+	                "--json",
+	                "--model",
+	                model,
+	                "--iterations",
+	                "1",
+	                "--threads",
+	                "2",
+	                "--dir",
+	                dir,
+	                NULL};
 	char *o = run_bench(argv, NULL);
 	struct json_object *j = row(o, "dev_resident");
 	cr_expect(!j, "a dev_resident row without --device:\n%s", o);
@@ -122,8 +145,8 @@ Test(bench_engine_dev, no_device_no_dev_rows, .fini = fini, .timeout = 60)
 Test(bench_engine_dev, llama_gpu_needs_device, .fini = fini, .timeout = 20)
 {
 	dir = wft_tmpdir("bench-engine-dev");
-	char *argv[] = {wft_exe("bench/wf-bench"), "engine", "--json", "--llama-bench-gpu",
-	                "/nonexistent/llama-bench", "--dir", dir, NULL};
+	char *argv[] = {wft_exe("bench/wf-bench"),  "engine", "--json", "--llama-bench-gpu",
+	                "/nonexistent/llama-bench", "--dir",  dir,      NULL};
 	int rc;
 	char *o = run_bench(argv, &rc);
 	cr_expect_eq(rc, 2, "exit %d, stdout:\n%s", rc, o);

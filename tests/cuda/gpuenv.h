@@ -6,8 +6,8 @@
 #define WFT_CUDA_GPUENV_H
 
 #include "base/error.h"
-#include "cuda/device_cuda.h"
 #include "cuda/attention.h"
+#include "cuda/device_cuda.h"
 #include "cuda/engine_ctx.h"
 #include "cuda/matmul.h"
 #include "cuda/moe.h"
@@ -44,9 +44,9 @@ static inline void wft_gpu_open(struct wft_gpu *g, struct wf_engine_dev_limits l
 	g->c.stream = (cudaStream_t)wf_device_stream_native(g->s);
 	cr_assert_not_null(g->c.stream);
 	cr_assert_eq(cudaGetDevice(&g->c.device), cudaSuccess);
-	cr_assert_eq(cudaDeviceGetAttribute(&g->c.sm_count, cudaDevAttrMultiProcessorCount,
-	                                    g->c.device),
-	             cudaSuccess);
+	cr_assert_eq(
+	    cudaDeviceGetAttribute(&g->c.sm_count, cudaDevAttrMultiProcessorCount, g->c.device),
+	    cudaSuccess);
 	g->c.lim = lim;
 	if (with_mm) {
 		OKD(wf__cuda_mm_create(&g->c, &diag));

@@ -43,17 +43,19 @@ void mmref_dequant(enum wf_dtype t, const void *w, size_t row_size, int64_t ne0,
 
 	cr_assert(to && to->dequantize_row, "no reference dequantize_row for %s", mmref_name(t));
 	for (int64_t i = 0; i < ne1; i++)
-		to->dequantize_row((const unsigned char *)w + (size_t)i * row_size, out + i * ne0, ne0);
+		to->dequantize_row((const unsigned char *)w + (size_t)i * row_size, out + i * ne0,
+		                   ne0);
 }
 
-void mmref_matmul(const float *wd, int64_t ne0, int64_t ne1, const float *x, size_t xs,
-                  uint32_t n, double *ref)
+void mmref_matmul(const float *wd, int64_t ne0, int64_t ne1, const float *x, size_t xs, uint32_t n,
+                  double *ref)
 {
 	for (uint32_t j = 0; j < n; j++) {
 		for (int64_t i = 0; i < ne1; i++) {
 			double s = 0.0;
 			for (int64_t k = 0; k < ne0; k++)
-				s += (double)wd[i * ne0 + k] * (double)x[(size_t)j * xs + (size_t)k];
+				s +=
+				    (double)wd[i * ne0 + k] * (double)x[(size_t)j * xs + (size_t)k];
 			ref[(size_t)j * (size_t)ne1 + (size_t)i] = s;
 		}
 	}

@@ -23,8 +23,8 @@ void *mmref_matrix(enum wf_dtype t, int64_t ne0, int64_t ne1, size_t *ret_row_si
 void mmref_dequant(enum wf_dtype t, const void *w, size_t row_size, int64_t ne0, int64_t ne1,
                    float *out);
 /* ref[j * ne1 + i] = sum_k wd[i * ne0 + k] * x[j * xs + k], in double. */
-void mmref_matmul(const float *wd, int64_t ne0, int64_t ne1, const float *x, size_t xs,
-                  uint32_t n, double *ref);
+void mmref_matmul(const float *wd, int64_t ne0, int64_t ne1, const float *x, size_t xs, uint32_t n,
+                  double *ref);
 /* y[j * ys + i] against ref: NMSE over all outputs and the largest |error| over the outputs'
  * rms. */
 void mmref_error(const float *y, size_t ys, const double *ref, int64_t ne1, uint32_t n,

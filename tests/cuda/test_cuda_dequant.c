@@ -37,7 +37,8 @@ static void check_rows(enum wf_dtype t, int64_t ne0, int64_t ne1, int raw)
 	mmref_dequant(t, w, row, ne0, ne1, ref);
 	memset(got, 0xa5, (size_t)(ne0 * ne1) * sizeof(float));
 	for (int64_t i = 0; i < ne1; i++)
-		cr_assert_eq(wf__cuda_dequantize_host(t, w + (size_t)i * row, got + i * ne0, ne0), 0);
+		cr_assert_eq(wf__cuda_dequantize_host(t, w + (size_t)i * row, got + i * ne0, ne0),
+		             0);
 	for (int64_t e = 0; e < ne0 * ne1; e++) {
 		if (memcmp(&ref[e], &got[e], sizeof(float)) != 0)
 			cr_assert_fail("%s %s ne0 %lld row %lld element %lld: %a, reference %a",
@@ -88,8 +89,8 @@ Test(cuda_dequant, refuses_other_types)
 
 	for (int ti = 0; ti < MMREF_N_TYPES; ti++)
 		cr_assert(wf__cuda_supports(mmref_types[ti]), "%s", mmref_name(mmref_types[ti]));
-	static const enum wf_dtype no[] = {WF_DTYPE_Q8_K, WF_DTYPE_Q2_K, WF_DTYPE_Q4_1,
-	                                   WF_DTYPE_IQ4_NL, WF_DTYPE_I32, WF_DTYPE_MXFP4};
+	static const enum wf_dtype no[] = {WF_DTYPE_Q8_K,   WF_DTYPE_Q2_K, WF_DTYPE_Q4_1,
+	                                   WF_DTYPE_IQ4_NL, WF_DTYPE_I32,  WF_DTYPE_MXFP4};
 	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
 		cr_assert_not(wf__cuda_supports(no[i]));
 		cr_assert_eq(wf__cuda_dequantize_host(no[i], blk, y, 256), WF_EUNSUPPORTED);
@@ -129,11 +130,12 @@ Test(cuda_dequant, matvec_lanes_match_reference)
 				mmref_matmul(wd, ne0, ne1, x, xs, n, ref);
 				mmref_error(y, ys, ref, ne1, n, &nmse, &max_rel);
 				cr_assert(nmse <= 1e-10 && max_rel <= 1e-4,
-				          "%s ne0 %lld n %u: NMSE %.3g, max-abs/rms %.3g", mmref_name(t),
-				          (long long)ne0, n, nmse, max_rel);
+				          "%s ne0 %lld n %u: NMSE %.3g, max-abs/rms %.3g",
+				          mmref_name(t), (long long)ne0, n, nmse, max_rel);
 				for (uint32_t j = 0; j < 8; j++)
 					for (size_t i = j < n ? (size_t)ne1 : 0; i < ys; i++)
-						cr_assert_eq(y[j * ys + i], 1234.5f, "%s: gap [%u][%zu] written",
+						cr_assert_eq(y[j * ys + i], 1234.5f,
+						             "%s: gap [%u][%zu] written",
 						             mmref_name(t), j, i);
 			}
 			free(w);

@@ -25,10 +25,11 @@
 
 static void fix_open(struct wft_gpu *f, uint32_t max_rows, int64_t max_ne0, int64_t max_ne1)
 {
-	wft_gpu_open(f,
-	             (struct wf_engine_dev_limits){.n_threads = 1, .max_rows = max_rows,
-	                                           .max_ne0 = max_ne0, .max_ne1 = max_ne1},
-	             true);
+	wft_gpu_open(
+	    f,
+	    (struct wf_engine_dev_limits){
+	        .n_threads = 1, .max_rows = max_rows, .max_ne0 = max_ne0, .max_ne1 = max_ne1},
+	    true);
 }
 
 /* One matmul of a random ne1 x ne0 matrix of type t with n activation rows, x and y strided
@@ -61,11 +62,12 @@ static void matmul_case(struct wft_gpu *f, enum wf_dtype t, int64_t ne0, int64_t
 	const int gemm = n > 8;
 	const double nmse_tol = gemm ? 5e-4 : 1e-6, max_tol = gemm ? 2e-2 : 1e-3;
 	cr_log_info("matmul %-4s %5lld x %-4lld n %3u (%s): NMSE %.3g, max-abs/rms %.3g",
-	            mmref_name(t), (long long)ne1, (long long)ne0, n, gemm ? "cuBLAS F16" : "mat-vec",
-	            nmse, max_rel);
+	            mmref_name(t), (long long)ne1, (long long)ne0, n,
+	            gemm ? "cuBLAS F16" : "mat-vec", nmse, max_rel);
 	cr_assert(nmse <= nmse_tol && max_rel <= max_tol,
 	          "matmul %s %lld x %lld n %u: NMSE %.3g (<= %g), max-abs/rms %.3g (<= %g)",
-	          mmref_name(t), (long long)ne1, (long long)ne0, n, nmse, nmse_tol, max_rel, max_tol);
+	          mmref_name(t), (long long)ne1, (long long)ne0, n, nmse, nmse_tol, max_rel,
+	          max_tol);
 	for (uint32_t j = 0; j < n; j++)
 		for (size_t i = (size_t)ne1; i < ys; i++)
 			cr_assert_eq(y[j * ys + i], SENTINEL, "%s n %u: y gap [%u][%zu] written",
@@ -135,13 +137,14 @@ Test(cuda_matmul, get_rows_bitwise, .timeout = 120)
 
 		cr_assert(wd && y);
 		memcpy(ids, ids_ok, sizeof(ids_ok));
-		ids[7] = -1;          /* out of range: a zero row */
+		ids[7] = -1;           /* out of range: a zero row */
 		ids[8] = (int32_t)ne1; /* one past the last row */
 		mmref_dequant(t, w, row, ne0, ne1, wd);
 		void *dw = wft_gpu_up(&f, w, row * (size_t)ne1);
 		int32_t *dids = wft_gpu_up(&f, ids, sizeof(ids));
 		float *dy;
-		OKD(wf_device_mem_alloc(f.dev, (size_t)(ne0 * n) * sizeof(float), (void **)&dy, &diag));
+		OKD(wf_device_mem_alloc(f.dev, (size_t)(ne0 * n) * sizeof(float), (void **)&dy,
+		                        &diag));
 		struct wf_engine_dev_matrix m = {dw, t, ne0, ne1, row};
 		OKD(wf__cuda_get_rows(&f.c, &m, dids, n, dy, &diag));
 		wft_gpu_down(&f, y, dy, (size_t)(ne0 * n) * sizeof(float));
@@ -150,7 +153,8 @@ Test(cuda_matmul, get_rows_bitwise, .timeout = 120)
 				float want = j < 7 ? wd[ids[j] * ne0 + e] : 0.0f;
 				cr_assert(memcmp(&y[j * ne0 + e], &want, sizeof(float)) == 0,
 				          "get_rows %s row %u (id %d) element %lld: %a, want %a",
-				          mmref_name(t), j, ids[j], (long long)e, y[j * ne0 + e], want);
+				          mmref_name(t), j, ids[j], (long long)e, y[j * ne0 + e],
+				          want);
 			}
 		}
 		OKD(wf_device_mem_free(f.dev, dw, &diag));

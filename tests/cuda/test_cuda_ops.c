@@ -11,9 +11,9 @@
 /* No matmul workspace: these ops must not need one. */
 static void env_open(struct wft_gpu *e)
 {
-	wft_gpu_open(e, (struct wf_engine_dev_limits){.max_rows = 4096, .max_kv = 4096,
-	                                              .head_dim = 256},
-	             false);
+	wft_gpu_open(
+	    e, (struct wf_engine_dev_limits){.max_rows = 4096, .max_kv = 4096, .head_dim = 256},
+	    false);
 }
 
 /* float-sum-of-squares on the GPU against the CPU's double sum: the scale differs by a few ulp.
@@ -43,7 +43,8 @@ Test(cuda_ops, rms_norm, .timeout = 120)
 					             want + i * stride, len, 1e-6f);
 				float *dx = wft_gpu_up(&e, x, n * sizeof(float)),
 				      *dw = wft_gpu_up(&e, w, len * sizeof(float));
-				float *dy = alias ? dx : wft_gpu_up(&e, got, n * sizeof(float)); /* zeros */
+				float *dy =
+				    alias ? dx : wft_gpu_up(&e, got, n * sizeof(float)); /* zeros */
 				OKD(wf__cuda_rms_norm(&e.c, dx, weights ? dw : NULL, dy, rows, len,
 				                      stride, 1e-6f, &diag));
 				wft_gpu_down(&e, got, dy, n * sizeof(float));
@@ -173,7 +174,8 @@ static void attention_case(struct wft_gpu *e, enum wf_engine_dev_kv type, uint32
 
 	float *want = malloc(count * sizeof(float)), *got = malloc(count * sizeof(float));
 	opsr_att_ref(&a, want);
-	float *dq = wft_gpu_up(e, a.q, count * sizeof(float)), *dout = wft_gpu_alloc(e, count * sizeof(float));
+	float *dq = wft_gpu_up(e, a.q, count * sizeof(float)),
+	      *dout = wft_gpu_alloc(e, count * sizeof(float));
 	uint32_t *dfirst = wft_gpu_up(e, a.kv_first, a.n * sizeof(uint32_t));
 	uint32_t *dn = wft_gpu_up(e, a.n_kv, a.n * sizeof(uint32_t));
 	OKD(wf__cuda_attention(&e->c, dq, (size_t)n_head * head_dim, a.n, n_head, n_head_kv,
@@ -300,7 +302,8 @@ Test(cuda_ops, gather_swiglu_add_moe_sum, .timeout = 120)
 	opsr_fill(&r, wts, rows, 1.0f);
 	for (uint32_t i = 0; i < rows; i++)
 		idx[i] = opsr_u32(&r) % rows;
-	float *dx = wft_gpu_up(&e, x, cnt * sizeof(float)), *du = wft_gpu_up(&e, u, cnt * sizeof(float));
+	float *dx = wft_gpu_up(&e, x, cnt * sizeof(float)),
+	      *du = wft_gpu_up(&e, u, cnt * sizeof(float));
 	float *dy = wft_gpu_alloc(&e, cnt * sizeof(float));
 	uint32_t *didx = wft_gpu_up(&e, idx, rows * sizeof(uint32_t));
 	float *dwts = wft_gpu_up(&e, wts, rows * sizeof(float));

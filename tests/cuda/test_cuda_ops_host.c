@@ -1,8 +1,8 @@
-/* The CUDA engine ops' host twins (cuda/norm_rope.h, attention.h, moe.h) against the CPU engine (engine/ops.c): the
- * same __host__ __device__ helpers and work partition the kernels use, run on the CPU, so the
- * kernels' angle arithmetic, pair indices, top-k order, renormalization, online-softmax merge
- * and cache addressing are checked on a machine without a GPU (test_cuda_ops does the rest on
- * one). */
+/* The CUDA engine ops' host twins (cuda/norm_rope.h, attention.h, moe.h) against the CPU engine
+ * (engine/ops.c): the same __host__ __device__ helpers and work partition the kernels use, run on
+ * the CPU, so the kernels' angle arithmetic, pair indices, top-k order, renormalization,
+ * online-softmax merge and cache addressing are checked on a machine without a GPU (test_cuda_ops
+ * does the rest on one). */
 #include "base/error.h"
 #include "cuda/attention.h"
 #include "cuda/moe.h"

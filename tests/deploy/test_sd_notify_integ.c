@@ -48,8 +48,9 @@ static void expect_message(int fd, const char *want, const char *who, const char
 {
 	char buf[256];
 	cr_assert(next_message(fd, 20000, buf, sizeof buf), "%s sent no %s within 20 s; log:\n%s",
-		  who, want, log);
-	cr_assert_str_eq(buf, want, "%s sent '%s' where '%s' was due; log:\n%s", who, buf, want, log);
+	          who, want, log);
+	cr_assert_str_eq(buf, want, "%s sent '%s' where '%s' was due; log:\n%s", who, buf, want,
+	                 log);
 }
 
 Test(sd_notify, agent_and_worker_ready_then_stopping)
@@ -94,7 +95,8 @@ Test(sd_notify, agent_and_worker_ready_then_stopping)
 	expect_message(afd, "STOPPING=1", "wf-agent", log);
 	free(log);
 	/* Nothing after STOPPING=1 (no second READY=1 from a restart loop). */
-	cr_assert_not(next_message(afd, 0, buf, sizeof buf), "wf-agent sent '%s' after stopping", buf);
+	cr_assert_not(next_message(afd, 0, buf, sizeof buf), "wf-agent sent '%s' after stopping",
+	              buf);
 	close(afd);
 	close(wfd);
 	free(apath);

@@ -24,8 +24,8 @@ struct ref {
 	struct wf_weight_view view;
 	int32_t prompt[16], gen[16];
 	uint32_t n_vocab, n_layer, n_expert;
-	float *want;      /* [32][n_vocab]: prompt rows then gen rows */
-	float *router;    /* [n_layer][16][n_expert] prompt router logits */
+	float *want;   /* [32][n_vocab]: prompt rows then gen rows */
+	float *router; /* [n_layer][16][n_expert] prompt router logits */
 };
 
 static json_object *get(json_object *o, const char *key)
@@ -81,7 +81,8 @@ static void ref_open(const char *name, struct ref *r)
 	memcpy(r->want + 16u * r->n_vocab, g, 16u * r->n_vocab * sizeof(float));
 	free(p);
 	free(g);
-	r->router = read_floats(dir, "router_logits_prompt.bin", (size_t)r->n_layer * 16u * r->n_expert);
+	r->router =
+	    read_floats(dir, "router_logits_prompt.bin", (size_t)r->n_layer * 16u * r->n_expert);
 	free(dir);
 	free(mp);
 	free(path);
@@ -193,7 +194,8 @@ static void check_model(const char *name, bool strict, float router_tol)
 		wf_engine_seq_truncate(e, 0, 16);
 		int32_t tok = (int32_t)wft_argmax(got + 15u * r.n_vocab, r.n_vocab);
 		for (uint32_t i = 0; i < 16; i++) {
-			cr_expect_eq(tok, r.gen[i], "greedy id %u: %d, llama.cpp %d", i, tok, r.gen[i]);
+			cr_expect_eq(tok, r.gen[i], "greedy id %u: %d, llama.cpp %d", i, tok,
+			             r.gen[i]);
 			uint32_t p = 16 + i, s = 0;
 			bool w = true;
 			struct wf_diag d = {{0}};
@@ -237,7 +239,8 @@ Test(engine_ref, split_model_bitwise_equal_to_single_file)
 	cr_assert_gt(b.m->n_files, 1, "the split model should have several shards");
 	struct wf_engine_config cfg = {.n_ctx = 64, .n_threads = 2};
 	struct wf_engine *ea = engine_of(&a, &cfg), *eb = engine_of(&b, &cfg);
-	float *ga = malloc(32u * a.n_vocab * sizeof(float)), *gb = malloc(32u * b.n_vocab * sizeof(float));
+	float *ga = malloc(32u * a.n_vocab * sizeof(float)),
+	      *gb = malloc(32u * b.n_vocab * sizeof(float));
 	run_teacher_forced(ea, &a, 0, ga);
 	run_teacher_forced(eb, &b, 0, gb);
 	char why[160];
@@ -271,9 +274,11 @@ Test(engine_ref, thread_count_does_not_change_results)
 {
 	struct ref r;
 	ref_open("qwen3moe-tiny-q4_k_m", &r);
-	struct wf_engine_config c1 = {.n_ctx = 64, .n_threads = 1}, c3 = {.n_ctx = 64, .n_threads = 3};
+	struct wf_engine_config c1 = {.n_ctx = 64, .n_threads = 1},
+	                        c3 = {.n_ctx = 64, .n_threads = 3};
 	struct wf_engine *e1 = engine_of(&r, &c1), *e3 = engine_of(&r, &c3);
-	float *g1 = malloc(32u * r.n_vocab * sizeof(float)), *g3 = malloc(32u * r.n_vocab * sizeof(float));
+	float *g1 = malloc(32u * r.n_vocab * sizeof(float)),
+	      *g3 = malloc(32u * r.n_vocab * sizeof(float));
 	run_teacher_forced(e1, &r, 0, g1);
 	run_teacher_forced(e3, &r, 0, g3);
 	char why[160];

@@ -44,8 +44,9 @@ Test(eval_cli, greedy_ids_and_logits_rows)
 		snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%d", k ? "," : "",
 		         json_object_get_int(json_object_array_get_idx(ids, k)));
 	char *exe = wft_exe("worker/wf-worker");
-	char *argv[] = {exe, "eval", "--model", gguf, "--prompt", (char *)prompt, "--generate", "16",
-	                "--logits", bin, "--threads", "2", NULL};
+	char *argv[] = {exe,          "eval", "--model",  gguf, "--prompt",  (char *)prompt,
+	                "--generate", "16",   "--logits", bin,  "--threads", "2",
+	                NULL};
 	cr_assert_eq(wft_run(argv, out, NULL, 60), 0);
 	char *line = last_line(out);
 	cr_expect_str_eq(line, want);
@@ -60,13 +61,13 @@ Test(eval_cli, greedy_ids_and_logits_rows)
 	/* Bad flags: 2. A model that cannot be run: 1, with the reason. */
 	char *bad1[] = {exe, "eval", "--model", gguf, "--prompt", "1,x", NULL};
 	cr_expect_eq(wft_run(bad1, out, NULL, 60), 2);
-	char *bad2[] = {exe, "eval", "--model", gguf, "--prompt", "1", "--feed", "2", "--generate",
-	                "3", NULL};
+	char *bad2[] = {exe,      "eval", "--model",    gguf, "--prompt", "1",
+	                "--feed", "2",    "--generate", "3",  NULL};
 	cr_expect_eq(wft_run(bad2, out, NULL, 60), 2);
 	char *bad3[] = {exe, "eval", "--model", gguf, "--prompt", "1", "--threads", "0", NULL};
 	cr_expect_eq(wft_run(bad3, out, NULL, 60), 2);
-	char *toolong[] = {exe, "eval", "--model", gguf, "--prompt", (char *)prompt, "--ctx", "8",
-	                   NULL};
+	char *toolong[] = {exe,     "eval", "--model", gguf, "--prompt", (char *)prompt,
+	                   "--ctx", "8",    NULL};
 	char *err = NULL;
 	cr_assert(asprintf(&err, "%s/err", tmp) > 0);
 	cr_expect_eq(wft_run(toolong, out, err, 60), 1);

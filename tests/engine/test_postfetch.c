@@ -20,7 +20,8 @@
 
 TestSuite(postfetch, .timeout = 120);
 
-static const int32_t prompt[16] = {1, 17, 300, 42, 99, 7, 256, 311, 5, 63, 128, 400, 2, 77, 150, 203};
+static const int32_t prompt[16] = {1, 17, 300, 42,  99, 7,  256, 311,
+                                   5, 63, 128, 400, 2,  77, 150, 203};
 
 struct model {
 	struct wf_model *m;
@@ -148,7 +149,10 @@ static void every_setting_gives_the_cpu_engines_logits(void)
 	    {"non-blocking", {.enable = true}},
 	    {"one transfer a step", {.enable = true, .block_on_miss = true, .max_transfers = 1}},
 	    {"1 MiB scratchpad, dedicated streams",
-	     {.enable = true, .block_on_miss = true, .scratchpad_mb = 1, .dedicated_streams = true}},
+	     {.enable = true,
+	      .block_on_miss = true,
+	      .scratchpad_mb = 1,
+	      .dedicated_streams = true}},
 	    {"forced to the cpu", {.enable = true, .force_cpu = true}},
 	    {"off", {.enable = false}},
 	};
@@ -159,8 +163,8 @@ static void every_setting_gives_the_cpu_engines_logits(void)
 		          "%s: logits differ: %s", cases[i].what, why);
 		cr_log_info("%s: %llu copied, %llu used, %llu on the cpu, overlap %.2f",
 		            cases[i].what, (unsigned long long)st.fetch_experts,
-		            (unsigned long long)st.fetch_used, (unsigned long long)st.fetch_fallbacks,
-		            st.fetch_overlap);
+		            (unsigned long long)st.fetch_used,
+		            (unsigned long long)st.fetch_fallbacks, st.fetch_overlap);
 		const bool on = cases[i].s.enable && !cases[i].s.force_cpu;
 		if (!on) {
 			cr_expect_eq(st.fetch_experts, 0, "%s", cases[i].what);
@@ -200,14 +204,16 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits_on_the_device_path)
 static void slow_copies_fall_back_to_the_cpu(void)
 {
 	if (wft_engine_device())
-		cr_skip_test("a GPU's copies cannot be slowed down: the host device's throttle only");
+		cr_skip_test(
+		    "a GPU's copies cannot be slowed down: the host device's throttle only");
 	struct fixture fx;
 	fixture_open(&fx, "host:bw=4M");
 	struct wf_engine_stats st;
 	struct wf_postfetch_settings s = {.enable = true};
 	float *got = run(&fx.md, fx.dev, &s, &st);
 	char why[160];
-	cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why), "%s", why);
+	cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why), "%s",
+	          why);
 	cr_expect_gt(st.fetch_fallbacks, 0, "no expert fell back with copies at 4 MB/s");
 	free(got);
 	fixture_close(&fx);
@@ -241,16 +247,21 @@ static void failing_copies_fall_back_and_are_counted(void)
 		for (size_t c = 0; c < 2; c++) {
 			float *got = run_cached(&fx.md, fx.dev, &policies[p], caches[c], &st);
 			char why[160];
-			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
-			          "cache %u MiB, blocking %d: %s", caches[c], (int)policies[p].block_on_miss,
-			          why);
-			cr_expect_gt(st.fetch_errors, 0, "cache %u MiB: no failure seen", caches[c]);
-			cr_expect_gt(st.fetch_fallbacks, 0, "cache %u MiB: nothing fell back", caches[c]);
-			cr_log_info("fail=3, cache %u MiB, blocking %d: %llu errors, %llu fallbacks, %llu "
-			            "used", caches[c], (int)policies[p].block_on_miss,
-			            (unsigned long long)st.fetch_errors,
-			            (unsigned long long)st.fetch_fallbacks,
-			            (unsigned long long)st.fetch_used);
+			cr_expect(
+			    wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			    "cache %u MiB, blocking %d: %s", caches[c],
+			    (int)policies[p].block_on_miss, why);
+			cr_expect_gt(st.fetch_errors, 0, "cache %u MiB: no failure seen",
+			             caches[c]);
+			cr_expect_gt(st.fetch_fallbacks, 0, "cache %u MiB: nothing fell back",
+			             caches[c]);
+			cr_log_info(
+			    "fail=3, cache %u MiB, blocking %d: %llu errors, %llu fallbacks, %llu "
+			    "used",
+			    caches[c], (int)policies[p].block_on_miss,
+			    (unsigned long long)st.fetch_errors,
+			    (unsigned long long)st.fetch_fallbacks,
+			    (unsigned long long)st.fetch_used);
 			free(got);
 		}
 	fixture_close(&fx);
@@ -282,21 +293,26 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 			float *got = run_cached(&fx.md, fx.dev, &policies[p], sizes[i], &st);
 			char why[160];
-			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
-			          "cache %u MiB, %s: logits differ: %s", sizes[i],
-			          policies[p].block_on_miss ? "blocking" : "non-blocking", why);
-			cr_expect_leq(st.fetch_experts, st.fetch_misses, "a copy for every miss at most");
+			cr_expect(
+			    wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			    "cache %u MiB, %s: logits differ: %s", sizes[i],
+			    policies[p].block_on_miss ? "blocking" : "non-blocking", why);
+			cr_expect_leq(st.fetch_experts, st.fetch_misses,
+			              "a copy for every miss at most");
 			cr_expect_gt(st.fetch_hits + st.fetch_misses, 0);
-			cr_log_info("cache %u MiB: %llu hits, %llu misses, %llu copied, %.1f MB slots",
-			            sizes[i], (unsigned long long)st.fetch_hits,
-			            (unsigned long long)st.fetch_misses,
-			            (unsigned long long)st.fetch_experts, st.scratchpad_bytes / 1e6);
+			cr_log_info(
+			    "cache %u MiB: %llu hits, %llu misses, %llu copied, %.1f MB slots",
+			    sizes[i], (unsigned long long)st.fetch_hits,
+			    (unsigned long long)st.fetch_misses,
+			    (unsigned long long)st.fetch_experts, st.scratchpad_bytes / 1e6);
 			if (sizes[i] == 64 && policies[p].block_on_miss) {
-				/* All 48 experts fit: at most 48 misses (one per expert ever seen). */
+				/* All 48 experts fit: at most 48 misses (one per expert ever seen).
+				 */
 				cr_expect_leq(st.fetch_misses, 48u);
 				cr_expect_gt(st.fetch_hits, st.fetch_misses);
 				cr_expect_eq(st.fetch_experts, st.fetch_misses);
-				/* The device path keeps experts whole: hits then run on the device. */
+				/* The device path keeps experts whole: hits then run on the device.
+				 */
 				if (dense_on_device || wft_engine_device())
 					cr_expect_gt(st.fetch_whole, 0);
 				else
@@ -306,8 +322,8 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 		}
 	/* A cache without post-fetch is refused: its misses would have no way in. */
 	struct wf_postfetch_settings off = {.enable = false};
-	struct wf_engine_config cfg = {.n_ctx = 64, .device = fx.dev, .postfetch = &off,
-	                               .expert_cache_mb = 8};
+	struct wf_engine_config cfg = {
+	    .n_ctx = 64, .device = fx.dev, .postfetch = &off, .expert_cache_mb = 8};
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
 	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &cfg, &e, &d), WF_EINVAL);
@@ -337,14 +353,18 @@ static void every_placement_gives_the_cpu_engines_logits(void)
 	for (int pf = 0; pf < 2; pf++)
 		for (uint32_t n_cpu = 0; n_cpu <= n_layer; n_cpu++) {
 			struct wf_postfetch_settings s = {.enable = pf == 1, .block_on_miss = true};
-			struct wf_engine_config cfg = {.device = fx.dev, .postfetch = &s,
-			                               .experts_on_device = true, .n_cpu_moe = n_cpu};
+			struct wf_engine_config cfg = {.device = fx.dev,
+			                               .postfetch = &s,
+			                               .experts_on_device = true,
+			                               .n_cpu_moe = n_cpu};
 			float *got = run_with(&fx.md, cfg, &st);
 			char why[160];
-			cr_expect(wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
-			          "n_cpu_moe %u, post-fetch %d: logits differ: %s", n_cpu, pf, why);
+			cr_expect(
+			    wft_rows_match(fx.want, got, 24, fx.md.m->hp.n_vocab, why, sizeof why),
+			    "n_cpu_moe %u, post-fetch %d: logits differ: %s", n_cpu, pf, why);
 			cr_expect_eq(st.resident_bytes > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
-			cr_expect_eq(st.resident_lookups > 0, n_cpu < n_layer, "n_cpu_moe %u", n_cpu);
+			cr_expect_eq(st.resident_lookups > 0, n_cpu < n_layer, "n_cpu_moe %u",
+			             n_cpu);
 			cr_expect_eq(st.fetch_experts > 0, pf == 1 && n_cpu > 0,
 			             "n_cpu_moe %u, post-fetch %d: %llu copies", n_cpu, pf,
 			             (unsigned long long)st.fetch_experts);

@@ -152,9 +152,11 @@ Test(sampler, top_k_keeps_exactly_the_k_largest)
 	histogram(s, l, N, 20000, c);
 	for (int i = 0; i < N; i++) {
 		if (in[i])
-			cr_assert_gt(c[i], 0, "token %d (logit %f) of the top %d never drawn", i, l[i], K);
+			cr_assert_gt(c[i], 0, "token %d (logit %f) of the top %d never drawn", i,
+			             l[i], K);
 		else
-			cr_assert_eq(c[i], 0, "token %d (logit %f) outside the top %d drawn", i, l[i], K);
+			cr_assert_eq(c[i], 0, "token %d (logit %f) outside the top %d drawn", i,
+			             l[i], K);
 	}
 	wf_sampler_destroy(s);
 	free(l);
@@ -226,7 +228,8 @@ Test(sampler, seed_reproducible_and_pinned)
 		differ += a[i] != c[i];
 	}
 	cr_assert_gt(differ, DRAWS / 4);
-	/* Pinned: the first draws for seed 42 (from an independent Python model of SplitMix64 and the draw). */
+	/* Pinned: the first draws for seed 42 (from an independent Python model of SplitMix64 and
+	 * the draw). */
 	static const int32_t want[8] = {12, 3, 4, 5, 1, 14, 3, 13};
 	for (int i = 0; i < 8; i++)
 		cr_assert_eq(a[i], want[i], "draw %d: %d, pinned %d", i, a[i], want[i]);
@@ -243,7 +246,7 @@ static void refused(struct wf_sampler_params p, const char *name)
 	cr_assert_eq(rc, WF_EINVAL, "%s: rc %d", name, rc);
 	cr_assert_null(s);
 	cr_assert(strstr(wf_diag_str(&d, rc), name), "message '%s' does not name %s",
-		  wf_diag_str(&d, rc), name);
+	          wf_diag_str(&d, rc), name);
 }
 
 Test(sampler, invalid_parameters_refused_by_name)

@@ -62,8 +62,8 @@ static void setup(struct fixture *f, uint32_t n_seq, uint32_t n_ctx, uint32_t n_
 	rc = wf_weight_view_map_files(f->m, &f->view, &d);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&d, rc));
 	/* F32 KV: the strict model's criteria are for exact arithmetic. */
-	struct wf_engine_config ec = {.n_ctx = n_ctx, .n_seq_max = n_seq, .n_threads = 2,
-				      .kv_type = WF_ENGINE_KV_F32};
+	struct wf_engine_config ec = {
+	    .n_ctx = n_ctx, .n_seq_max = n_seq, .n_threads = 2, .kv_type = WF_ENGINE_KV_F32};
 	rc = wf_engine_create(f->m, f->view.tensor_data, &ec, &f->e, &d);
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
 	rc = wf_tokenizer_create(&f->m->kv, &f->tok, &d);
@@ -142,16 +142,21 @@ static void wait_done(struct out *o)
 	pthread_mutex_lock(&o->mu);
 	while (!o->done)
 		cr_assert_neq(pthread_cond_timedwait(&o->cv, &o->mu, &ts), ETIMEDOUT,
-			      "request did not finish in 60 s");
+		              "request did not finish in 60 s");
 	pthread_mutex_unlock(&o->mu);
 }
 
 static uint64_t submit(struct fixture *f, struct out *o, const int32_t *p, size_t n,
-		       uint32_t max_tokens, const char *const *stop, size_t n_stop)
+                       uint32_t max_tokens, const char *const *stop, size_t n_stop)
 {
-	struct wf_sched_request q = {.tokens = p, .n_tokens = n, .max_tokens = max_tokens,
-				     .stop = stop, .n_stop = n_stop, .on_token = on_tok,
-				     .on_done = on_done, .arg = o};
+	struct wf_sched_request q = {.tokens = p,
+	                             .n_tokens = n,
+	                             .max_tokens = max_tokens,
+	                             .stop = stop,
+	                             .n_stop = n_stop,
+	                             .on_token = on_tok,
+	                             .on_done = on_done,
+	                             .arg = o};
 	wf_sampler_params_default(&q.sampling);
 	struct wf_diag d = {{0}};
 	o->s = f->s;
@@ -172,11 +177,11 @@ Test(scheduler, greedy_ids_equal_llama_cpp)
 	submit(&f, &o, f.prompt, f.n_prompt, (uint32_t)f.n_ref, NULL, 0);
 	wait_done(&o);
 	cr_assert_eq(o.res.reason, WF_SCHED_FINISH_LENGTH, "finish %s: %s",
-		     wf_sched_finish_name(o.res.reason), o.res.message);
+	             wf_sched_finish_name(o.res.reason), o.res.message);
 	cr_assert_eq(o.n, f.n_ref);
 	for (size_t i = 0; i < f.n_ref; i++)
 		cr_assert_eq(o.ids[i], f.ref[i], "token %zu: %d, llama.cpp %d", i, o.ids[i],
-			     f.ref[i]);
+		             f.ref[i]);
 	cr_assert_eq(o.res.n_prompt, f.n_prompt);
 	cr_assert_eq(o.res.n_gen, f.n_ref);
 	cr_assert_gt(o.res.first_token_s, 0.0);
@@ -218,8 +223,8 @@ Test(scheduler, batched_equals_alone_with_queueing)
 		cr_assert_eq(together[k].n, GEN);
 		for (int i = 0; i < GEN; i++)
 			cr_assert_eq(together[k].ids[i], alone[k].ids[i],
-				     "request %d token %d: %d batched, %d alone", k, i,
-				     together[k].ids[i], alone[k].ids[i]);
+			             "request %d token %d: %d batched, %d alone", k, i,
+			             together[k].ids[i], alone[k].ids[i]);
 	}
 	/* At most 3 ran at once, so some waited. */
 	int queued = 0;
@@ -269,7 +274,7 @@ Test(scheduler, full_context_ends_with_a_reason)
 	submit(&f, &o, f.prompt, f.n_prompt, 0, NULL, 0);
 	wait_done(&o);
 	cr_assert_eq(o.res.reason, WF_SCHED_FINISH_CONTEXT, "finish %s",
-		     wf_sched_finish_name(o.res.reason));
+	             wf_sched_finish_name(o.res.reason));
 	cr_assert_eq(o.res.error, WF_ELIMIT);
 	cr_assert(strstr(o.res.message, "24"), "%s", o.res.message);
 	cr_assert_eq(o.n, 24 - f.n_prompt + 1);
@@ -311,7 +316,7 @@ Test(scheduler, stop_string_across_tokens)
 	submit(&f, &o, f.prompt, f.n_prompt, 0, stops, 2);
 	wait_done(&o);
 	cr_assert_eq(o.res.reason, WF_SCHED_FINISH_STOP, "finish %s",
-		     wf_sched_finish_name(o.res.reason));
+	             wf_sched_finish_name(o.res.reason));
 	cr_assert_eq(o.text_len, want, "emitted %zu bytes, want %zu", o.text_len, want);
 	cr_assert(memcmp(o.text, text, want) == 0);
 	teardown(&f);
@@ -323,8 +328,8 @@ Test(scheduler, bad_requests_refused_before_any_callback)
 	setup(&f, 1, 32, 0);
 	struct out o;
 	out_init(&o);
-	struct wf_sched_request q = {.tokens = f.prompt, .n_tokens = 0, .on_done = on_done,
-				     .arg = &o};
+	struct wf_sched_request q = {
+	    .tokens = f.prompt, .n_tokens = 0, .on_done = on_done, .arg = &o};
 	wf_sampler_params_default(&q.sampling);
 	struct wf_diag d = {{0}};
 	uint64_t id;
@@ -373,13 +378,13 @@ Test(scheduler, close_cancels_everything)
 	wf_sched_close(f.s);
 	wait_done(&a);
 	wait_done(&b);
-	cr_assert(a.res.reason == WF_SCHED_FINISH_CANCELED ||
-		  a.res.reason == WF_SCHED_FINISH_EOS || a.res.reason == WF_SCHED_FINISH_CONTEXT);
+	cr_assert(a.res.reason == WF_SCHED_FINISH_CANCELED || a.res.reason == WF_SCHED_FINISH_EOS ||
+	          a.res.reason == WF_SCHED_FINISH_CONTEXT);
 	cr_assert_eq(b.res.reason, WF_SCHED_FINISH_CANCELED);
 	struct out c;
 	out_init(&c);
-	struct wf_sched_request q = {.tokens = f.prompt, .n_tokens = 4, .on_done = on_done,
-				     .arg = &c};
+	struct wf_sched_request q = {
+	    .tokens = f.prompt, .n_tokens = 4, .on_done = on_done, .arg = &c};
 	wf_sampler_params_default(&q.sampling);
 	uint64_t id;
 	struct wf_diag d = {{0}};

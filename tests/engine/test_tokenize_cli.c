@@ -11,8 +11,8 @@
 TestSuite(tokenize_cli, .timeout = 120);
 
 static const char *const models[] = {
-	"mixtral-tiny-f32", "qwen3moe-tiny-q8_0", "qwen3moe-tiny-q4_0", "qwen3moe-tiny-q4_k_m",
-	"qwen3moe-tiny-q4_k_m-split",
+    "mixtral-tiny-f32",     "qwen3moe-tiny-q8_0",         "qwen3moe-tiny-q4_0",
+    "qwen3moe-tiny-q4_k_m", "qwen3moe-tiny-q4_k_m-split",
 };
 
 Test(tokenize_cli, prints_the_manifest_ids)
@@ -34,9 +34,10 @@ Test(tokenize_cli, prints_the_manifest_ids)
 		cr_assert(json_object_object_get_ex(tt, "ids", &ids));
 		char want[4096] = "";
 		for (size_t k = 0; k < json_object_array_length(ids); k++)
-			snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%d", k ? "," : "",
+			snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%d",
+			         k ? "," : "",
 			         json_object_get_int(json_object_array_get_idx(ids, k)));
-		char *argv[] = {wft_exe("worker/wf-worker"), "tokenize", "--model", gguf,
+		char *argv[] = {wft_exe("worker/wf-worker"),       "tokenize", "--model", gguf,
 		                (char *)json_object_get_string(v), NULL};
 		int st = wft_run(argv, out, NULL, 60);
 		cr_assert_eq(st, 0, "%s: wf-worker tokenize exited %d", models[i], st);
@@ -54,8 +55,8 @@ Test(tokenize_cli, prints_the_manifest_ids)
 		json_object_put(man);
 	}
 	/* a model that is not there: a clear error and a non-zero exit */
-	char *argv[] = {wft_exe("worker/wf-worker"), "tokenize", "--model", "/nonexistent.gguf", "x",
-	                NULL};
+	char *argv[] = {wft_exe("worker/wf-worker"), "tokenize", "--model",
+	                "/nonexistent.gguf",         "x",        NULL};
 	cr_assert_eq(wft_run(argv, out, NULL, 60), 1);
 	free(out);
 	wft_rmtree(tmp);

@@ -30,7 +30,8 @@ static json_object *get(json_object *o, const char *key)
 	return v;
 }
 
-static struct wf_tokenizer *tok_of(const char *folder, struct wf_model **ret_m, json_object **ret_man)
+static struct wf_tokenizer *tok_of(const char *folder, struct wf_model **ret_m,
+                                   json_object **ret_man)
 {
 	char *mp = join(folder, "manifest.json");
 	json_object *man = json_object_from_file(mp);
@@ -115,13 +116,15 @@ Test(tokenizer, reference_models_match_llama_cpp)
 		cr_assert_eq(n, json_object_array_length(jids), "%s: %zu ids, llama.cpp made %zu",
 		             de->d_name, n, json_object_array_length(jids));
 		for (size_t i = 0; i < n; i++) {
-			cr_assert_eq(ids[i], json_object_get_int(json_object_array_get_idx(jids, i)),
+			cr_assert_eq(ids[i],
+			             json_object_get_int(json_object_array_get_idx(jids, i)),
 			             "%s: id %zu", de->d_name, i);
 			char buf[256];
 			int64_t pn = wf_tokenizer_piece(t, ids[i], true, 0, buf, sizeof(buf));
 			cr_assert(pn >= 0 && pn < (int64_t)sizeof(buf));
 			buf[pn] = 0;
-			cr_assert_str_eq(buf, json_object_get_string(json_object_array_get_idx(jp, i)),
+			cr_assert_str_eq(buf,
+			                 json_object_get_string(json_object_array_get_idx(jp, i)),
 			                 "%s: piece %zu", de->d_name, i);
 		}
 		free(ids);
@@ -152,15 +155,15 @@ Test(tokenizer, spm_round_trips)
 {
 	struct wf_tokenizer *t = mixtral();
 	static const char *cases[] = {
-		"The quick brown fox jumps over the lazy dog",
-		"Hello, world! 123 + 456 = 579; (a|b) ~x",
-		"  leading and trailing spaces  ",
-		"tabs\tand\nnewlines\r\n",
-		"h\xc3\xa9llo w\xc3\xb6rld, na\xc3\xafve caf\xc3\xa9",
-		"\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c",   /* CJK: not in the vocab, bytes */
-		"llama \xf0\x9f\xa6\x99 and \xf0\x9f\x98\x80\xf0\x9f\x91\x8d", /* emoji */
-		"   ",
-		" ",
+	    "The quick brown fox jumps over the lazy dog",
+	    "Hello, world! 123 + 456 = 579; (a|b) ~x",
+	    "  leading and trailing spaces  ",
+	    "tabs\tand\nnewlines\r\n",
+	    "h\xc3\xa9llo w\xc3\xb6rld, na\xc3\xafve caf\xc3\xa9",
+	    "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c", /* CJK: not in the vocab, bytes */
+	    "llama \xf0\x9f\xa6\x99 and \xf0\x9f\x98\x80\xf0\x9f\x91\x8d", /* emoji */
+	    "   ",
+	    " ",
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		round_trip(t, cases[i], strlen(cases[i]));
@@ -171,8 +174,8 @@ Test(tokenizer, spm_round_trips)
 Test(tokenizer, spm_byte_fallback)
 {
 	struct wf_tokenizer *t = mixtral();
-	/* The llama emoji is no token of this vocabulary: its four bytes become <0xF0> <0x9F> <0xA6>
-	 * <0x99>, ids 3 + byte. */
+	/* The llama emoji is no token of this vocabulary: its four bytes become <0xF0> <0x9F>
+	 * <0xA6> <0x99>, ids 3 + byte. */
 	int32_t *ids;
 	size_t n;
 	enc(t, "\xf0\x9f\xa6\x99", 4, false, false, &ids, &n);
@@ -258,8 +261,8 @@ Test(tokenizer, spm_special_tokens_in_text)
 	int32_t *plain, *ids;
 	size_t np, n;
 	enc(t, "fox", 3, false, false, &plain, &np);
-	/* parse_special: "<s>" and "</s>" are their ids, and the text after a special token gets the
-	 * space prefix again */
+	/* parse_special: "<s>" and "</s>" are their ids, and the text after a special token gets
+	 * the space prefix again */
 	enc(t, "<s>fox</s>", 10, true, true, &ids, &n);
 	cr_assert_eq(n, 1 + 1 + np + 1);
 	cr_assert_eq(ids[0], 1);
@@ -335,17 +338,61 @@ static void kv_bool(struct wf_kv_set *set, const char *key, bool v)
 
 /* A byte-level BPE vocabulary. "Ġ" is the GPT-2 character of byte 0x20, "Ċ" of 0x0A. */
 static const char *const bpe_tokens[] = {
-	"<|endoftext|>", "h", "e", "l", "o", "\xc4\xa0", "w", "r", "d", "!",          /* 0-9 */
-	"he", "ll", "hell", "hello", "\xc4\xa0w", "or", "\xc4\xa0wor", "1", "2", "3", /* 10-19 */
-	"4", "12", "123", "\xc4\x8a", "'", "s", "ld", "x", "y", "z",                   /* 20-29 */
-	"xy", "yz", "\xc3\x83\xc2\xa9", "l\xc3\x83\xc2\xa9",                              /* 30-33 */
-	"`", "\xc3\x8d\xc2\xb8", "`\xc3\x8d\xc2\xb8",                                       /* 34-36 */
+    "<|endoftext|>",
+    "h",
+    "e",
+    "l",
+    "o",
+    "\xc4\xa0",
+    "w",
+    "r",
+    "d",
+    "!", /* 0-9 */
+    "he",
+    "ll",
+    "hell",
+    "hello",
+    "\xc4\xa0w",
+    "or",
+    "\xc4\xa0wor",
+    "1",
+    "2",
+    "3", /* 10-19 */
+    "4",
+    "12",
+    "123",
+    "\xc4\x8a",
+    "'",
+    "s",
+    "ld",
+    "x",
+    "y",
+    "z", /* 20-29 */
+    "xy",
+    "yz",
+    "\xc3\x83\xc2\xa9",
+    "l\xc3\x83\xc2\xa9", /* 30-33 */
+    "`",
+    "\xc3\x8d\xc2\xb8",
+    "`\xc3\x8d\xc2\xb8", /* 34-36 */
 };
 static const char *const bpe_merges[] = {
-	"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", "o r", "\xc4\xa0w or", "1 2", "12 3", "l d",
-	"y z", "x y", /* ranks 10, 11: the lower rank wins where both apply */
-	"\xc3\x83 \xc2\xa9", "l \xc3\x83\xc2\xa9", /* "é" is bytes C3 A9, GPT-2 characters Ã © */
-	"\xc3\x8d \xc2\xb8", "` \xc3\x8d\xc2\xb8", /* U+0378 (unassigned) is bytes CD B8: Í ¸ */
+    "h e",
+    "l l",
+    "he ll",
+    "hell o",
+    "\xc4\xa0 w",
+    "o r",
+    "\xc4\xa0w or",
+    "1 2",
+    "12 3",
+    "l d",
+    "y z",
+    "x y", /* ranks 10, 11: the lower rank wins where both apply */
+    "\xc3\x83 \xc2\xa9",
+    "l \xc3\x83\xc2\xa9", /* "é" is bytes C3 A9, GPT-2 characters Ã © */
+    "\xc3\x8d \xc2\xb8",
+    "` \xc3\x8d\xc2\xb8", /* U+0378 (unassigned) is bytes CD B8: Í ¸ */
 };
 
 static void bpe_kv(struct wf_kv_set *set)
@@ -357,7 +404,8 @@ static void bpe_kv(struct wf_kv_set *set)
 	kv_str(set, "tokenizer.ggml.model", "gpt2");
 	kv_strs(set, "tokenizer.ggml.tokens", bpe_tokens, n);
 	kv_scalars(set, "tokenizer.ggml.token_type", WF_KV_I32, types, n);
-	kv_strs(set, "tokenizer.ggml.merges", bpe_merges, sizeof(bpe_merges) / sizeof(bpe_merges[0]));
+	kv_strs(set, "tokenizer.ggml.merges", bpe_merges,
+	        sizeof(bpe_merges) / sizeof(bpe_merges[0]));
 	kv_u32(set, "tokenizer.ggml.bos_token_id", 0);
 	kv_u32(set, "tokenizer.ggml.eos_token_id", 0);
 	kv_bool(set, "tokenizer.ggml.add_bos_token", true);
@@ -371,7 +419,8 @@ static void expect_ids(const struct wf_tokenizer *t, const char *s, bool add, bo
 	enc(t, s, strlen(s), add, parse, &ids, &n);
 	cr_assert_eq(n, nwant, "'%s': %zu ids, expected %zu", s, n, nwant);
 	for (size_t i = 0; i < n; i++)
-		cr_assert_eq(ids[i], want[i], "'%s': id %zu is %d, expected %d", s, i, ids[i], want[i]);
+		cr_assert_eq(ids[i], want[i], "'%s': id %zu is %d, expected %d", s, i, ids[i],
+		             want[i]);
 	free(ids);
 }
 
@@ -387,11 +436,13 @@ Test(tokenizer, bpe_hand_made_vocabulary)
 
 	/* "hello world!": words "hello", " world", "!" ('!' is split off as punctuation first).
 	 * hello: h+e (rank 0), l+l (1), he+ll (2), hell+o (3) -> 13.
-	 * Ġworld: Ġ+w (4), o+r (5), Ġw+or (6), l+d (9) -> Ġwor ld = 16 26. "!" -> 9. BOS 0 first. */
+	 * Ġworld: Ġ+w (4), o+r (5), Ġw+or (6), l+d (9) -> Ġwor ld = 16 26. "!" -> 9. BOS 0 first.
+	 */
 	expect_ids(t, "hello world!", true, false, (const int32_t[]){0, 13, 16, 26, 9}, 5);
 	expect_ids(t, "hello world!", false, false, (const int32_t[]){13, 16, 26, 9}, 4);
 	/* digits: "1234 12" -> "1234", " 12" (GPT-2 pattern) -> "1234", " ", "12" (\p{N}+) ->
-	 * "123", "4", " ", "12" (groups of three). 1+2 (7), 12+3 (8) -> 22; 4 -> 20; Ġ -> 5; 12 -> 21. */
+	 * "123", "4", " ", "12" (groups of three). 1+2 (7), 12+3 (8) -> 22; 4 -> 20; Ġ -> 5; 12
+	 * -> 21. */
 	expect_ids(t, "1234 12", false, false, (const int32_t[]){22, 20, 5, 21}, 4);
 	/* the apostrophe is punctuation for the first pattern, so "'s" never forms: he ' s */
 	expect_ids(t, "he's", false, false, (const int32_t[]){10, 24, 25}, 3);
@@ -440,19 +491,19 @@ Test(tokenizer, bpe_hand_made_vocabulary)
 Test(tokenizer, unicode_classes)
 {
 	cr_assert_eq(wf__unicode_class('a'), WF_UCLASS_LETTER);
-	cr_assert_eq(wf__unicode_class(0xE9), WF_UCLASS_LETTER);    /* é */
-	cr_assert_eq(wf__unicode_class(0x4E2D), WF_UCLASS_LETTER);  /* 中 */
+	cr_assert_eq(wf__unicode_class(0xE9), WF_UCLASS_LETTER);   /* é */
+	cr_assert_eq(wf__unicode_class(0x4E2D), WF_UCLASS_LETTER); /* 中 */
 	cr_assert_eq(wf__unicode_class('7'), WF_UCLASS_NUMBER);
-	cr_assert_eq(wf__unicode_class(0xB2), WF_UCLASS_NUMBER);    /* ² */
-	cr_assert_eq(wf__unicode_class(0x663), WF_UCLASS_NUMBER);   /* Arabic-Indic three */
+	cr_assert_eq(wf__unicode_class(0xB2), WF_UCLASS_NUMBER);  /* ² */
+	cr_assert_eq(wf__unicode_class(0x663), WF_UCLASS_NUMBER); /* Arabic-Indic three */
 	cr_assert_eq(wf__unicode_class('\''), WF_UCLASS_PUNCT);
-	cr_assert_eq(wf__unicode_class(0x2026), WF_UCLASS_PUNCT);   /* … */
-	cr_assert_eq(wf__unicode_class('$'), WF_UCLASS_OTHER);      /* a symbol, Sc */
-	cr_assert_eq(wf__unicode_class(0x1F999), WF_UCLASS_OTHER);  /* 🦙 */
-	cr_assert_eq(wf__unicode_class(0x301), WF_UCLASS_OTHER);    /* a combining mark */
+	cr_assert_eq(wf__unicode_class(0x2026), WF_UCLASS_PUNCT);  /* … */
+	cr_assert_eq(wf__unicode_class('$'), WF_UCLASS_OTHER);     /* a symbol, Sc */
+	cr_assert_eq(wf__unicode_class(0x1F999), WF_UCLASS_OTHER); /* 🦙 */
+	cr_assert_eq(wf__unicode_class(0x301), WF_UCLASS_OTHER);   /* a combining mark */
 	cr_assert_eq(wf__unicode_class(0x3000), WF_UCLASS_SPACE);
 	cr_assert_eq(wf__unicode_class('\n'), WF_UCLASS_SPACE);
-	cr_assert_eq(wf__unicode_class(0xFFFD), WF_UCLASS_OTHER);   /* the replacement character */
+	cr_assert_eq(wf__unicode_class(0xFFFD), WF_UCLASS_OTHER); /* the replacement character */
 	cr_assert_eq(wf__unicode_class(0x110000), WF_UCLASS_UNASSIGNED);
 	cr_assert_eq(wf__unicode_class(0x10FFFF), WF_UCLASS_UNASSIGNED); /* a noncharacter, Cn */
 	cr_assert_eq(wf__unicode_class(0x378), WF_UCLASS_UNASSIGNED);
@@ -462,7 +513,8 @@ Test(tokenizer, unicode_classes)
  * scores the leftmost pair. */
 static struct wf_tokenizer *spm_tiny(float s_ab, float s_bc)
 {
-	static const char *const toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "c", "ab", "bc"};
+	static const char *const toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
+	                                   "c",     "ab",  "bc"};
 	float scores[9] = {0, 0, 0, -1, -1, -1, -1, s_ab, s_bc};
 	int32_t types[9] = {2, 3, 3, 1, 1, 1, 1, 1, 1};
 	struct wf_kv_set set = {0};
@@ -533,7 +585,8 @@ static int create_err(struct wf_kv_set *set, const char *want_in_msg)
 	int rc = wf_tokenizer_create(set, &t, &d);
 	cr_assert_lt(rc, 0, "bad metadata accepted");
 	cr_assert_null(t);
-	cr_assert(strstr(d.msg, want_in_msg), "diag '%s' does not mention '%s'", d.msg, want_in_msg);
+	cr_assert(strstr(d.msg, want_in_msg), "diag '%s' does not mention '%s'", d.msg,
+	          want_in_msg);
 	wf_kv_set_fini(set);
 	return rc;
 }

@@ -78,10 +78,11 @@ char *httpc_raw(uint16_t port, const void *bytes, size_t len, int timeout_ms, si
 }
 
 int httpc_request(uint16_t port, const char *method, const char *path, int timeout_ms,
-		  struct httpc_reply *ret)
+                  struct httpc_reply *ret)
 {
 	char req[1024];
-	int k = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+	int k =
+	    snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
 	size_t n = 0;
 	char *all = httpc_raw(port, req, (size_t)k, timeout_ms, &n);
 	if (!all)

@@ -19,7 +19,7 @@
 static uint16_t port_of(const struct sockaddr_storage *ss)
 {
 	return ntohs(ss->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)ss)->sin6_port
-					      : ((const struct sockaddr_in *)ss)->sin_port);
+	                                       : ((const struct sockaddr_in *)ss)->sin_port);
 }
 
 Test(http_server, addresses)
@@ -39,8 +39,8 @@ Test(http_server, addresses)
 	cr_assert_eq(wf_http_addr_parse("localhost:1", &ss, &sl, &d), 0); /* no resolver needed */
 	cr_assert_eq(ss.ss_family, AF_INET);
 	cr_assert_eq(((struct sockaddr_in *)&ss)->sin_addr.s_addr, htonl(INADDR_LOOPBACK));
-	const char *bad[] = {"9400", ":", ":65536", ":-1", ":+1", ":12x", "::1:80", "[::1:80",
-			     "127.0.0.1:", ""};
+	const char *bad[] = {"9400", ":",      ":65536",  ":-1",        ":+1",
+	                     ":12x", "::1:80", "[::1:80", "127.0.0.1:", ""};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		cr_assert_eq(wf_http_addr_parse(bad[i], &ss, &sl, &d), WF_EINVAL, "'%s'", bad[i]);
 	cr_assert_eq(wf_http_addr_parse("no-such-host.invalid:80", &ss, &sl, &d), WF_ENOT_FOUND);
@@ -77,10 +77,11 @@ static void start(struct fixture *f)
 	struct wf_metric *c;
 	cr_assert_eq(wf_metrics_create(&f->reg), 0);
 	cr_assert_eq(wf_metrics_add(f->reg, WF_METRIC_COUNTER, "wf_test_total", "A test counter.",
-				    NULL, NULL, 0, &c), 0);
+	                            NULL, NULL, 0, &c),
+	             0);
 	cr_assert_eq(wf_metric_add(c, NULL, 5), 0);
-	struct wf_http_opts o = {.addr = "127.0.0.1:0", .metrics = f->reg, .live = live_fn,
-				 .ready = ready_fn, .ctx = f};
+	struct wf_http_opts o = {
+	    .addr = "127.0.0.1:0", .metrics = f->reg, .live = live_fn, .ready = ready_fn, .ctx = f};
 	struct wf_diag d = {{0}};
 	int rc = wf_http_server_start(&o, &f->srv, &d);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&d, rc));
@@ -97,7 +98,7 @@ static void stop(struct fixture *f)
 static int get(struct fixture *f, const char *method, const char *path, struct httpc_reply *r)
 {
 	cr_assert_eq(httpc_request(f->port, method, path, 5000, r), 0, "%s %s: no connection",
-		     method, path);
+	             method, path);
 	return r->status;
 }
 
@@ -105,7 +106,7 @@ static void expect_alive(struct fixture *f, const char *after)
 {
 	struct httpc_reply r;
 	cr_assert_eq(httpc_request(f->port, "GET", "/healthz", 5000, &r), 0,
-		     "no connection after %s", after);
+	             "no connection after %s", after);
 	cr_assert_eq(r.status, 200, "after %s: %s", after, r.head);
 	cr_assert_str_eq(r.body, "ok\n");
 	httpc_reply_fini(&r);
@@ -118,9 +119,9 @@ Test(http_server, routes_and_status_codes)
 	struct httpc_reply r;
 	cr_assert_eq(get(&f, "GET", "/metrics", &r), 200);
 	cr_assert_not_null(strstr(r.head, "Content-Type: text/plain; version=0.0.4; charset=utf-8"),
-			   "%s", r.head);
+	                   "%s", r.head);
 	cr_assert_not_null(strstr(r.body, "# TYPE wf_test_total counter\nwf_test_total 5\n"), "%s",
-			   r.body);
+	                   r.body);
 	httpc_reply_fini(&r);
 	cr_assert_eq(get(&f, "GET", "/metrics?name[]=x", &r), 200, "a query string is ignored");
 	httpc_reply_fini(&r);
@@ -164,8 +165,8 @@ Test(http_server, routes_and_status_codes)
 		httpc_reply_fini(&r);
 	}
 	/* (libmicrohttpd unescapes the path: "/readyz%00" is "/readyz", which is harmless.) */
-	const char *paths[] = {"/", "/metrics/", "/METRICS", "/healthz/x", "/../metrics",
-			       "/metrics%2f", "*"};
+	const char *paths[] = {"/",           "/metrics/",   "/METRICS", "/healthz/x",
+	                       "/../metrics", "/metrics%2f", "*"};
 	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
 		int st = get(&f, "GET", paths[i], &r);
 		cr_assert(st == 404 || st == 400, "%s: %d", paths[i], st);
@@ -201,22 +202,22 @@ Test(http_server, hostile_requests_never_stop_it)
 	struct fixture f;
 	start(&f);
 	static const char *const cases[] = {
-		"",
-		"\r\n\r\n",
-		"GET\r\n\r\n",
-		"GET /metrics\r\n\r\n",
-		"GET /metrics HTTP/9.9\r\n\r\n",
-		"GET /metrics HTTP/1.1\r\n\r\n", /* no Host */
-		"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-		"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
-		"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n",
-		"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc",
-		"GET /metrics HTTP/1.1\r\nHost: x\r\n: no-name\r\n\r\n",
-		"GET /metrics HTTP/1.1\r\nHost: x\r\nX: \x01\x02\x7f\r\n\r\n",
-		"GET /me\ttrics HTTP/1.0\r\n\r\n",
-		"GET /metrics HTTP/1.0\n\n",
-		"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", /* a TLS ClientHello's start */
-		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+	    "",
+	    "\r\n\r\n",
+	    "GET\r\n\r\n",
+	    "GET /metrics\r\n\r\n",
+	    "GET /metrics HTTP/9.9\r\n\r\n",
+	    "GET /metrics HTTP/1.1\r\n\r\n", /* no Host */
+	    "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+	    "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+	    "GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n",
+	    "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc",
+	    "GET /metrics HTTP/1.1\r\nHost: x\r\n: no-name\r\n\r\n",
+	    "GET /metrics HTTP/1.1\r\nHost: x\r\nX: \x01\x02\x7f\r\n\r\n",
+	    "GET /me\ttrics HTTP/1.0\r\n\r\n",
+	    "GET /metrics HTTP/1.0\n\n",
+	    "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", /* a TLS ClientHello's start */
+	    "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		send_raw(&f, cases[i], strlen(cases[i]), cases[i]);
@@ -248,10 +249,11 @@ Test(http_server, random_and_mutated_requests_never_stop_it)
 	struct fixture f;
 	start(&f);
 	/* Seeded, so a failure is reproducible: WF_TEST_SEED overrides. */
-	unsigned seed = getenv("WF_TEST_SEED") ? (unsigned)strtoul(getenv("WF_TEST_SEED"), NULL, 0)
-					       : 1313u;
+	unsigned seed =
+	    getenv("WF_TEST_SEED") ? (unsigned)strtoul(getenv("WF_TEST_SEED"), NULL, 0) : 1313u;
 	srand(seed);
-	static const char base[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n";
+	static const char base[] =
+	    "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n";
 	char buf[512];
 	for (int t = 0; t < 300; t++) {
 		size_t len;

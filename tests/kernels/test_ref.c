@@ -17,8 +17,8 @@
 #include "device/device.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
-#include "tests/kernels/kgen.h"
 #include "model/model.h"
+#include "tests/kernels/kgen.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -32,13 +32,11 @@ TestSuite(kernels, .timeout = 120);
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-
 /* The reference level whatever the CPU has (test_simd.c checks the SIMD levels against it). */
 static const struct wf_kernel_ops *ops(void)
 {
 	return wf_kernels_cpu_ops_level(WF_KERNEL_LEVEL_REF);
 }
-
 
 /* ---- F16 / BF16 ---------------------------------------------------------------------------- */
 
@@ -140,7 +138,7 @@ Test(kernels, dequant_q4_0_hand)
 	struct wf_block_q4_0 b[1];
 	float y[32];
 
-	b[0].d = 0x4000; /* 2 */
+	b[0].d = 0x4000;           /* 2 */
 	memset(b[0].qs, 0x88, 16); /* both nibbles 8: zero */
 	b[0].qs[0] = 0x1f;         /* element 0: 15-8, element 16: 1-8 */
 	b[0].qs[15] = 0x80;        /* element 15: 0-8, element 31: 8-8 */
@@ -179,10 +177,10 @@ Test(kernels, dequant_q4_K_hand)
 	for (int i = 0; i < 256; i++)
 		cr_assert_eq(all[i], 0.0f);
 	cr_assert_eq(y[0], 1 * 3 * 10 - 0.5f * 2);
-	cr_assert_eq(y[1], -1.0f);           /* q 0 */
+	cr_assert_eq(y[1], -1.0f); /* q 0 */
 	cr_assert_eq(y[32], 7 * 9 - 0.5f * 1);
 	cr_assert_eq(y[166], 37 * 12 - 0.5f * 19);
-	cr_assert_eq(y[134], 0.0f);          /* sub-block 4 has sc 0, m 0 */
+	cr_assert_eq(y[134], 0.0f); /* sub-block 4 has sc 0, m 0 */
 	cr_assert_eq(y[160], -0.5f * 19);
 }
 
@@ -196,10 +194,10 @@ Test(kernels, dequant_q5_K_hand)
 	b[0].dmin = 0x3800;
 	k_scales(b[0].scales);
 	b[0].qs[0] = 0x9a;
-	b[0].qh[0] = 0x03;  /* fifth bit of element 0 (bit 0) and element 32 (bit 1) */
+	b[0].qh[0] = 0x03; /* fifth bit of element 0 (bit 0) and element 32 (bit 1) */
 	b[0].qs[70] = 0xc0;
-	b[0].qh[6] = 0x20;  /* fifth bit of element 166 (sub-block 5), not of 134 (bit 4) */
-	b[0].qh[1] = 0x01;  /* element 1: q 0 + 16 */
+	b[0].qh[6] = 0x20; /* fifth bit of element 166 (sub-block 5), not of 134 (bit 4) */
+	b[0].qh[1] = 0x01; /* element 1: q 0 + 16 */
 	deq(WF_DTYPE_Q5_K, b, y, 256);
 	cr_assert_eq(y[0], 3 * (10 + 16) - 0.5f * 2);
 	cr_assert_eq(y[32], 7 * (9 + 16) - 0.5f * 1);
@@ -223,7 +221,7 @@ Test(kernels, dequant_q6_K_hand)
 	b[0].scales[9] = 7;
 	b[0].ql[0] = 0x5f;
 	b[0].ql[32] = 0x21;
-	b[0].qh[0] = 0x87;  /* 2 bits each: 3 (element 0), 1 (32), 0 (64), 2 (96) */
+	b[0].qh[0] = 0x87; /* 2 bits each: 3 (element 0), 1 (32), 0 (64), 2 (96) */
 	b[0].ql[64 + 17] = 0x0c;
 	b[0].qh[32 + 17] = 0x02; /* element 128 + 17: 12 | 2 << 4 */
 	deq(WF_DTYPE_Q6_K, b, y, 256);
@@ -330,7 +328,8 @@ Test(kernels, quantize_round_trips)
 		for (int b = 0; b < N / 256; b++) {
 			float d = fabsf(qk[b].d);
 			for (int j = 0; j < 256; j++)
-				cr_assert_leq(fabsf(x[b * 256 + j] - y[b * 256 + j]), d / 2 * 1.0001f);
+				cr_assert_leq(fabsf(x[b * 256 + j] - y[b * 256 + j]),
+				              d / 2 * 1.0001f);
 			for (int g = 0; g < 16; g++) {
 				int s = 0;
 				for (int j = 0; j < 16; j++)
@@ -343,7 +342,6 @@ Test(kernels, quantize_round_trips)
 
 /* ---- (b) vec_dot against float dots -------------------------------------------------------- */
 
-
 static void check_vec_dot(enum wf_dtype t, const int64_t *sizes, int n_sizes)
 {
 	const struct wf_kernel_type_ops *o = wf_kernel_ops_type(ops(), t);
@@ -354,12 +352,23 @@ static void check_vec_dot(enum wf_dtype t, const int64_t *sizes, int n_sizes)
 	wf_kernel_from_float_fn quant = ops()->from_float[o->vec_dot_type];
 	wf_kernel_dequantize_row_fn act_deq = NULL;
 	switch (o->vec_dot_type) {
-	case WF_DTYPE_F32: act_deq = wf_kernels_ref_dequantize_row_f32; break;
-	case WF_DTYPE_F16: act_deq = wf_kernels_ref_dequantize_row_f16; break;
-	case WF_DTYPE_BF16: act_deq = wf_kernels_ref_dequantize_row_bf16; break;
-	case WF_DTYPE_Q8_0: act_deq = wf_kernels_ref_dequantize_row_q8_0; break;
-	case WF_DTYPE_Q8_K: act_deq = wf_kernels_ref_dequantize_row_q8_K; break;
-	default: cr_assert_fail("activation type %d", o->vec_dot_type);
+	case WF_DTYPE_F32:
+		act_deq = wf_kernels_ref_dequantize_row_f32;
+		break;
+	case WF_DTYPE_F16:
+		act_deq = wf_kernels_ref_dequantize_row_f16;
+		break;
+	case WF_DTYPE_BF16:
+		act_deq = wf_kernels_ref_dequantize_row_bf16;
+		break;
+	case WF_DTYPE_Q8_0:
+		act_deq = wf_kernels_ref_dequantize_row_q8_0;
+		break;
+	case WF_DTYPE_Q8_K:
+		act_deq = wf_kernels_ref_dequantize_row_q8_K;
+		break;
+	default:
+		cr_assert_fail("activation type %d", o->vec_dot_type);
 	}
 	cr_assert_not_null(quant);
 
@@ -393,13 +402,16 @@ static void check_vec_dot(enum wf_dtype t, const int64_t *sizes, int n_sizes)
 			double got = o->vec_dot(n, w, yq);
 			double eq = fabs(got - ref_q), ey = fabs(got - ref_y);
 
-			/* only float rounding separates the kernel from the exact dot of its operands */
-			cr_assert_leq(eq, 1e-5 * mag_q + 1e-30, "%s n=%ld: %.9g vs %.9g (|terms| %.3g)",
-			              ti->name, (long)n, got, ref_q, mag_q);
-			/* and the activation's quantization error bounds the distance to the float dot */
+			/* only float rounding separates the kernel from the exact dot of its
+			 * operands */
+			cr_assert_leq(eq, 1e-5 * mag_q + 1e-30,
+			              "%s n=%ld: %.9g vs %.9g (|terms| %.3g)", ti->name, (long)n,
+			              got, ref_q, mag_q);
+			/* and the activation's quantization error bounds the distance to the float
+			 * dot */
 			cr_assert_leq(ey, bound_y + 1e-5 * mag_y + 1e-30,
-			              "%s n=%ld: %.9g vs float %.9g (bound %.3g)", ti->name, (long)n, got,
-			              ref_y, bound_y);
+			              "%s n=%ld: %.9g vs float %.9g (bound %.3g)", ti->name,
+			              (long)n, got, ref_y, bound_y);
 			err2_q += eq * eq, ref2_q += ref_q * ref_q, maxabs_q = fmax(maxabs_q, eq);
 			err2_y += ey * ey, ref2_y += ref_y * ref_y, maxabs_y = fmax(maxabs_y, ey);
 		}
@@ -418,14 +430,38 @@ static const int64_t float_sizes[] = {1, 7, 33, 1001};
 static const int64_t b32_sizes[] = {32, 96, 224};
 static const int64_t k_sizes[] = {256, 768, 1792};
 
-Test(kernels, vec_dot_f32) { check_vec_dot(WF_DTYPE_F32, float_sizes, 4); }
-Test(kernels, vec_dot_f16) { check_vec_dot(WF_DTYPE_F16, float_sizes, 4); }
-Test(kernels, vec_dot_bf16) { check_vec_dot(WF_DTYPE_BF16, float_sizes, 4); }
-Test(kernels, vec_dot_q8_0) { check_vec_dot(WF_DTYPE_Q8_0, b32_sizes, 3); }
-Test(kernels, vec_dot_q4_0) { check_vec_dot(WF_DTYPE_Q4_0, b32_sizes, 3); }
-Test(kernels, vec_dot_q4_K) { check_vec_dot(WF_DTYPE_Q4_K, k_sizes, 3); }
-Test(kernels, vec_dot_q5_K) { check_vec_dot(WF_DTYPE_Q5_K, k_sizes, 3); }
-Test(kernels, vec_dot_q6_K) { check_vec_dot(WF_DTYPE_Q6_K, k_sizes, 3); }
+Test(kernels, vec_dot_f32)
+{
+	check_vec_dot(WF_DTYPE_F32, float_sizes, 4);
+}
+Test(kernels, vec_dot_f16)
+{
+	check_vec_dot(WF_DTYPE_F16, float_sizes, 4);
+}
+Test(kernels, vec_dot_bf16)
+{
+	check_vec_dot(WF_DTYPE_BF16, float_sizes, 4);
+}
+Test(kernels, vec_dot_q8_0)
+{
+	check_vec_dot(WF_DTYPE_Q8_0, b32_sizes, 3);
+}
+Test(kernels, vec_dot_q4_0)
+{
+	check_vec_dot(WF_DTYPE_Q4_0, b32_sizes, 3);
+}
+Test(kernels, vec_dot_q4_K)
+{
+	check_vec_dot(WF_DTYPE_Q4_K, k_sizes, 3);
+}
+Test(kernels, vec_dot_q5_K)
+{
+	check_vec_dot(WF_DTYPE_Q5_K, k_sizes, 3);
+}
+Test(kernels, vec_dot_q6_K)
+{
+	check_vec_dot(WF_DTYPE_Q6_K, k_sizes, 3);
+}
 
 /* ---- bit for bit against ggml -------------------------------------------------------------- */
 
@@ -433,10 +469,15 @@ Test(kernels, vec_dot_q6_K) { check_vec_dot(WF_DTYPE_Q6_K, k_sizes, 3); }
  * were produced by running ggml b10573's own functions (dequantize_row_*, quantize_row_q8_0_ref,
  * quantize_row_q8_K_ref, ggml_vec_dot_*_generic, built with gcc -std=c11 -O2 for baseline x86-64,
  * outside this repository) on exactly these inputs. */
-#define GOLDEN_CASES                                                                              \
-	{{WF_DTYPE_Q8_0, 32},   {WF_DTYPE_Q8_0, 224},  {WF_DTYPE_Q4_0, 32},  {WF_DTYPE_Q4_0, 224}, \
-	 {WF_DTYPE_Q4_K, 256},  {WF_DTYPE_Q4_K, 1792}, {WF_DTYPE_Q5_K, 256}, {WF_DTYPE_Q5_K, 1792}, \
-	 {WF_DTYPE_Q6_K, 256},  {WF_DTYPE_Q6_K, 1792}}
+#define GOLDEN_CASES                                                                               \
+	{                                                                                          \
+		{WF_DTYPE_Q8_0, 32}, {WF_DTYPE_Q8_0, 224}, {WF_DTYPE_Q4_0, 32},                    \
+		    {WF_DTYPE_Q4_0, 224}, {WF_DTYPE_Q4_K, 256}, {WF_DTYPE_Q4_K, 1792},             \
+		    {WF_DTYPE_Q5_K, 256}, {WF_DTYPE_Q5_K, 1792}, {WF_DTYPE_Q6_K, 256},             \
+		{                                                                                  \
+			WF_DTYPE_Q6_K, 1792                                                        \
+		}                                                                                  \
+	}
 
 static uint64_t golden_next(uint64_t *s)
 {
@@ -492,9 +533,9 @@ static void golden_inputs(enum wf_dtype t, int64_t n, void *w, float *x)
 /* golden-gen end */
 
 static const struct {
-	uint32_t dot_bits;  /* ggml_vec_dot_*_generic's float, as bits */
-	uint64_t deq_hash;  /* FNV-1a of dequantize_row_*'s floats */
-	uint64_t act_hash;  /* FNV-1a of quantize_row_q8_0_ref / q8_K_ref's blocks */
+	uint32_t dot_bits; /* ggml_vec_dot_*_generic's float, as bits */
+	uint64_t deq_hash; /* FNV-1a of dequantize_row_*'s floats */
+	uint64_t act_hash; /* FNV-1a of quantize_row_q8_0_ref / q8_K_ref's blocks */
 } golden[] = {
     {0xbdcaf962u, 0x922a68352e8422e3ull, 0x38a00a14b93bc0a6ull}, /* Q8_0 n=32: -0x1.95f2c4p-4 */
     {0x3fba0379u, 0x4c562f9dd99a69faull, 0x2eec8feefd88147bull}, /* Q8_0 n=224: 0x1.7406f2p+0 */
@@ -612,8 +653,8 @@ static void check_model(const char *name, double max_nmse_4, double max_nmse_6)
 			r2 += (double)v8[k] * v8[k];
 		}
 		double lim = t->dtype == WF_DTYPE_Q6_K ? max_nmse_6 : max_nmse_4;
-		cr_log_info("%s %s (%s): mean %.3g sd %.3g max %.3g, NMSE vs Q8_0 %.3g", name, t->name,
-		            wf_dtype_info(t->dtype)->name, mean, sd, amax, e2 / r2);
+		cr_log_info("%s %s (%s): mean %.3g sd %.3g max %.3g, NMSE vs Q8_0 %.3g", name,
+		            t->name, wf_dtype_info(t->dtype)->name, mean, sd, amax, e2 / r2);
 		cr_assert_lt(e2 / r2, lim, "%s %s: NMSE vs Q8_0 %.3g", name, t->name, e2 / r2);
 		free(v), free(v8);
 		checked++;
@@ -649,8 +690,14 @@ Test(kernels, reference_q8_0_tensors)
 	wf_model_close(m);
 }
 
-Test(kernels, reference_q4_0_tensors) { check_model("qwen3moe-tiny-q4_0", 0.02, 0.02); }
-Test(kernels, reference_q4_K_q6_K_tensors) { check_model("qwen3moe-tiny-q4_k_m", 0.01, 0.002); }
+Test(kernels, reference_q4_0_tensors)
+{
+	check_model("qwen3moe-tiny-q4_0", 0.02, 0.02);
+}
+Test(kernels, reference_q4_K_q6_K_tensors)
+{
+	check_model("qwen3moe-tiny-q4_k_m", 0.01, 0.002);
+}
 
 /* ---- (e) the table ------------------------------------------------------------------------- */
 

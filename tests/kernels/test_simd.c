@@ -19,8 +19,8 @@
 #include "base/error.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
-#include "tests/kernels/kgen.h"
 #include "model/dtype.h"
+#include "tests/kernels/kgen.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -31,7 +31,6 @@
 TestSuite(kernels_simd, .timeout = 120);
 
 /* ---- helpers ------------------------------------------------------------------------------- */
-
 
 /* The level's ops, or a skip when the CPU (or this build) lacks it. */
 static const struct wf_kernel_ops *level_ops(enum wf_kernel_level level)
@@ -60,8 +59,6 @@ static int64_t block_elems(enum wf_dtype t)
 {
 	return wf_dtype_info(t)->block_size;
 }
-
-
 
 /* ---- gemm and vec_dot against the reference ------------------------------------------------ */
 
@@ -113,8 +110,8 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 	ro->gemm(n, w, ws, n_rows, act, as, n_act, want, os);
 	so->gemm(n, w, ws, n_rows, act, as, n_act, out, os);
 
-	/* the rows' norms (dequantized, in double): the scale a dot's rounding error is relative to,
-	 * which stays meaningful when a dot cancels to almost nothing */
+	/* the rows' norms (dequantized, in double): the scale a dot's rounding error is relative
+	 * to, which stays meaningful when a dot cancels to almost nothing */
 	for (int64_t i = 0; i < n_rows; i++) {
 		ro->dequantize_row(w + (size_t)i * ws, x, n);
 		wnorm[i] = norm(x, n);
@@ -125,7 +122,8 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 		if (at == WF_DTYPE_Q8_K)
 			wf_kernels_ref_dequantize_row_q8_K(act + (size_t)j * as, x, n);
 		else
-			wf_kernel_ops_type(ref_ops(), at)->dequantize_row(act + (size_t)j * as, x, n);
+			wf_kernel_ops_type(ref_ops(), at)
+			    ->dequantize_row(act + (size_t)j * as, x, n);
 		const double anorm = norm(x, n);
 
 		for (size_t i = 0; i < os; i++) {
@@ -134,7 +132,8 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 			if (i >= (size_t)n_rows) {
 				uint32_t bits;
 				memcpy(&bits, &got, 4);
-				cr_assert_eq(bits, 0xffffffffu, "gap %zu of row %ld written", i, (long)j);
+				cr_assert_eq(bits, 0xffffffffu, "gap %zu of row %ld written", i,
+				             (long)j);
 				continue;
 			}
 			const double r = want[(size_t)j * os + i];
@@ -142,14 +141,15 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 			const float one = so->vec_dot(n, w + i * ws, act + (size_t)j * as);
 			cr_assert(memcmp(&one, &got, 4) == 0,
 			          "%s n=%ld rows=%ld acts=%ld: gemm[%ld][%zu] %a != vec_dot %a",
-			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
-			          i, got, one);
+			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act,
+			          (long)j, i, got, one);
 			const double rel = fabs(got - r) / (wnorm[i] * anorm + 1e-30);
-			cr_assert(rel <= max_rel,
-			          "%s n=%ld rows=%ld acts=%ld [%ld][%zu]: %a vs reference %a: error "
-			          "%.3g of |w||a| (max %.3g)",
-			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
-			          i, got, r, rel, max_rel);
+			cr_assert(
+			    rel <= max_rel,
+			    "%s n=%ld rows=%ld acts=%ld [%ld][%zu]: %a vs reference %a: error "
+			    "%.3g of |w||a| (max %.3g)",
+			    wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j, i,
+			    got, r, rel, max_rel);
 			worst->rel = fmax(worst->rel, rel);
 			err2 += (got - r) * (got - r);
 			ref2 += r * r;
@@ -160,8 +160,8 @@ static void check_shape(const struct wf_kernel_ops *simd, enum wf_dtype t, int64
 
 			cr_assert(nmse <= max_nmse,
 			          "%s n=%ld rows=%ld acts=%ld act row %ld: nmse %.3g (max %.3g)",
-			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act, (long)j,
-			          nmse, max_nmse);
+			          wf_dtype_info(t)->name, (long)n, (long)n_rows, (long)n_act,
+			          (long)j, nmse, max_nmse);
 			worst->nmse = fmax(worst->nmse, nmse);
 		}
 	}
@@ -197,7 +197,8 @@ static void check_type(enum wf_kernel_level level, enum wf_dtype t)
 		for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
 			for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
 				/* pads of 0, 1 or 3 blocks: strides that are no power of two */
-				const size_t w_pad = (size_t)(a + r) % 3 == 2 ? 3 : (size_t)(a + r) % 3;
+				const size_t w_pad =
+				    (size_t)(a + r) % 3 == 2 ? 3 : (size_t)(a + r) % 3;
 				const size_t act_pad = (size_t)(a + 2 * r) % 3;
 
 				check_shape(simd, t, n, rows[r], acts[a], w_pad, act_pad, max_nmse,
@@ -211,15 +212,39 @@ static void check_type(enum wf_kernel_level level, enum wf_dtype t)
 	            worst.rel);
 }
 
-#define TYPE_TESTS(lvl, LVL)                                                                     \
-	Test(kernels_simd, lvl##_f32) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F32); }   \
-	Test(kernels_simd, lvl##_f16) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F16); }   \
-	Test(kernels_simd, lvl##_bf16) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_BF16); } \
-	Test(kernels_simd, lvl##_q8_0) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q8_0); } \
-	Test(kernels_simd, lvl##_q4_0) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_0); } \
-	Test(kernels_simd, lvl##_q4_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_K); } \
-	Test(kernels_simd, lvl##_q5_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q5_K); } \
-	Test(kernels_simd, lvl##_q6_K) { check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q6_K); }
+#define TYPE_TESTS(lvl, LVL)                                                                       \
+	Test(kernels_simd, lvl##_f32)                                                              \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F32);                                   \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_f16)                                                              \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_F16);                                   \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_bf16)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_BF16);                                  \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_q8_0)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q8_0);                                  \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_q4_0)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_0);                                  \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_q4_K)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q4_K);                                  \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_q5_K)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q5_K);                                  \
+	}                                                                                          \
+	Test(kernels_simd, lvl##_q6_K)                                                             \
+	{                                                                                          \
+		check_type(WF_KERNEL_LEVEL_##LVL, WF_DTYPE_Q6_K);                                  \
+	}
 
 TYPE_TESTS(avx2, AVX2)
 TYPE_TESTS(avx512, AVX512)
@@ -244,7 +269,8 @@ static void check_extremes(enum wf_kernel_level level)
 		memset(q4[b].qs, 0xff, sizeof(q4[b].qs));
 		memset(q5[b].qs, 0xff, sizeof(q5[b].qs));
 		memset(q5[b].qh, 0xff, sizeof(q5[b].qh));
-		memset(q6[b].ql, b ? 0x00 : 0xff, sizeof(q6[b].ql)); /* 6-bit 63 and 0: v = 31, -32 */
+		memset(q6[b].ql, b ? 0x00 : 0xff,
+		       sizeof(q6[b].ql)); /* 6-bit 63 and 0: v = 31, -32 */
 		memset(q6[b].qh, b ? 0x00 : 0xff, sizeof(q6[b].qh));
 		memset(q6[b].scales, b ? 0x80 : 0x7f, sizeof(q6[b].scales)); /* -128 and 127 */
 		y[b].d = 1e-2f;
@@ -269,22 +295,28 @@ static void check_extremes(enum wf_kernel_level level)
 		const void *w, *a;
 		int64_t n;
 	} cases[] = {
-	    {WF_DTYPE_Q4_K, q4, y, 512}, {WF_DTYPE_Q5_K, q5, y, 512}, {WF_DTYPE_Q6_K, q6, y, 512},
+	    {WF_DTYPE_Q4_K, q4, y, 512},  {WF_DTYPE_Q5_K, q5, y, 512},  {WF_DTYPE_Q6_K, q6, y, 512},
 	    {WF_DTYPE_Q8_0, w0, a0, 512}, {WF_DTYPE_Q4_0, w4, a0, 512},
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-		const float r = wf_kernel_ops_type(ref_ops(), cases[c].t)->vec_dot(cases[c].n, cases[c].w,
-		                                                                   cases[c].a);
-		const float s =
-		    wf_kernel_ops_type(simd, cases[c].t)->vec_dot(cases[c].n, cases[c].w, cases[c].a);
+		const float r = wf_kernel_ops_type(ref_ops(), cases[c].t)
+		                    ->vec_dot(cases[c].n, cases[c].w, cases[c].a);
+		const float s = wf_kernel_ops_type(simd, cases[c].t)
+		                    ->vec_dot(cases[c].n, cases[c].w, cases[c].a);
 
 		cr_assert(fabsf(s - r) <= 1e-5f * fabsf(r) + 1e-6f, "%s: %a vs reference %a",
 		          wf_dtype_info(cases[c].t)->name, s, r);
 	}
 }
 
-Test(kernels_simd, avx2_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX2); }
-Test(kernels_simd, avx512_extremes) { check_extremes(WF_KERNEL_LEVEL_AVX512); }
+Test(kernels_simd, avx2_extremes)
+{
+	check_extremes(WF_KERNEL_LEVEL_AVX2);
+}
+Test(kernels_simd, avx512_extremes)
+{
+	check_extremes(WF_KERNEL_LEVEL_AVX512);
+}
 
 /* Q4_K/Q5_K at their largest against activations of one sign over whole 4-element groups: the
  * AVX-512 kernel scales each vpdpbusd lane (four products) as a sign-extended int16, so the
@@ -332,23 +364,31 @@ static void check_k_lanes(enum wf_kernel_level level)
 		const struct wf_kernel_type_ops *ro = wf_kernel_ops_type(ref_ops(), cases[c].t);
 
 		for (int na = 1; na <= NA; na++) {
-			so->gemm(NB * WF_QK_K, cases[c].w, sizeof(q5), 1, y, sizeof(y[0]), na, out, 1);
+			so->gemm(NB * WF_QK_K, cases[c].w, sizeof(q5), 1, y, sizeof(y[0]), na, out,
+			         1);
 			for (int j = 0; j < na; j++) {
 				const float r = ro->vec_dot(NB * WF_QK_K, cases[c].w, y[j]);
 
 				one = so->vec_dot(NB * WF_QK_K, cases[c].w, y[j]);
-				cr_assert(memcmp(&one, &out[j], 4) == 0, "%s acts=%d row %d: gemm %a != vec_dot %a",
+				cr_assert(memcmp(&one, &out[j], 4) == 0,
+				          "%s acts=%d row %d: gemm %a != vec_dot %a",
 				          wf_dtype_info(cases[c].t)->name, na, j, out[j], one);
 				cr_assert(fabsf(one - r) <= 1e-5f * fabsf(r) + 1e-6f,
-				          "%s row %d: %a vs reference %a", wf_dtype_info(cases[c].t)->name, j,
-				          one, r);
+				          "%s row %d: %a vs reference %a",
+				          wf_dtype_info(cases[c].t)->name, j, one, r);
 			}
 		}
 	}
 }
 
-Test(kernels_simd, avx2_k_lanes) { check_k_lanes(WF_KERNEL_LEVEL_AVX2); }
-Test(kernels_simd, avx512_k_lanes) { check_k_lanes(WF_KERNEL_LEVEL_AVX512); }
+Test(kernels_simd, avx2_k_lanes)
+{
+	check_k_lanes(WF_KERNEL_LEVEL_AVX2);
+}
+Test(kernels_simd, avx512_k_lanes)
+{
+	check_k_lanes(WF_KERNEL_LEVEL_AVX512);
+}
 
 /* ---- activation quantizers: bit for bit ---------------------------------------------------- */
 
@@ -399,7 +439,8 @@ static void check_quantizers(enum wf_kernel_level level)
 		if (trial % 4 == 2) {
 			/* amax 127 gives Q8_0 d = 1 and Q8_K iscale = -1: k + 0.5 are exact ties */
 			for (int i = 0; i < N; i++)
-				x[i] = (float)((int)(kgen_u64() % 254) - 127) + ((kgen_u64() & 1) ? 0.5f : 0.0f);
+				x[i] = (float)((int)(kgen_u64() % 254) - 127) +
+				       ((kgen_u64() & 1) ? 0.5f : 0.0f);
 			for (int i = 0; i < N; i += 32)
 				x[i + (int)(kgen_u64() % 32)] = (kgen_u64() & 1) ? 127.0f : -127.0f;
 		}
@@ -416,15 +457,17 @@ static void check_quantizers(enum wf_kernel_level level)
 		check_quantizer(simd, WF_DTYPE_F16, x, n, "random");
 		check_quantizer(simd, WF_DTYPE_BF16, x, n, "random");
 	}
-	/* the float conversions on every kind of bit pattern (NaNs too), with tails of any length */
+	/* the float conversions on every kind of bit pattern (NaNs too), with tails of any length
+	 */
 	for (int trial = 0; trial < 64; trial++) {
 		for (int i = 0; i < N; i++) {
 			uint32_t u = (uint32_t)kgen_u64();
 			memcpy(&x[i], &u, 4);
 		}
-		const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 65519.0f, 65520.0f,
-		                          -65520.0f, 0x1p-25f, 3 * 0x1p-25f, 0x1p-14f, 0x1p-149f,
-		                          -0.0f, 1.0f + 0x1p-11f};
+		const float specials[] = {
+		    NAN,       -NAN,      INFINITY,       -INFINITY,    65519.0f,
+		    65520.0f,  -65520.0f, 0x1p-25f,       3 * 0x1p-25f, 0x1p-14f,
+		    0x1p-149f, -0.0f,     1.0f + 0x1p-11f};
 		for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); i++)
 			x[(size_t)trial + 13 * i] = specials[i];
 		check_quantizer(simd, WF_DTYPE_F16, x, 1 + trial * 7, "bits");
@@ -432,8 +475,14 @@ static void check_quantizers(enum wf_kernel_level level)
 	}
 }
 
-Test(kernels_simd, avx2_quantizers) { check_quantizers(WF_KERNEL_LEVEL_AVX2); }
-Test(kernels_simd, avx512_quantizers) { check_quantizers(WF_KERNEL_LEVEL_AVX512); }
+Test(kernels_simd, avx2_quantizers)
+{
+	check_quantizers(WF_KERNEL_LEVEL_AVX2);
+}
+Test(kernels_simd, avx512_quantizers)
+{
+	check_quantizers(WF_KERNEL_LEVEL_AVX512);
+}
 
 /* ---- the level choice ---------------------------------------------------------------------- */
 
@@ -464,7 +513,8 @@ Test(kernels_simd, default_level_is_the_best_the_cpu_has)
 			const struct wf_kernel_type_ops *s = wf_kernel_ops_type(o, t);
 
 			cr_assert_eq(!r, !s);
-			cr_assert(!s || (s->gemm && s->dequantize_row && s->vec_dot_type == r->vec_dot_type));
+			cr_assert(!s || (s->gemm && s->dequantize_row &&
+			                 s->vec_dot_type == r->vec_dot_type));
 			cr_assert_eq(!ref_ops()->from_float[t], !o->from_float[t]);
 		}
 	}
@@ -496,7 +546,19 @@ static void check_forced(const char *name)
 	}
 }
 
-Test(kernels_simd, forced_ref) { check_forced("ref"); }
-Test(kernels_simd, forced_avx2) { check_forced("avx2"); }
-Test(kernels_simd, forced_avx512) { check_forced("avx512"); }
-Test(kernels_simd, forced_unknown_name_refused) { check_forced("sse9"); }
+Test(kernels_simd, forced_ref)
+{
+	check_forced("ref");
+}
+Test(kernels_simd, forced_avx2)
+{
+	check_forced("avx2");
+}
+Test(kernels_simd, forced_avx512)
+{
+	check_forced("avx512");
+}
+Test(kernels_simd, forced_unknown_name_refused)
+{
+	check_forced("sse9");
+}

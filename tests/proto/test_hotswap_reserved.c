@@ -11,14 +11,16 @@
 
 Test(proto_hotswap, digest_design_is_gone)
 {
-	cr_assert_null(protobuf_c_enum_descriptor_get_value(&weightfloor__v1__event_kind__descriptor, 4),
-	               "EventKind 4 (HOTSWAP) is reserved, not defined");
+	cr_assert_null(
+	    protobuf_c_enum_descriptor_get_value(&weightfloor__v1__event_kind__descriptor, 4),
+	    "EventKind 4 (HOTSWAP) is reserved, not defined");
 	cr_assert_null(protobuf_c_enum_descriptor_get_value_by_name(
-	                   &weightfloor__v1__event_kind__descriptor, "EVENT_KIND_HOTSWAP"));
-	cr_assert_null(protobuf_c_message_descriptor_get_field(&weightfloor__v1__event__descriptor, 14),
-	               "Event field 14 (digest_hex) is reserved, not defined");
+	    &weightfloor__v1__event_kind__descriptor, "EVENT_KIND_HOTSWAP"));
+	cr_assert_null(
+	    protobuf_c_message_descriptor_get_field(&weightfloor__v1__event__descriptor, 14),
+	    "Event field 14 (digest_hex) is reserved, not defined");
 	cr_assert_null(protobuf_c_message_descriptor_get_field_by_name(
-	                   &weightfloor__v1__event__descriptor, "digest_hex"));
+	    &weightfloor__v1__event__descriptor, "digest_hex"));
 	/* The kinds around the gap keep their numbers. */
 	cr_assert_eq(WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY, 3);
 	cr_assert_eq(WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR, 5);

@@ -73,7 +73,7 @@ static int mode_race(char **av)
 	wait_for(start, 30);
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill, &fc, &r,
-				      &diag);
+	                              &diag);
 	if (rc < 0) {
 		printf("attach: %s\n", wf_diag_str(&diag, rc));
 		return 2;
@@ -90,15 +90,15 @@ static int mode_race(char **av)
 static int mode_slow(char **av)
 {
 	struct shmt_fill_ctx fc = {.count_path = av[0],
-				   .started_path = av[1],
-				   .chunk = (size_t)strtoull(av[2], NULL, 0),
-				   .sleep_us = (unsigned)strtoul(av[3], NULL, 0)};
+	                           .started_path = av[1],
+	                           .chunk = (size_t)strtoull(av[2], NULL, 0),
+	                           .sleep_us = (unsigned)strtoul(av[3], NULL, 0)};
 	struct wf_shm_region *r;
 	struct wf_diag diag;
 
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill, &fc, &r,
-				      &diag);
+	                              &diag);
 	if (rc < 0) {
 		printf("attach: %s\n", wf_diag_str(&diag, rc));
 		return 2;
@@ -119,7 +119,7 @@ static int mode_reader(char **av)
 		struct wf_diag diag;
 		wf_diag_clear(&diag);
 		int rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL,
-					      &r, &diag);
+		                              &r, &diag);
 		if (rc == -ENOENT) {
 			absent++;
 			shmt_sleep_ms(1);
@@ -157,9 +157,9 @@ static int mode_loop(char **av)
 		struct wf_diag diag;
 		wf_diag_clear(&diag);
 		int rc = agent ? wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT,
-						      shmt_fill, NULL, &r, &diag)
-			       : wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER,
-						      NULL, NULL, &r, &diag);
+		                                      shmt_fill, NULL, &r, &diag)
+		               : wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER,
+		                                      NULL, NULL, &r, &diag);
 		if (!agent && (rc == -ENOENT || rc == WF_ENOT_READY)) {
 			other++;
 			continue;
@@ -192,10 +192,10 @@ int main(int argc, char **argv)
 		return 6;
 	}
 	struct shmt_spec spec = {
-		.n_files = (unsigned)atoi(argv[4]),
-		.tensors_per_file = (unsigned)atoi(argv[5]),
-		.tensor_bytes = strtoull(argv[6], NULL, 0),
-		.seed = (uint32_t)strtoul(argv[7], NULL, 0),
+	    .n_files = (unsigned)atoi(argv[4]),
+	    .tensors_per_file = (unsigned)atoi(argv[5]),
+	    .tensor_bytes = strtoull(argv[6], NULL, 0),
+	    .seed = (uint32_t)strtoul(argv[7], NULL, 0),
 	};
 	cfg.dir = argv[2];
 	model = shmt_model_make(argv[3], &spec, false);

@@ -167,21 +167,21 @@ int shmt_fill(void *vctx, const struct wf_shm_fill *job, struct wf_diag *diag)
 		    (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns) {
 			close(fd);
 			return wf_diag_set(diag, WF_ECHANGED, "%s changed since the model was read",
-					   f->path);
+			                   f->path);
 		}
 		size_t chunk = ctx && ctx->chunk ? ctx->chunk : (size_t)f->copy_length;
 		for (uint64_t off = 0; off < f->copy_length;) {
-			size_t n = f->copy_length - off < chunk ? (size_t)(f->copy_length - off)
-								 : chunk;
-			ssize_t r = pread(fd, (uint8_t *)f->dst + off, n,
-					  (off_t)(f->src_offset + off));
+			size_t n =
+			    f->copy_length - off < chunk ? (size_t)(f->copy_length - off) : chunk;
+			ssize_t r =
+			    pread(fd, (uint8_t *)f->dst + off, n, (off_t)(f->src_offset + off));
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r <= 0) {
 				close(fd);
 				return wf_diag_set(diag, r < 0 ? -errno : WF_ETRUNCATED,
-						   "read %s at %" PRIu64, f->path,
-						   f->src_offset + off);
+				                   "read %s at %" PRIu64, f->path,
+				                   f->src_offset + off);
 			}
 			off += (uint64_t)r;
 			done += (uint64_t)r;
@@ -198,7 +198,7 @@ int shmt_fill(void *vctx, const struct wf_shm_fill *job, struct wf_diag *diag)
 }
 
 int shmt_check_bytes(const struct wf_shm_region *r, const struct wf_model *m, char *why,
-		     size_t why_len)
+                     size_t why_len)
 {
 	uint8_t *buf = NULL;
 	size_t cap = 0;
@@ -214,14 +214,13 @@ int shmt_check_bytes(const struct wf_shm_region *r, const struct wf_model *m, ch
 		}
 		if (ti.nbytes != t->nbytes || ti.source_offset != t->offset || ti.file != t->file ||
 		    ti.n_dims != t->n_dims || ti.ne[1] != t->ne[1] ||
-		    ti.dtype != (uint32_t)t->dtype ||
-		    strcmp(ti.name, t->name) != 0) {
+		    ti.dtype != (uint32_t)t->dtype || strcmp(ti.name, t->name) != 0) {
 			snprintf(why, why_len, "table entry of %s differs", t->name);
 			goto out;
 		}
 		if (ti.floor_offset % 32 != t->offset % 32) {
 			snprintf(why, why_len, "%s: floor offset %" PRIu64 " not congruent",
-				 t->name, ti.floor_offset);
+			         t->name, ti.floor_offset);
 			goto out;
 		}
 		if (t->nbytes > cap) {
@@ -309,7 +308,7 @@ pid_t shmt_spawn(char *const argv[], const char *out_path)
 	posix_spawn_file_actions_init(&fa);
 	if (out_path) {
 		posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC,
-						 0644);
+		                                 0644);
 		posix_spawn_file_actions_adddup2(&fa, 1, 2);
 	}
 	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
@@ -348,7 +347,7 @@ int shmt_orphan_region(const struct wf_shm_config *cfg, const struct wf_model *m
 		struct wf_shm_region *r;
 		shmt_digest(m, &d);
 		int rc = wf_shm_region_attach(cfg, &d, m, WF_SHM_ATTACH_AGENT, shmt_fill, NULL, &r,
-					      NULL);
+		                              NULL);
 		_exit(rc == 0 ? 0 : 1); /* no detach: the kernel drops the holders lock */
 	}
 	int status;
@@ -386,6 +385,6 @@ void shmt_fix_checksums(void *base, size_t size)
 	struct wf_shm_header *h = base;
 	if (h->file_table_offset < h->data_offset && h->data_offset <= size)
 		h->tables_checksum = wf_shm_checksum((uint8_t *)base + h->file_table_offset,
-						     h->data_offset - h->file_table_offset);
+		                                     h->data_offset - h->file_table_offset);
 	h->header_checksum = wf_shm_header_checksum(h);
 }

@@ -45,7 +45,7 @@ int shmt_fill(void *ctx, const struct wf_shm_fill *job, struct wf_diag *diag);
 /* Every tensor of m: found by name in r, same size and table fields, and its floor bytes equal to
  * the file's bytes. 0, or -1 with a reason in why. */
 int shmt_check_bytes(const struct wf_shm_region *r, const struct wf_model *m, char *why,
-		     size_t why_len);
+                     size_t why_len);
 
 /* Entries of a directory other than . and .. (-1 if it cannot be read); names optionally joined
  * into buf for messages. */

@@ -27,15 +27,15 @@ static void setup(void)
 	cr_assert(asprintf(&floor_dir, "%s/floor", tmp) > 0);
 	cr_assert(asprintf(&model_dir, "%s/model", tmp) > 0);
 	cr_assert_eq(mkdir(model_dir, 0755), 0);
-	struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 5, .tensor_bytes = 4096,
-				 .seed = 11};
+	struct shmt_spec spec = {
+	    .n_files = 3, .tensors_per_file = 5, .tensor_bytes = 4096, .seed = 11};
 	model = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(model);
 	shmt_digest(model, &digest);
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.dir = floor_dir;
 	cr_assert(asprintf(&region_path, "%s/wf-%016llx%016llx", floor_dir,
-			   (unsigned long long)digest.hi, (unsigned long long)digest.lo) > 0);
+	                   (unsigned long long)digest.hi, (unsigned long long)digest.lo) > 0);
 }
 
 static void teardown(void)
@@ -304,18 +304,18 @@ static void run_case(const char *what, void (*corrupt)(uint8_t *, size_t), int w
 	wf_diag_clear(&diag);
 	rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &diag);
 	cr_assert_eq(rc, want, "%s: reader got %s (%s), wanted %s", what, wf_err_name(rc),
-		     wf_diag_str(&diag, rc), wf_err_name(want));
+	             wf_diag_str(&diag, rc), wf_err_name(want));
 	cr_assert_neq(diag.msg[0], '\0', "%s: diag explains", what);
 	/* a creator that may not rebuild refuses the same way, and changes nothing */
 	rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_CREATE, shmt_fill, NULL, &r,
-				  NULL);
+	                          NULL);
 	cr_assert_lt(rc, 0, "%s: create-only attach", what);
 	cr_assert(shmt_exists(region_path), "%s: the damaged region is still there", what);
 
 	/* the agent rebuilds */
 	wf_diag_clear(&diag);
 	rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill, NULL, &r,
-				  &diag);
+	                          &diag);
 	cr_assert_eq(rc, 0, "%s: agent attach: %s", what, wf_diag_str(&diag, rc));
 	cr_assert(wf_shm_region_materialized(r), "%s: rebuilt", what);
 	cr_assert_not_null(wf_shm_region_rebuild_reason(r), "%s", what);
@@ -325,7 +325,7 @@ static void run_case(const char *what, void (*corrupt)(uint8_t *, size_t), int w
 	wf_shm_region_detach(r);
 	char names[1024];
 	cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "%s: left %s", what,
-		     names);
+	             names);
 }
 
 static void truncate_to(off_t size)
@@ -404,27 +404,27 @@ Test(corrupt, sizes, .init = setup, .fini = teardown)
 		off_t size; /* < 0: current size + |size| */
 		int want;
 	} cases[] = {
-		{"truncated to half", -1, WF_ETRUNCATED},
-		{"truncated into the header", 100, WF_ETRUNCATED},
-		{"empty file (EMPTY)", 0, WF_ENOT_READY},
-		{"grown", -2, WF_EFORMAT},
+	    {"truncated to half", -1, WF_ETRUNCATED},
+	    {"truncated into the header", 100, WF_ETRUNCATED},
+	    {"empty file (EMPTY)", 0, WF_ENOT_READY},
+	    {"grown", -2, WF_EFORMAT},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct wf_shm_region *r = NULL;
 		struct wf_diag diag;
 		cr_assert_eq(shmt_orphan_region(&cfg, model), 0);
 		long long cur = shmt_file_size(region_path);
-		off_t size = cases[i].size == -1 ? cur / 2
-			     : cases[i].size == -2 ? cur + 8192
-						   : cases[i].size;
+		off_t size = cases[i].size == -1   ? cur / 2
+		             : cases[i].size == -2 ? cur + 8192
+		                                   : cases[i].size;
 		truncate_to(size);
 		wf_diag_clear(&diag);
 		int rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL,
-					      &r, &diag);
+		                              &r, &diag);
 		cr_assert_eq(rc, cases[i].want, "%s: %s (%s)", cases[i].what, wf_err_name(rc),
-			     wf_diag_str(&diag, rc));
+		             wf_diag_str(&diag, rc));
 		rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  NULL, &r, NULL);
+		                          NULL, &r, NULL);
 		cr_assert_eq(rc, 0, "%s", cases[i].what);
 		cr_assert(wf_shm_region_materialized(r));
 		cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
@@ -438,8 +438,8 @@ Test(corrupt, region_of_another_model, .init = setup, .fini = teardown)
 {
 	/* Same digest name, but the tables describe other files: an agent with the model sees the
 	 * mismatch and rebuilds; a reader without the model cannot tell and attaches. */
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 1024,
-				 .seed = 12};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 3, .tensor_bytes = 1024, .seed = 12};
 	char *other_dir;
 	cr_assert(asprintf(&other_dir, "%s/other", tmp) > 0);
 	cr_assert_eq(mkdir(other_dir, 0755), 0);
@@ -447,20 +447,20 @@ Test(corrupt, region_of_another_model, .init = setup, .fini = teardown)
 	struct wf_shm_region *r;
 	struct shmt_fill_ctx none = {0};
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, other, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  &none, &r, NULL),
-		     0, "a region named by our digest, filled from another model");
+	                                  &none, &r, NULL),
+	             0, "a region named by our digest, filled from another model");
 	struct wf_shm_region *r2 = NULL;
-	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_READER, NULL, NULL,
-					  &r2, NULL),
-		     WF_EFORMAT, "a reader that passes the model checks the tables");
+	cr_assert_eq(
+	    wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_READER, NULL, NULL, &r2, NULL),
+	    WF_EFORMAT, "a reader that passes the model checks the tables");
 	struct wf_diag diag;
 	wf_diag_clear(&diag);
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  &none, &r2, &diag),
-		     0, "%s", diag.msg);
+	                                  &none, &r2, &diag),
+	             0, "%s", diag.msg);
 	cr_assert(wf_shm_region_materialized(r2));
 	cr_assert(strstr(wf_shm_region_rebuild_reason(r2), "the model needs"), "%s",
-		  wf_shm_region_rebuild_reason(r2));
+	          wf_shm_region_rebuild_reason(r2));
 	/* the first holder keeps its (old) mapping: replaced, not truncated, so no SIGBUS */
 	cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
 	char why[256];
@@ -478,14 +478,14 @@ Test(corrupt, held_region_damaged_then_rebuilt, .init = setup, .fini = teardown)
 {
 	struct wf_shm_region *a, *b;
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  NULL, &a, NULL),
-		     0);
+	                                  NULL, &a, NULL),
+	             0);
 	struct wf_shm_tensor_info ti;
 	cr_assert_eq(wf_shm_region_tensor(a, 5, &ti), 0);
 	with_rw(c_magic);
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  NULL, &b, NULL),
-		     0);
+	                                  NULL, &b, NULL),
+	             0);
 	cr_assert(wf_shm_region_materialized(b));
 	/* a's mapping is the old inode: its tensor bytes are intact and readable */
 	cr_assert_eq(wf_shm_checksum(ti.data, ti.nbytes), ti.checksum);
@@ -503,11 +503,11 @@ Test(corrupt, symlink_is_not_followed, .init = setup, .fini = teardown)
 	cr_assert_eq(mkdir(floor_dir, 0750), 0);
 	cr_assert_eq(symlink(target, region_path), 0);
 	struct wf_shm_region *r = NULL;
-	int rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-				      NULL);
+	int rc =
+	    wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, NULL);
 	cr_assert_lt(rc, 0);
 	rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill, NULL, &r,
-				  NULL);
+	                          NULL);
 	cr_assert_eq(rc, -ELOOP);
 	cr_assert_eq(shmt_file_size(target), 0, "the link target was not written");
 	free(target);
@@ -520,8 +520,8 @@ Test(corrupt, random_damage_never_crashes, .init = setup, .fini = teardown)
 	struct wf_shm_region *keeper, *r;
 	size_t size;
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					  NULL, &keeper, NULL),
-		     0);
+	                                  NULL, &keeper, NULL),
+	             0);
 	uint8_t *b = shmt_map_rw(&cfg, model, &size);
 	cr_assert_not_null(b);
 	struct wf_shm_header h0;
@@ -537,20 +537,20 @@ Test(corrupt, random_damage_never_crashes, .init = setup, .fini = teardown)
 			s = s * 6364136223846793005ull + 1442695040888963407ull;
 			/* favour the header's 208 meaningful bytes and the entries */
 			size_t pos = (s >> 33) % 3 == 0 ? (size_t)((s >> 20) % 208)
-							: (size_t)((s >> 20) % n);
+			                                : (size_t)((s >> 20) % n);
 			b[pos] = (uint8_t)(s >> 8);
 		}
 		if (iter % 4 != 0)
 			shmt_fix_checksums(b, size);
 		int rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL,
-					      &r, NULL);
+		                              &r, NULL);
 		if (rc == 0) {
 			attached++;
 			for (uint32_t i = 0; i < wf_shm_region_n_tensors(r); i++) {
 				struct wf_shm_tensor_info ti;
 				if (wf_shm_region_tensor(r, i, &ti) == 0) {
 					cr_assert_leq(ti.floor_offset + ti.nbytes,
-						      wf_shm_region_size(r));
+					              wf_shm_region_size(r));
 					struct wf_shm_tensor_info tj;
 					cr_assert_eq(wf_shm_region_find(r, ti.name, &tj), 0);
 				}

@@ -45,10 +45,10 @@ static void teardown(void)
 }
 
 /* Criterion does not run .fini after a skip: clean up first. */
-#define SKIP(...)                                 \
-	do {                                      \
-		teardown();                       \
-		cr_skip_test(__VA_ARGS__);        \
+#define SKIP(...)                                                                                  \
+	do {                                                                                       \
+		teardown();                                                                        \
+		cr_skip_test(__VA_ARGS__);                                                         \
 	} while (0)
 
 /* Mounts fstype with opts on floor_dir in a private mount namespace; skips the test if that is
@@ -70,8 +70,8 @@ Test(enospc, small_tmpfs_fails_at_start, .init = setup, .fini = teardown)
 	mount_or_skip("tmpfs", "size=4m,mode=0750");
 
 	/* ~8 MiB of tensors in 3 files: cannot fit in 4 MiB */
-	struct shmt_spec big = {.n_files = 3, .tensors_per_file = 4, .tensor_bytes = 688128,
-				.seed = 3};
+	struct shmt_spec big = {
+	    .n_files = 3, .tensors_per_file = 4, .tensor_bytes = 688128, .seed = 3};
 	struct wf_model *m = shmt_model_make(model_dir, &big, true);
 	cr_assert_not_null(m);
 	struct wf_digest d;
@@ -90,8 +90,8 @@ Test(enospc, small_tmpfs_fails_at_start, .init = setup, .fini = teardown)
 	cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "left: %s", names);
 
 	/* the space was given back: a model that fits attaches */
-	struct shmt_spec small = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 65536,
-				  .seed = 4};
+	struct shmt_spec small = {
+	    .n_files = 2, .tensors_per_file = 4, .tensor_bytes = 65536, .seed = 4};
 	char *small_dir;
 	cr_assert(asprintf(&small_dir, "%s/small", tmp) > 0);
 	cr_assert_eq(mkdir(small_dir, 0755), 0);
@@ -126,8 +126,8 @@ Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = tea
 
 	/* WF_SHM_ATTACH_STREAM reserves the data area while the fill reads, but a directory that
 	 * plainly cannot hold the region still fails at the start, before a byte is read */
-	struct shmt_spec big = {.n_files = 3, .tensors_per_file = 4, .tensor_bytes = 688128,
-				.seed = 3};
+	struct shmt_spec big = {
+	    .n_files = 3, .tensors_per_file = 4, .tensor_bytes = 688128, .seed = 3};
 	struct wf_model *m = shmt_model_make(model_dir, &big, true);
 	cr_assert_not_null(m);
 	struct wf_digest d;
@@ -139,7 +139,7 @@ Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = tea
 	struct wf_diag diag;
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				      wf_shm_fill_from_files, &fi, &r, &diag);
+	                              wf_shm_fill_from_files, &fi, &r, &diag);
 	cr_assert_eq(rc, -ENOSPC, "%s (%s)", wf_err_name(rc), wf_diag_str(&diag, rc));
 	cr_assert(strstr(diag.msg, floor_dir), "diag names the directory: %s", diag.msg);
 	cr_assert(strstr(diag.msg, "needs"), "diag gives sizes: %s", diag.msg);
@@ -148,8 +148,8 @@ Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = tea
 	cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "left: %s", names);
 
 	/* and a model that fits streams in */
-	struct shmt_spec small = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 65536,
-				  .seed = 4};
+	struct shmt_spec small = {
+	    .n_files = 2, .tensors_per_file = 4, .tensor_bytes = 65536, .seed = 4};
 	char *small_dir;
 	cr_assert(asprintf(&small_dir, "%s/small", tmp) > 0);
 	cr_assert_eq(mkdir(small_dir, 0755), 0);
@@ -158,7 +158,7 @@ Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = tea
 	shmt_digest(sm, &sd);
 	wf_diag_clear(&diag);
 	rc = wf_shm_region_attach(&cfg, &sd, sm, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				  wf_shm_fill_from_files, &fi, &r, &diag);
+	                          wf_shm_fill_from_files, &fi, &r, &diag);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&diag, rc));
 	cr_assert_eq(copies, 1);
 	cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
@@ -177,8 +177,8 @@ Test(enospc, small_tmpfs_stream_fails_before_reading, .init = setup, .fini = tea
  * and no byte was ever written outside reserved space (no SIGBUS: the fill writes with pwrite). */
 Test(enospc, stream_reservation_fails_midway, .init = setup, .fini = teardown)
 {
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 200000 & ~31,
-				 .seed = 7};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 4, .tensor_bytes = 200000 & ~31, .seed = 7};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	struct wf_digest d;
@@ -187,30 +187,30 @@ Test(enospc, stream_reservation_fails_midway, .init = setup, .fini = teardown)
 	struct wf_shm_layout l;
 	cr_assert_eq(wf_shm_layout_compute(m, cfg.spare_bytes, &l, NULL), 0);
 	const uint64_t at[] = {l.data_offset, l.data_offset + 3 * 65536, l.spare_offset,
-			       l.spare_offset + 4096};
+	                       l.spare_offset + 4096};
 	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
 		wf__shm_set_reserve_fault(at[i], -ENOSPC);
 		struct wf_shm_fill_io fi = {.io = {.chunk_size = 65536, .flags = WF_IO_OPT_NO_ENV}};
 		struct wf_shm_region *r = NULL;
 		struct wf_diag diag;
 		wf_diag_clear(&diag);
-		int rc = wf_shm_region_attach(&cfg, &d, m,
-					      WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-					      wf_shm_fill_from_files, &fi, &r, &diag);
+		int rc =
+		    wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+		                         wf_shm_fill_from_files, &fi, &r, &diag);
 		cr_assert_eq(rc, -ENOSPC, "fault at %llu: %s (%s)", (unsigned long long)at[i],
-			     wf_err_name(rc), wf_diag_str(&diag, rc));
+		             wf_err_name(rc), wf_diag_str(&diag, rc));
 		cr_assert(strstr(diag.msg, "needs"), "diag gives sizes: %s", diag.msg);
 		char names[1024];
 		cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "left: %s",
-			     names);
+		             names);
 	}
 	/* without the fault it works, in the same directory */
 	wf__shm_set_reserve_fault(UINT64_MAX, 0);
 	struct wf_shm_fill_io fi = {0};
 	struct wf_shm_region *r = NULL;
 	cr_assert_eq(wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-					  wf_shm_fill_from_files, &fi, &r, NULL),
-		     0);
+	                                  wf_shm_fill_from_files, &fi, &r, NULL),
+	             0);
 	cr_assert_eq(wf_shm_region_verify(r, NULL), 0);
 	wf_shm_region_detach(r);
 	shmt_model_free(m);
@@ -242,8 +242,8 @@ Test(enospc, hugetlbfs_region, .init = setup, .fini = teardown)
 	snprintf(opts, sizeof(opts), "mode=0750,size=%ldk", 4 * kb); /* 4 huge pages at most */
 	mount_or_skip("hugetlbfs", opts);
 
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 100000 & ~31,
-				 .seed = 5};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 3, .tensor_bytes = 100000 & ~31, .seed = 5};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	struct wf_digest d;
 	shmt_digest(m, &d);
@@ -271,15 +271,15 @@ Test(enospc, hugetlbfs_region, .init = setup, .fini = teardown)
 	char *other_dir;
 	cr_assert(asprintf(&other_dir, "%s/other", tmp) > 0);
 	cr_assert_eq(mkdir(other_dir, 0755), 0);
-	struct shmt_spec ospec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 50016,
-				  .seed = 8};
+	struct shmt_spec ospec = {
+	    .n_files = 2, .tensors_per_file = 3, .tensor_bytes = 50016, .seed = 8};
 	struct wf_model *om = shmt_model_make(other_dir, &ospec, true);
 	struct wf_digest od;
 	shmt_digest(om, &od);
 	struct wf_shm_fill_io fi = {0};
 	wf_diag_clear(&diag);
 	rc = wf_shm_region_attach(&cfg, &od, om, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				  wf_shm_fill_from_files, &fi, &r2, &diag);
+	                          wf_shm_fill_from_files, &fi, &r2, &diag);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&diag, rc));
 	cr_assert_eq(wf_shm_region_verify(r2, NULL), 0);
 	cr_assert_eq(shmt_check_bytes(r2, om, why, sizeof(why)), 0, "%s", why);
@@ -291,8 +291,8 @@ Test(enospc, hugetlbfs_region, .init = setup, .fini = teardown)
 	char *big_dir;
 	cr_assert(asprintf(&big_dir, "%s/big", tmp) > 0);
 	cr_assert_eq(mkdir(big_dir, 0755), 0);
-	struct shmt_spec big = {.n_files = 1, .tensors_per_file = 4,
-				.tensor_bytes = (uint64_t)kb * 1024, .seed = 6};
+	struct shmt_spec big = {
+	    .n_files = 1, .tensors_per_file = 4, .tensor_bytes = (uint64_t)kb * 1024, .seed = 6};
 	struct wf_model *bm = shmt_model_make(big_dir, &big, true);
 	struct wf_digest bd;
 	shmt_digest(bm, &bd);

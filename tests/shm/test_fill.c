@@ -64,7 +64,7 @@ static int wrapped_fill(void *ctx, const struct wf_shm_fill *job, struct wf_diag
 /* Materializes m with the standard fill and checks the result against the library's own
  * hashing: verify() re-hashes every tensor and compares with the table. */
 static void fill_and_check(const char *what, struct wf_model *m, struct wf_shm_fill_io *fi,
-			   unsigned flags)
+                           unsigned flags)
 {
 	struct wf_digest d;
 	struct wf_shm_region *r = NULL;
@@ -75,7 +75,7 @@ static void fill_and_check(const char *what, struct wf_model *m, struct wf_shm_f
 	wf_diag_clear(&diag);
 	struct wrap w = {.fi = fi};
 	int rc = wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | flags, wrapped_fill, &w,
-				      &r, &diag);
+	                              &r, &diag);
 	cr_assert_eq(rc, 0, "%s: %s", what, wf_diag_str(&diag, rc));
 	cr_assert(wf_shm_region_materialized(r), "%s", what);
 	cr_assert(w.checksums_set, "%s: the fill hashed while streaming", what);
@@ -85,9 +85,9 @@ static void fill_and_check(const char *what, struct wf_model *m, struct wf_shm_f
 	cr_assert_eq(shmt_check_bytes(r, m, why, sizeof(why)), 0, "%s: %s", what, why);
 	/* a reader sees the same */
 	struct wf_shm_region *rr = NULL;
-	cr_assert_eq(wf_shm_region_attach(&cfg, &d, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &rr,
-					  NULL),
-		     0, "%s", what);
+	cr_assert_eq(
+	    wf_shm_region_attach(&cfg, &d, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &rr, NULL), 0,
+	    "%s", what);
 	cr_assert_eq(shmt_check_bytes(rr, m, why, sizeof(why)), 0, "%s: %s", what, why);
 	wf_shm_region_detach(rr);
 	wf_shm_region_detach(r);
@@ -98,20 +98,20 @@ Test(fill, chunks_cut_tensors_anywhere, .init = setup, .fini = teardown)
 {
 	/* tensors of 12000 + 96k bytes at 32-byte alignment after odd-length headers: with these
 	 * chunk sizes, boundaries fall inside tensors, between them, and on their edges */
-	struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 7, .tensor_bytes = 12000,
-				 .seed = 21};
+	struct shmt_spec spec = {
+	    .n_files = 3, .tensors_per_file = 7, .tensor_bytes = 12000, .seed = 21};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	static const size_t chunks[] = {4096, 8192, 12288, 65536, 1 << 20};
 	static const size_t rings[] = {0, 4096 * 2, 4096 * 3, 65536 * 4, 1 << 20};
 	for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
 		for (unsigned stream = 0; stream < 2; stream++) {
-			struct wf_shm_fill_io fi = {.io = {.chunk_size = chunks[c],
-							   .flags = WF_IO_OPT_NO_ENV},
-						    .ring_bytes = rings[c]};
+			struct wf_shm_fill_io fi = {
+			    .io = {.chunk_size = chunks[c], .flags = WF_IO_OPT_NO_ENV},
+			    .ring_bytes = rings[c]};
 			char what[96];
 			snprintf(what, sizeof(what), "chunk %zu, ring %zu, %s", chunks[c], rings[c],
-				 stream ? "STREAM" : "reserved first");
+			         stream ? "STREAM" : "reserved first");
 			fill_and_check(what, m, &fi, stream ? WF_SHM_ATTACH_STREAM : 0);
 		}
 	}
@@ -120,8 +120,8 @@ Test(fill, chunks_cut_tensors_anywhere, .init = setup, .fini = teardown)
 
 Test(fill, backends_and_direct_io, .init = setup, .fini = teardown)
 {
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 5, .tensor_bytes = 70016,
-				 .seed = 22};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 5, .tensor_bytes = 70016, .seed = 22};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	static const struct {
@@ -129,19 +129,18 @@ Test(fill, backends_and_direct_io, .init = setup, .fini = teardown)
 		enum wf_io_backend backend;
 		unsigned flags;
 	} cases[] = {
-		{"io_uring, page cache", WF_IO_BACKEND_AUTO, 0},
-		/* the files were just written: make the body go direct anyway */
-		{"io_uring, O_DIRECT", WF_IO_BACKEND_AUTO, WF_IO_OPT_NO_CACHE_PROBE},
-		{"io_uring, buffered", WF_IO_BACKEND_AUTO,
-		 WF_IO_OPT_NO_CACHE_PROBE | WF_IO_OPT_NO_DIRECT},
-		{"pread pool", WF_IO_BACKEND_PREAD, 0},
-		{"pread pool, O_DIRECT", WF_IO_BACKEND_PREAD, WF_IO_OPT_NO_CACHE_PROBE},
+	    {"io_uring, page cache", WF_IO_BACKEND_AUTO, 0},
+	    /* the files were just written: make the body go direct anyway */
+	    {"io_uring, O_DIRECT", WF_IO_BACKEND_AUTO, WF_IO_OPT_NO_CACHE_PROBE},
+	    {"io_uring, buffered", WF_IO_BACKEND_AUTO,
+	     WF_IO_OPT_NO_CACHE_PROBE | WF_IO_OPT_NO_DIRECT},
+	    {"pread pool", WF_IO_BACKEND_PREAD, 0},
+	    {"pread pool, O_DIRECT", WF_IO_BACKEND_PREAD, WF_IO_OPT_NO_CACHE_PROBE},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct wf_shm_fill_io fi = {
-			.io = {.backend = cases[i].backend,
-			       .chunk_size = 65536,
-			       .flags = cases[i].flags | WF_IO_OPT_NO_ENV}};
+		struct wf_shm_fill_io fi = {.io = {.backend = cases[i].backend,
+		                                   .chunk_size = 65536,
+		                                   .flags = cases[i].flags | WF_IO_OPT_NO_ENV}};
 		fill_and_check(cases[i].what, m, &fi, WF_SHM_ATTACH_STREAM);
 	}
 	shmt_model_free(m);
@@ -164,13 +163,13 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 
 Test(fill, progress_ends_at_total, .init = setup, .fini = teardown)
 {
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 4096,
-				 .seed = 23};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 3, .tensor_bytes = 4096, .seed = 23};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	struct progress p = {.monotonic = true};
 	struct wf_shm_fill_io fi = {.io = {.chunk_size = 4096, .flags = WF_IO_OPT_NO_ENV},
-				    .progress = on_progress,
-				    .progress_ctx = &p};
+	                            .progress = on_progress,
+	                            .progress_ctx = &p};
 	fill_and_check("progress", m, &fi, WF_SHM_ATTACH_STREAM);
 	cr_assert(p.monotonic);
 	cr_assert_gt(p.calls, 0);
@@ -203,30 +202,30 @@ static void before_copy(void *ctx, uint64_t total)
 }
 
 static void expect_failure(const char *what, struct wf_model *m, struct hook *h, int want,
-			   const char *in_msg)
+                           const char *in_msg)
 {
 	struct wf_digest d;
 	struct wf_shm_region *r = NULL;
 	struct wf_diag diag;
 	struct wf_shm_fill_io fi = {.io = {.chunk_size = 8192, .flags = WF_IO_OPT_NO_ENV},
-				    .cancel = &h->cancel,
-				    .before_copy = before_copy,
-				    .before_copy_ctx = h};
+	                            .cancel = &h->cancel,
+	                            .before_copy = before_copy,
+	                            .before_copy_ctx = h};
 	shmt_digest(m, &d);
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				      wf_shm_fill_from_files, &fi, &r, &diag);
+	                              wf_shm_fill_from_files, &fi, &r, &diag);
 	cr_assert_eq(rc, want, "%s: %s (%s)", what, wf_err_name(rc), wf_diag_str(&diag, rc));
 	cr_assert(strstr(diag.msg, in_msg), "%s: %s", what, diag.msg);
 	char names[512];
 	cr_assert_eq(shmt_count_entries(floor_dir, names, sizeof(names)), 0, "%s: left %s", what,
-		     names);
+	             names);
 }
 
 Test(fill, changed_files_and_cancel, .init = setup, .fini = teardown)
 {
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 4, .tensor_bytes = 40000 & ~31,
-				 .seed = 24};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 4, .tensor_bytes = 40000 & ~31, .seed = 24};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	struct hook h = {0};
 	expect_failure("cancel", m, &h, WF_ECANCELED, "cancel");
@@ -250,8 +249,8 @@ Test(fill, changed_files_and_cancel, .init = setup, .fini = teardown)
 	struct wf_shm_fill_io fi = {0};
 	shmt_digest(m, &d);
 	cr_assert_eq(wf_shm_region_attach(&cfg, &d, m, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-					  wf_shm_fill_from_files, &fi, &r, NULL),
-		     WF_ECHANGED);
+	                                  wf_shm_fill_from_files, &fi, &r, NULL),
+	             WF_ECHANGED);
 	cr_assert_eq(shmt_count_entries(floor_dir, NULL, 0), 0);
 	shmt_model_free(m);
 }
@@ -266,7 +265,7 @@ static int write_fill(void *ctx, const struct wf_shm_fill *job, struct wf_diag *
 		int fd = open(f->path, O_RDONLY | O_CLOEXEC);
 		cr_assert_geq(fd, 0);
 		cr_assert_eq(pread(fd, buf, f->copy_length, (off_t)f->src_offset),
-			     (ssize_t)f->copy_length);
+		             (ssize_t)f->copy_length);
 		close(fd);
 		int rc = wf_shm_fill_write(job, f->floor_offset, buf, (size_t)f->copy_length);
 		free(buf);
@@ -283,8 +282,8 @@ static int write_fill(void *ctx, const struct wf_shm_fill *job, struct wf_diag *
 
 Test(fill, fill_write_without_checksums, .init = setup, .fini = teardown)
 {
-	struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 3, .tensor_bytes = 5000 & ~31,
-				 .seed = 25};
+	struct shmt_spec spec = {
+	    .n_files = 3, .tensors_per_file = 3, .tensor_bytes = 5000 & ~31, .seed = 25};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	struct wf_digest d;
 	struct wf_shm_region *r = NULL;
@@ -293,10 +292,9 @@ Test(fill, fill_write_without_checksums, .init = setup, .fini = teardown)
 	shmt_digest(m, &d);
 	for (unsigned stream = 0; stream < 2; stream++) {
 		wf_diag_clear(&diag);
-		int rc = wf_shm_region_attach(&cfg, &d, m,
-					      WF_SHM_ATTACH_AGENT |
-						      (stream ? WF_SHM_ATTACH_STREAM : 0),
-					      write_fill, NULL, &r, &diag);
+		int rc = wf_shm_region_attach(
+		    &cfg, &d, m, WF_SHM_ATTACH_AGENT | (stream ? WF_SHM_ATTACH_STREAM : 0),
+		    write_fill, NULL, &r, &diag);
 		cr_assert_eq(rc, 0, "%s", wf_diag_str(&diag, rc));
 		cr_assert_eq(wf_shm_region_verify(r, NULL), 0, "the library hashed");
 		cr_assert_eq(shmt_check_bytes(r, m, why, sizeof(why)), 0, "%s", why);
@@ -309,8 +307,8 @@ Test(fill, partly_cached_files, .init = setup, .fini = teardown)
 {
 	/* every other 64 KiB of each file evicted: chunks alternate between the page cache (read
 	 * by the fill itself) and the reader (O_DIRECT where the file system has it), in order */
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 6, .tensor_bytes = 100000 & ~31,
-				 .seed = 27};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 6, .tensor_bytes = 100000 & ~31, .seed = 27};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	for (uint32_t i = 0; i < m->n_files; i++) {
@@ -330,8 +328,8 @@ Test(fill, unusual_tensor_layouts, .init = setup, .fini = teardown)
 {
 	/* out of offset order in the model, overlapping, empty (also at the very end of a file's
 	 * data): the streaming checksums still match the library's */
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 5, .tensor_bytes = 9000 & ~31,
-				 .seed = 26};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 5, .tensor_bytes = 9000 & ~31, .seed = 26};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	struct wf_tensor *t = m->tensors;
@@ -347,7 +345,7 @@ Test(fill, unusual_tensor_layouts, .init = setup, .fini = teardown)
 	t[4] = tmp_t;
 	for (size_t c = 0; c < 3; c++) {
 		struct wf_shm_fill_io fi = {
-			.io = {.chunk_size = (size_t)4096 << c, .flags = WF_IO_OPT_NO_ENV}};
+		    .io = {.chunk_size = (size_t)4096 << c, .flags = WF_IO_OPT_NO_ENV}};
 		fill_and_check("unusual layouts", m, &fi, WF_SHM_ATTACH_STREAM);
 	}
 	shmt_model_free(m);
@@ -357,8 +355,8 @@ Test(fill, file_without_data, .init = setup, .fini = teardown)
 {
 	/* the middle file's data section is empty: nothing to copy from it, and the tensors of
 	 * the files around it are still hashed in stream */
-	struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 1, .tensor_bytes = 8192,
-				 .seed = 28};
+	struct shmt_spec spec = {
+	    .n_files = 3, .tensors_per_file = 1, .tensor_bytes = 8192, .seed = 28};
 	struct wf_model *m = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(m);
 	m->files[1].data_size = 0;

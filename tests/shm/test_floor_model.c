@@ -80,36 +80,38 @@ static void models_equal(const struct wf_model *a, const struct wf_model *b, con
 		const struct wf_model_file *x = &a->files[i], *y = &b->files[i];
 		cr_assert_str_eq(x->path, y->path, "%s: file %u path", what, i);
 		cr_assert(x->size == y->size && x->mtime_ns == y->mtime_ns &&
-			      x->data_offset == y->data_offset && x->data_size == y->data_size &&
-			      x->gguf_version == y->gguf_version && x->alignment == y->alignment &&
-			      x->n_tensors == y->n_tensors,
-			  "%s: file %u fields", what, i);
+		              x->data_offset == y->data_offset && x->data_size == y->data_size &&
+		              x->gguf_version == y->gguf_version && x->alignment == y->alignment &&
+		              x->n_tensors == y->n_tensors,
+		          "%s: file %u fields", what, i);
 	}
 	cr_assert_eq(a->n_tensors, b->n_tensors, "%s: tensors", what);
 	for (uint32_t i = 0; i < a->n_tensors; i++) {
 		const struct wf_tensor *x = &a->tensors[i], *y = &b->tensors[i];
 		cr_assert_str_eq(x->name, y->name, "%s: tensor %u", what, i);
 		cr_assert(x->dtype == y->dtype && x->n_dims == y->n_dims &&
-			      memcmp(x->ne, y->ne, sizeof(x->ne)) == 0 && x->nbytes == y->nbytes &&
-			      x->file == y->file && x->offset == y->offset && x->tclass == y->tclass,
-			  "%s: tensor '%s' fields", what, x->name);
+		              memcmp(x->ne, y->ne, sizeof(x->ne)) == 0 && x->nbytes == y->nbytes &&
+		              x->file == y->file && x->offset == y->offset &&
+		              x->tclass == y->tclass,
+		          "%s: tensor '%s' fields", what, x->name);
 		cr_assert_eq(wf_model_find_tensor(b, x->name), y, "%s: find '%s'", what, x->name);
 	}
 	cr_assert(a->total_bytes == b->total_bytes && a->dense_bytes == b->dense_bytes &&
-		      a->expert_bytes == b->expert_bytes &&
-		      memcmp(a->bytes_by_dtype, b->bytes_by_dtype, sizeof(a->bytes_by_dtype)) == 0 &&
-		      memcmp(a->count_by_dtype, b->count_by_dtype, sizeof(a->count_by_dtype)) == 0,
-		  "%s: totals", what);
+	              a->expert_bytes == b->expert_bytes &&
+	              memcmp(a->bytes_by_dtype, b->bytes_by_dtype, sizeof(a->bytes_by_dtype)) ==
+	                  0 &&
+	              memcmp(a->count_by_dtype, b->count_by_dtype, sizeof(a->count_by_dtype)) == 0,
+	          "%s: totals", what);
 	cr_assert_str_eq(a->hp.arch, b->hp.arch, "%s: arch", what);
 	cr_assert(memcmp((const char *)&a->hp + sizeof(a->hp.arch),
-			 (const char *)&b->hp + sizeof(b->hp.arch),
-			 sizeof(a->hp) - sizeof(a->hp.arch)) == 0,
-		  "%s: hyperparameters", what);
+	                 (const char *)&b->hp + sizeof(b->hp.arch),
+	                 sizeof(a->hp) - sizeof(a->hp.arch)) == 0,
+	          "%s: hyperparameters", what);
 	cr_assert_eq(a->kv.n, b->kv.n, "%s: key count", what);
 	for (uint32_t i = 0; i < a->kv.n; i++) {
 		cr_assert_str_eq(a->kv.items[i].key, b->kv.items[i].key, "%s: key %u", what, i);
 		cr_assert(value_eq(&a->kv.items[i].v, &b->kv.items[i].v), "%s: value of '%s'", what,
-			  a->kv.items[i].key);
+		          a->kv.items[i].key);
 	}
 }
 
@@ -173,7 +175,7 @@ Test(floor_model, every_reference_model, .init = setup, .fini = teardown)
 		/* what the comparison must cover: a tokenizer with arrays of strings and numbers */
 		const struct wf_kv_array *a = NULL;
 		cr_assert_eq(wf_kv_get_array(&m->kv, "tokenizer.ggml.tokens", &a), 0, "%s",
-			     e->d_name);
+		             e->d_name);
 		cr_assert_eq(a->elem, WF_KV_STRING);
 		split += m->n_files > 1;
 		round_trip(m, e->d_name);
@@ -192,8 +194,8 @@ Test(floor_model, safetensors_from_wf_gen, .init = setup, .fini = teardown)
 	cr_assert(asprintf(&out, "%s/st-model", tmp) > 0);
 	cr_assert(asprintf(&err, "%s/wf-gen.err", tmp) > 0);
 	char *gen = wft_exe("tools/wf-gen");
-	char *argv[] = {gen, "--format", "safetensors", "--arch", "qwen3moe", "--seed", "5", "-o",
-			out, NULL};
+	char *argv[] = {gen,      "--format", "safetensors", "--arch", "qwen3moe",
+	                "--seed", "5",        "-o",          out,      NULL};
 	int rc = wft_run(argv, NULL, err, 100);
 	cr_assert_eq(rc, 0, "wf-gen: %s", wft_read_file(err, NULL));
 	struct wf_model *m = NULL;
@@ -214,7 +216,7 @@ Test(floor_model, meta_every_type)
 {
 	struct wf_model m = {0};
 	struct wf_model_file files[2] = {{.gguf_version = 3, .alignment = 32},
-					 {.gguf_version = 2, .alignment = 64}};
+	                                 {.gguf_version = 2, .alignment = 64}};
 	m.format = WF_MODEL_FORMAT_GGUF;
 	m.n_files = 2;
 	m.files = files;
@@ -224,10 +226,9 @@ Test(floor_model, meta_every_type)
 	static uint16_t u16s[3] = {1, 2, 65535};
 	static uint8_t bools[2] = {0, 1};
 	static int32_t inner0[2] = {-1, 7}, inner1[1] = {42};
-	static struct wf_kv_array inner[3] = {
-	    {.elem = WF_KV_I32, .n = 2, .u.scalars = inner0},
-	    {.elem = WF_KV_I32, .n = 1, .u.scalars = inner1},
-	    {.elem = WF_KV_F64, .n = 0}};
+	static struct wf_kv_array inner[3] = {{.elem = WF_KV_I32, .n = 2, .u.scalars = inner0},
+	                                      {.elem = WF_KV_I32, .n = 1, .u.scalars = inner1},
+	                                      {.elem = WF_KV_F64, .n = 0}};
 	static char nul_str[] = {'a', 0, 'b'};
 	static struct wf_kv_str strs[2] = {{.s = "x", .n = 1}, {.s = "", .n = 0}};
 	struct wf_kv items[] = {
@@ -243,10 +244,14 @@ Test(floor_model, meta_every_type)
 	    {"u64", {.type = WF_KV_U64, .u.u64 = UINT64_MAX}},
 	    {"i64", {.type = WF_KV_I64, .u.i64 = INT64_MIN}},
 	    {"f64", {.type = WF_KV_F64, .u.f64 = -1e300}},
-	    {"a.u16", {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_U16, .n = 3, .u.scalars = u16s}}},
-	    {"a.bool", {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_BOOL, .n = 2, .u.scalars = bools}}},
-	    {"a.str", {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_STRING, .n = 2, .u.strs = strs}}},
-	    {"a.arr", {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_ARRAY, .n = 3, .u.arrays = inner}}},
+	    {"a.u16",
+	     {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_U16, .n = 3, .u.scalars = u16s}}},
+	    {"a.bool",
+	     {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_BOOL, .n = 2, .u.scalars = bools}}},
+	    {"a.str",
+	     {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_STRING, .n = 2, .u.strs = strs}}},
+	    {"a.arr",
+	     {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_ARRAY, .n = 3, .u.arrays = inner}}},
 	    {"a.empty", {.type = WF_KV_ARRAY, .u.arr = {.elem = WF_KV_U8, .n = 0}}},
 	};
 	m.kv.n = sizeof(items) / sizeof(items[0]);
@@ -271,7 +276,8 @@ Test(floor_model, meta_every_type)
 	cr_assert_eq(back.kv.n, m.kv.n);
 	for (uint32_t i = 0; i < m.kv.n; i++) {
 		cr_assert_str_eq(back.kv.items[i].key, items[i].key);
-		cr_assert(value_eq(&items[i].v, &back.kv.items[i].v), "value of '%s'", items[i].key);
+		cr_assert(value_eq(&items[i].v, &back.kv.items[i].v), "value of '%s'",
+		          items[i].key);
 	}
 	wf_kv_set_fini(&back.kv);
 
@@ -312,13 +318,14 @@ static void setup_ref(void)
 	struct wf_shm_region *w = NULL;
 	struct wf_diag d = {{0}};
 	int rc = wf_shm_region_attach(&cfg, &ref_digest, ref_model, WF_SHM_ATTACH_AGENT, shmt_fill,
-				      NULL, &w, &d);
+	                              NULL, &w, &d);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&d, rc));
 	/* the keep marker leaves the region in place when the last holder goes */
 	cr_assert_eq(wf_shm_region_set_keep(&cfg, &ref_digest, true, NULL), 0);
 	wf_shm_region_detach(w);
 	cr_assert(asprintf(&region_path, "%s/wf-%016llx%016llx", cfg.dir,
-			   (unsigned long long)ref_digest.hi, (unsigned long long)ref_digest.lo) > 0);
+	                   (unsigned long long)ref_digest.hi,
+	                   (unsigned long long)ref_digest.lo) > 0);
 }
 
 static void teardown_ref(void)
@@ -346,16 +353,16 @@ static uint8_t *map_rw(size_t *ret_size)
 static void reseal(uint8_t *b)
 {
 	struct wf_shm_header *h = (struct wf_shm_header *)b;
-	h->tables_checksum = wf_shm_checksum(b + h->file_table_offset,
-					     h->data_offset - h->file_table_offset);
+	h->tables_checksum =
+	    wf_shm_checksum(b + h->file_table_offset, h->data_offset - h->file_table_offset);
 	h->header_checksum = wf_shm_header_checksum(h);
 }
 
 static int reader_attach(struct wf_diag *d)
 {
 	struct wf_shm_region *r = NULL;
-	int rc = wf_shm_region_attach(&cfg, &ref_digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL,
-				      &r, d);
+	int rc =
+	    wf_shm_region_attach(&cfg, &ref_digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, d);
 	if (rc == 0) {
 		struct wf_model *m = NULL;
 		rc = wf_shm_region_model(r, &m, d);
@@ -541,7 +548,7 @@ Test(floor_model, damaged_metadata_is_an_error, .init = setup_ref, .fini = teard
 		reseal(b);
 		int rc = reader_attach(&d);
 		cr_assert_eq(rc, damages[i].want, "%s: %s (%s)", damages[i].name, wf_err_name(rc),
-			     wf_diag_str(&d, rc));
+		             wf_diag_str(&d, rc));
 		memcpy(b, saved, (size_t)tables_end);
 		cr_assert_eq(reader_attach(&d), 0, "restored after %s", damages[i].name);
 	}
@@ -563,7 +570,7 @@ Test(floor_model, old_format_rebuilt_by_agent, .init = setup_ref, .fini = teardo
 	cr_assert(strstr(wf_diag_str(&d, rc), "version 2, expected 3"), "%s", wf_diag_str(&d, rc));
 	struct wf_shm_region *w = NULL;
 	rc = wf_shm_region_attach(&cfg, &ref_digest, ref_model, WF_SHM_ATTACH_AGENT, shmt_fill,
-				  NULL, &w, &d);
+	                          NULL, &w, &d);
 	cr_assert_eq(rc, 0, "%s", wf_diag_str(&d, rc));
 	cr_assert(wf_shm_region_materialized(w));
 	cr_assert_not_null(wf_shm_region_rebuild_reason(w));
@@ -600,9 +607,9 @@ Test(floor_model, random_metadata_bytes, .init = setup_ref, .fini = teardown_ref
 	cr_assert_gt(errors, 0);
 
 	struct wf_shm_region *r = NULL;
-	cr_assert_eq(wf_shm_region_attach(&cfg, &ref_digest, NULL, WF_SHM_ATTACH_READER, NULL,
-					  NULL, &r, NULL),
-		     0);
+	cr_assert_eq(wf_shm_region_attach(&cfg, &ref_digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL,
+	                                  &r, NULL),
+	             0);
 	uint32_t big = UINT32_MAX;
 	memcpy(b + mo + 12, &big, 4); /* after attach: the rebuild must still refuse it */
 	struct wf_model *m = NULL;

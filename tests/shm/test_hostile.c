@@ -32,8 +32,8 @@ static void setup(void)
 	cr_assert(asprintf(&floor_dir, "%s/floor", tmp) > 0);
 	cr_assert(asprintf(&model_dir, "%s/model", tmp) > 0);
 	cr_assert_eq(mkdir(model_dir, 0755), 0);
-	struct shmt_spec spec = {.n_files = 2, .tensors_per_file = 3, .tensor_bytes = 8192,
-				 .seed = 11};
+	struct shmt_spec spec = {
+	    .n_files = 2, .tensors_per_file = 3, .tensor_bytes = 8192, .seed = 11};
 	model = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(model);
 	shmt_digest(model, &digest);
@@ -65,7 +65,7 @@ static struct wf_shm_region *attach(unsigned flags, int want)
 	wf_diag_clear(&d);
 	int rc = wf_shm_region_attach(&cfg, &digest, model, flags, shmt_fill, &fc, &r, &d);
 	cr_assert_eq(rc, want, "attach 0x%x: %s, want %s: %s", flags, wf_err_name(rc),
-		     wf_err_name(want), wf_diag_str(&d, rc));
+	             wf_err_name(want), wf_diag_str(&d, rc));
 	return r;
 }
 
@@ -142,7 +142,8 @@ Test(hostile, foreign_or_writable_regions_are_not_trusted, .init = setup, .fini 
 	struct stat st0;
 	cr_assert_eq(stat(region, &st0), 0);
 
-	/* planted by another user: the scan says BROKEN, an OWNED reader refuses, the agent rebuilds */
+	/* planted by another user: the scan says BROKEN, an OWNED reader refuses, the agent
+	 * rebuilds */
 	cr_assert_eq(chown(region, NOBODY, NOBODY), 0);
 	struct wf_shm_scan_entry *ents = NULL;
 	size_t n = 0;
@@ -160,7 +161,7 @@ Test(hostile, foreign_or_writable_regions_are_not_trusted, .init = setup, .fini 
 	struct wf_shm_region *r = attach(WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_OWNED, 0);
 	cr_assert(wf_shm_region_materialized(r), "a foreign region was adopted");
 	cr_assert(strstr(wf_shm_region_rebuild_reason(r), "owned by uid 65534"), "%s",
-		  wf_shm_region_rebuild_reason(r));
+	          wf_shm_region_rebuild_reason(r));
 	struct stat st;
 	cr_assert_eq(stat(region, &st), 0);
 	cr_assert_eq(st.st_uid, geteuid());
@@ -216,7 +217,7 @@ Test(hostile, tampered_tensor_bytes_are_rebuilt_on_verify, .init = setup, .fini 
 	r = attach(WF_SHM_ATTACH_MUST_EXIST | WF_SHM_ATTACH_VERIFY, 0);
 	cr_assert(wf_shm_region_materialized(r), "the tampered region was adopted");
 	cr_assert(strstr(wf_shm_region_rebuild_reason(r), "checksum"), "%s",
-		  wf_shm_region_rebuild_reason(r));
+	          wf_shm_region_rebuild_reason(r));
 	cr_assert_eq(shmt_check_bytes(r, model, why, sizeof(why)), 0, "%s", why);
 	wf_shm_region_detach(r);
 }
@@ -227,16 +228,15 @@ static int fill_files(const struct wf_shm_fill_io *fi, struct wf_diag *d)
 {
 	struct wf_shm_region *r = NULL;
 	wf_diag_clear(d);
-	int rc = wf_shm_region_attach(&cfg, &digest, model,
-				      WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
-				      wf_shm_fill_from_files, (void *)fi, &r, d);
+	int rc =
+	    wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM,
+	                         wf_shm_fill_from_files, (void *)fi, &r, d);
 	if (rc == 0)
 		wf_shm_region_detach(r);
 	return rc;
 }
 
-Test(hostile, fill_refuses_a_fifo_without_blocking, .init = setup, .fini = teardown,
-     .timeout = 20)
+Test(hostile, fill_refuses_a_fifo_without_blocking, .init = setup, .fini = teardown, .timeout = 20)
 {
 	struct wf_shm_fill_io fi = {.io = {.flags = WF_IO_OPT_NO_ENV}};
 	struct wf_diag d;
@@ -303,15 +303,13 @@ Test(hostile, fill_catches_a_rewrite_with_the_mtime_restored, .init = setup, .fi
 	cr_assert_eq(stat(p, &st), 0);
 	struct rewrite w = {.path = p, .at = model->tensors[4].offset, .mtime = st.st_mtim};
 	struct wf_shm_fill_io fi = {.io = {.flags = WF_IO_OPT_NO_ENV},
-				    .before_copy = rewrite_in_place,
-				    .before_copy_ctx = &w};
+	                            .before_copy = rewrite_in_place,
+	                            .before_copy_ctx = &w};
 	struct wf_diag d;
 	cr_assert(wft_wait_past_ctime(p), "the coarse clock did not pass %s's ctime", p);
 	int rc = fill_files(&fi, &d);
-	cr_assert_eq(rc, WF_ECHANGED, "a torn floor became READY: %s (%s)", wf_err_name(rc),
-		     d.msg);
-	cr_assert(strstr(d.msg, p) && strstr(d.msg, "changed during materialization"), "%s",
-		  d.msg);
+	cr_assert_eq(rc, WF_ECHANGED, "a torn floor became READY: %s (%s)", wf_err_name(rc), d.msg);
+	cr_assert(strstr(d.msg, p) && strstr(d.msg, "changed during materialization"), "%s", d.msg);
 	cr_assert_eq(shmt_count_entries(floor_dir, NULL, 0), 0);
 	/* size and mtime are what the digest covers, unchanged: only the ctime moved */
 	struct stat st2;

@@ -150,10 +150,10 @@ Test(layout, tables_and_floor_offsets)
 		const struct wf_tensor *t = &h.tensors[i];
 		const struct wf_shm_file_entry *f = &fe[t->file];
 		cr_assert_eq(te[i].floor_offset, f->floor_offset + (t->offset - f->window_offset),
-			     "tensor %d: floor offset follows its file offset", i);
+		             "tensor %d: floor offset follows its file offset", i);
 		cr_assert_eq(te[i].floor_offset % 32, t->offset % 32);
 		cr_assert_leq(te[i].floor_offset + te[i].nbytes,
-			      f->floor_offset + f->window_length);
+		              f->floor_offset + f->window_length);
 		cr_assert_eq(te[i].source_offset, t->offset);
 		cr_assert_eq(te[i].nbytes, 32);
 		cr_assert_eq(te[i].file, t->file);
@@ -170,8 +170,8 @@ Test(layout, tables_and_floor_offsets)
 		seen[idx[k]] = true;
 		if (k > 0)
 			cr_assert_lt(strcmp(pool + te[idx[k - 1]].name_offset,
-					    pool + te[idx[k]].name_offset),
-				     0, "index %d is in name order", k);
+			                    pool + te[idx[k]].name_offset),
+			             0, "index %d is in name order", k);
 	}
 	/* padding between the tables is zeroed, so tables_checksum is reproducible */
 	for (uint64_t o = l.file_table_offset + l.file_table_size; o < l.tensor_table_offset; o++)
@@ -207,7 +207,7 @@ Test(layout, name_index)
 	const uint32_t *idx = (const void *)(buf + l.name_index_offset);
 	for (int k = 0; k < 6; k++)
 		cr_assert_eq(idx[k], (uint32_t)want[k], "entry %d: tensor %u, want %d", k, idx[k],
-			     want[k]);
+		             want[k]);
 
 	/* a duplicate name cannot be indexed: refused when the tables are written */
 	snprintf(h.names[5], sizeof(h.names[5]), "blk.1");
@@ -291,7 +291,7 @@ Test(layout, rejects_overflow)
 	cr_assert_eq(wf_shm_layout_compute(&h.m, UINT64_MAX, &l, &diag), WF_EOVERFLOW, "spare");
 	cr_assert_eq(wf_shm_layout_compute(&h.m, UINT64_MAX - 8192, &l, NULL), WF_EOVERFLOW);
 	cr_assert_eq(wf_shm_layout_compute(&h.m, (uint64_t)INT64_MAX, &l, NULL), WF_EOVERFLOW,
-		     "past off_t");
+	             "past off_t");
 
 	/* a data section that wraps */
 	hand_init(&h);

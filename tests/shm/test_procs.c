@@ -20,8 +20,8 @@ static char *tmp, *floor_dir, *model_dir, *helper;
 static struct wf_shm_config cfg;
 static struct wf_model *model;
 static struct wf_digest digest;
-static struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 8, .tensor_bytes = 16384,
-				.seed = 21};
+static struct shmt_spec spec = {
+    .n_files = 3, .tensors_per_file = 8, .tensor_bytes = 16384, .seed = 21};
 static char a_n[16], a_tpf[16], a_bytes[32], a_seed[16];
 
 static void setup(void)
@@ -51,11 +51,10 @@ static void teardown(void)
 
 /* argv for the helper: MODE FLOOR MODEL N TPF BYTES SEED then up to 4 extra args. */
 static pid_t spawn_helper(const char *mode, const char *out, const char *x0, const char *x1,
-			  const char *x2, const char *x3)
+                          const char *x2, const char *x3)
 {
-	char *argv[] = {helper,  (char *)mode, floor_dir,   model_dir,   a_n,
-			a_tpf,   a_bytes,      a_seed,      (char *)x0,  (char *)x1,
-			(char *)x2, (char *)x3, NULL};
+	char *argv[] = {helper, (char *)mode, floor_dir,  model_dir,  a_n,        a_tpf, a_bytes,
+	                a_seed, (char *)x0,   (char *)x1, (char *)x2, (char *)x3, NULL};
 	pid_t pid = shmt_spawn(argv, out);
 	cr_assert_gt(pid, 0, "spawn %s", helper);
 	return pid;
@@ -106,9 +105,9 @@ Test(procs, sixteen_attachers_one_fill, .init = setup, .fini = teardown, .timeou
 
 	/* from here, a reader in this process sees the same bytes */
 	struct wf_shm_region *r;
-	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-					  NULL),
-		     0);
+	cr_assert_eq(
+	    wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, NULL),
+	    0);
 	size_t n_holders = 0;
 	cr_assert_eq(wf_shm_holder_pids(&cfg, &digest, NULL, 0, &n_holders, NULL), 0);
 	cr_assert_eq(n_holders, N + 1);
@@ -137,8 +136,7 @@ static double mono(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardown,
-     .timeout = 240)
+Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardown, .timeout = 240)
 {
 	enum { TRIALS = 60 };
 	char *stop = path_in(tmp, "stop"), *reader_out = path_in(tmp, "reader.out");
@@ -146,7 +144,7 @@ Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardow
 	char *slow_out = path_in(tmp, "slow.out");
 	char region[4096];
 	snprintf(region, sizeof(region), "%s/wf-%016llx%016llx", floor_dir,
-		 (unsigned long long)digest.hi, (unsigned long long)digest.lo);
+	         (unsigned long long)digest.hi, (unsigned long long)digest.lo);
 	pid_t reader = spawn_helper("reader", reader_out, stop, NULL, NULL, NULL);
 	unsigned seed = (unsigned)time(NULL);
 	int killed_in_fill = 0, rebuilt = 0, found_ready = 0;
@@ -173,7 +171,7 @@ Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardow
 		kill(m, SIGKILL);
 		int st = shmt_wait(m, 10);
 		cr_assert(st == 128 + SIGKILL || st == 0, "trial %d: materializer exited %d", trial,
-			  st);
+		          st);
 
 		/* the next agent attach finds READY or rebuilds; either way it is whole */
 		struct wf_shm_region *r;
@@ -181,7 +179,7 @@ Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardow
 		struct shmt_fill_ctx fc = {.count_path = count};
 		wf_diag_clear(&diag);
 		int rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-					      &fc, &r, &diag);
+		                              &fc, &r, &diag);
 		cr_assert_eq(rc, 0, "trial %d: %s", trial, wf_diag_str(&diag, rc));
 		if (wf_shm_region_materialized(r))
 			rebuilt++;
@@ -192,7 +190,7 @@ Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardow
 		cr_assert_eq(wf_shm_region_verify(r, &diag), 0, "trial %d: %s", trial, diag.msg);
 		char why[256];
 		cr_assert_eq(shmt_check_bytes(r, model, why, sizeof(why)), 0, "trial %d: %s", trial,
-			     why);
+		             why);
 		wf_shm_region_detach(r);
 		/* The reader may still hold it; its detach, as the last holder, removes it. Start
 		 * the next trial from an empty floor so that there is a fill to kill. */
@@ -206,7 +204,7 @@ Test(procs, materializer_killed_at_random_points, .init = setup, .fini = teardow
 	char *out = tail_of(reader_out);
 	cr_assert_eq(st, 0, "reader saw a bad region (exit %d): %s", st, out);
 	cr_log_info("%d trials (%d killed inside fill): %d rebuilt, %d found READY; reader: %s",
-		    TRIALS, killed_in_fill, rebuilt, found_ready, out);
+	            TRIALS, killed_in_fill, rebuilt, found_ready, out);
 	cr_assert_gt(rebuilt, TRIALS / 2, "most kills land before READY (%d rebuilt)", rebuilt);
 	cr_assert(strstr(out, "ok="), "%s", out);
 	free(out);
@@ -222,8 +220,8 @@ Test(procs, attach_detach_loops_leave_nothing, .init = setup, .fini = teardown, 
 		char name[32];
 		snprintf(name, sizeof(name), "loop.%d.out", i);
 		outs[i] = path_in(tmp, name);
-		pids[i] = spawn_helper("loop", outs[i], "3", i < AGENTS ? "agent" : "reader", NULL,
-				       NULL);
+		pids[i] =
+		    spawn_helper("loop", outs[i], "3", i < AGENTS ? "agent" : "reader", NULL, NULL);
 	}
 	unsigned total = 0;
 	for (int i = 0; i < AGENTS + READERS; i++) {

@@ -32,8 +32,8 @@ static void setup(void)
 	cr_assert(asprintf(&model_dir, "%s/model", tmp) > 0);
 	cr_assert(asprintf(&count_path, "%s/fills", tmp) > 0);
 	cr_assert_eq(mkdir(model_dir, 0755), 0);
-	struct shmt_spec spec = {.n_files = 3, .tensors_per_file = 5, .tensor_bytes = 8192,
-				 .seed = 7};
+	struct shmt_spec spec = {
+	    .n_files = 3, .tensors_per_file = 5, .tensor_bytes = 8192, .seed = 7};
 	model = shmt_model_make(model_dir, &spec, true);
 	cr_assert_not_null(model);
 	shmt_digest(model, &digest);
@@ -52,7 +52,7 @@ static char *floor_path(const char *suffix)
 {
 	char *p;
 	cr_assert(asprintf(&p, "%s/wf-%016llx%016llx%s", floor_dir, (unsigned long long)digest.hi,
-			   (unsigned long long)digest.lo, suffix) > 0);
+	                   (unsigned long long)digest.lo, suffix) > 0);
 	return p;
 }
 
@@ -62,7 +62,7 @@ static struct wf_shm_region *attach(unsigned flags)
 	struct wf_diag diag;
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &digest, flags ? model : NULL, flags,
-				      flags ? shmt_fill : NULL, &fill_ctx, &r, &diag);
+	                              flags ? shmt_fill : NULL, &fill_ctx, &r, &diag);
 	cr_assert_eq(rc, 0, "attach: %s", wf_diag_str(&diag, rc));
 	return r;
 }
@@ -111,7 +111,7 @@ Test(region, attach_agent_then_readers, .init = setup, .fini = teardown)
 	cr_assert_eq(ti.file, 1);
 	cr_assert_eq(ti.tclass, WF_TENSOR_EXPERT);
 	cr_assert_eq((const uint8_t *)ti.data - (const uint8_t *)wf_shm_region_data(a),
-		     (ptrdiff_t)ti.floor_offset);
+	             (ptrdiff_t)ti.floor_offset);
 	/* pread of the region fd at floor_offset gives the same bytes (workers' io_uring path) */
 	uint8_t buf[64];
 	cr_assert_eq(pread(wf_shm_region_fd(a), buf, 64, (off_t)ti.floor_offset), 64);
@@ -160,8 +160,8 @@ Test(region, reader_and_must_exist_create_nothing, .init = setup, .fini = teardo
 	struct wf_diag diag;
 
 	wf_diag_clear(&diag);
-	int rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r,
-				      &diag);
+	int rc =
+	    wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER, NULL, NULL, &r, &diag);
 	cr_assert_eq(rc, -ENOENT, "%s", wf_diag_str(&diag, rc));
 	cr_assert_not(shmt_exists(floor_dir), "a reader does not create the directory");
 
@@ -174,19 +174,19 @@ Test(region, reader_and_must_exist_create_nothing, .init = setup, .fini = teardo
 	cr_assert_eq(rc, -ENOENT);
 	cr_assert(strstr(diag.msg, "no floor region"), "%s", diag.msg);
 	rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_MUST_EXIST, shmt_fill, NULL,
-				  &r, NULL);
+	                          &r, NULL);
 	cr_assert_eq(rc, -ENOENT);
 	assert_floor_empty();
 
 	/* arguments */
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_AGENT, shmt_fill, NULL,
-					  &r, NULL),
-		     WF_EINVAL);
-	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, NULL, NULL, &r,
-					  NULL),
-		     WF_EINVAL);
+	                                  &r, NULL),
+	             WF_EINVAL);
+	cr_assert_eq(
+	    wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, NULL, NULL, &r, NULL),
+	    WF_EINVAL);
 	cr_assert_eq(wf_shm_region_attach(&cfg, &digest, NULL, 0x100, NULL, NULL, &r, NULL),
-		     WF_EINVAL);
+	             WF_EINVAL);
 	assert_floor_empty();
 	free(up);
 }
@@ -241,7 +241,7 @@ static int write_in_child(unsigned flags)
 	if (pid == 0) {
 		struct wf_shm_region *r;
 		if (wf_shm_region_attach(&cfg, &digest, flags ? model : NULL, flags,
-					 flags ? shmt_fill : NULL, NULL, &r, NULL) != 0)
+		                         flags ? shmt_fill : NULL, NULL, &r, NULL) != 0)
 			_exit(2);
 		struct wf_shm_tensor_info ti;
 		if (wf_shm_region_tensor(r, 0, &ti) != 0)
@@ -300,7 +300,7 @@ Test(region, fill_failure_leaves_nothing, .init = setup, .fini = teardown)
 	fill_ctx.fail_with = WF_ECANCELED;
 	wf_diag_clear(&diag);
 	int rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill,
-				      &fill_ctx, &r, &diag);
+	                              &fill_ctx, &r, &diag);
 	cr_assert_eq(rc, WF_ECANCELED);
 	cr_assert(strstr(diag.msg, "injected"), "%s", diag.msg);
 	assert_floor_empty();
@@ -311,7 +311,7 @@ Test(region, fill_failure_leaves_nothing, .init = setup, .fini = teardown)
 	cr_assert_eq(utimensat(AT_FDCWD, model->files[1].path, ts, 0), 0);
 	wf_diag_clear(&diag);
 	rc = wf_shm_region_attach(&cfg, &digest, model, WF_SHM_ATTACH_AGENT, shmt_fill, &fill_ctx,
-				  &r, &diag);
+	                          &r, &diag);
 	cr_assert_eq(rc, WF_ECHANGED, "%s", wf_diag_str(&diag, rc));
 	assert_floor_empty();
 }
@@ -325,9 +325,9 @@ Test(region, nowait_and_busy_guard, .init = setup, .fini = teardown)
 	cr_assert_eq(flock(fd, LOCK_EX), 0);
 
 	struct wf_shm_region *r2 = NULL;
-	int rc = wf_shm_region_attach(&cfg, &digest, NULL,
-				      WF_SHM_ATTACH_READER | WF_SHM_ATTACH_NOWAIT, NULL, NULL, &r2,
-				      NULL);
+	int rc =
+	    wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER | WF_SHM_ATTACH_NOWAIT,
+	                         NULL, NULL, &r2, NULL);
 	cr_assert_eq(rc, -EAGAIN);
 
 	struct wf_shm_scan_entry *e = NULL;
@@ -340,7 +340,7 @@ Test(region, nowait_and_busy_guard, .init = setup, .fini = teardown)
 	close(fd);
 
 	rc = wf_shm_region_attach(&cfg, &digest, NULL, WF_SHM_ATTACH_READER | WF_SHM_ATTACH_NOWAIT,
-				  NULL, NULL, &r2, NULL);
+	                          NULL, NULL, &r2, NULL);
 	cr_assert_eq(rc, 0);
 	wf_shm_region_detach(r2);
 	wf_shm_region_detach(r);
@@ -421,9 +421,9 @@ Test(region, scan_classifies_and_remove, .init = setup, .fini = teardown)
 	}
 	cr_assert_eq(seen, 7);
 	for (size_t i = 1; i < n; i++)
-		cr_assert(e[i - 1].digest.hi < e[i].digest.hi ||
-			  (e[i - 1].digest.hi == e[i].digest.hi &&
-			   e[i - 1].digest.lo < e[i].digest.lo));
+		cr_assert(
+		    e[i - 1].digest.hi < e[i].digest.hi ||
+		    (e[i - 1].digest.hi == e[i].digest.hi && e[i - 1].digest.lo < e[i].digest.lo));
 	free(e);
 
 	struct wf_diag diag;
@@ -437,7 +437,7 @@ Test(region, scan_classifies_and_remove, .init = setup, .fini = teardown)
 	/* a READY region nobody holds: BROKEN_ONLY refuses, plain remove takes it */
 	cr_assert_eq(shmt_orphan_region(&cfg, model), 0);
 	cr_assert_eq(wf_shm_region_remove(&cfg, &digest, WF_SHM_REMOVE_BROKEN_ONLY, NULL),
-		     WF_ESTATE);
+	             WF_ESTATE);
 	cr_assert_eq(wf_shm_region_remove(&cfg, &digest, 0, NULL), 0);
 
 	char names[1024];

@@ -22,7 +22,6 @@
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
 
-
 #define MAX_MODELS 8
 
 struct fx {

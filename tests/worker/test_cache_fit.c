@@ -13,7 +13,6 @@
 
 #define MiB (1ull << 20)
 
-
 struct fx {
 	char *dir;
 	struct wf_device *dev;

@@ -34,8 +34,9 @@ static void load_ref(struct ref *r)
 	cr_assert(json_object_object_get_ex(man, "prompt_ids", &v));
 	r->prompt[0] = 0;
 	for (size_t i = 0; i < json_object_array_length(v); i++)
-		snprintf(r->prompt + strlen(r->prompt), sizeof r->prompt - strlen(r->prompt), "%s%d",
-			 i ? "," : "", json_object_get_int(json_object_array_get_idx(v, i)));
+		snprintf(r->prompt + strlen(r->prompt), sizeof r->prompt - strlen(r->prompt),
+		         "%s%d", i ? "," : "",
+		         json_object_get_int(json_object_array_get_idx(v, i)));
 	cr_assert(json_object_object_get_ex(man, "generated_ids", &v));
 	r->n_gen = json_object_array_length(v);
 	cr_assert_leq(r->n_gen, 64);
@@ -66,10 +67,10 @@ Test(generate_integ, agentctl_greedy_ids_equal_llama_cpp)
 	struct agt *a = start(&ref, &w, (const char *[]){"--threads", "2", NULL});
 	char *out = NULL, *err = NULL, *max = agt_printf("%zu", ref.n_gen);
 	int rc = agt_ctl(a, &out, &err,
-			 (const char *[]){"generate", "tiny", "--prompt-ids", ref.prompt,
-					  "--max-tokens", max, "--temp", "0", "--json", NULL});
+	                 (const char *[]){"generate", "tiny", "--prompt-ids", ref.prompt,
+	                                  "--max-tokens", max, "--temp", "0", "--json", NULL});
 	cr_assert_eq(rc, 0, "agentctl: %d\n%s\n%s\nworker log:\n%s", rc, out, err,
-		     agt_worker_log(&w));
+	             agt_worker_log(&w));
 	/* JSON lines: one per token, then the end. */
 	size_t n = 0;
 	json_object *last = NULL;
@@ -78,8 +79,9 @@ Test(generate_integ, agentctl_greedy_ids_equal_llama_cpp)
 		cr_assert_not_null(o, "not JSON: %s", line);
 		if (json_object_object_get_ex(o, "id", &v)) {
 			cr_assert_lt(n, ref.n_gen, "more tokens than asked for");
-			cr_assert_eq(json_object_get_int(v), ref.gen[n], "token %zu: %d, llama.cpp %d",
-				     n, json_object_get_int(v), ref.gen[n]);
+			cr_assert_eq(json_object_get_int(v), ref.gen[n],
+			             "token %zu: %d, llama.cpp %d", n, json_object_get_int(v),
+			             ref.gen[n]);
 			n++;
 			json_object_put(o);
 		} else {
@@ -102,7 +104,7 @@ Test(generate_integ, agentctl_greedy_ids_equal_llama_cpp)
 
 	/* A text prompt, the human output: text on stdout, tokens/s on stderr. */
 	rc = agt_ctl(a, &out, &err,
-		     (const char *[]){"generate", "tiny", "Hello", "--max-tokens", "4", NULL});
+	             (const char *[]){"generate", "tiny", "Hello", "--max-tokens", "4", NULL});
 	cr_assert_eq(rc, 0, "%s\n%s", out, err);
 	cr_assert(strstr(err, "tokens/s"), "stderr: %s", err);
 	free(out);
@@ -135,9 +137,9 @@ Test(generate_integ, bad_input_refused_worker_keeps_serving)
 		char *out = NULL, *err = NULL;
 		int rc = agt_ctl(a, &out, &err, cases[i].args);
 		cr_assert_eq(rc, cases[i].exit_code, "case %zu: exit %d, want %d: %s", i, rc,
-			     cases[i].exit_code, err);
+		             cases[i].exit_code, err);
 		cr_assert(strstr(err, cases[i].says), "case %zu: '%s' does not say '%s'", i, err,
-			  cases[i].says);
+		          cases[i].says);
 		free(out);
 		free(err);
 	}
@@ -146,7 +148,8 @@ Test(generate_integ, bad_input_refused_worker_keeps_serving)
 	for (int i = 1; i < 300; i++)
 		strcat(ids, ",5");
 	char *out = NULL, *err = NULL;
-	int rc = agt_ctl(a, &out, &err, (const char *[]){"generate", "tiny", "--prompt-ids", ids, NULL});
+	int rc =
+	    agt_ctl(a, &out, &err, (const char *[]){"generate", "tiny", "--prompt-ids", ids, NULL});
 	cr_assert_eq(rc, 7, "exit %d: %s", rc, err);
 	cr_assert(strstr(err, "context"), "%s", err);
 	free(out);
@@ -154,8 +157,8 @@ Test(generate_integ, bad_input_refused_worker_keeps_serving)
 	/* Still serving, and still right. */
 	char *max = agt_printf("%zu", ref.n_gen);
 	rc = agt_ctl(a, &out, &err,
-		     (const char *[]){"generate", "tiny", "--prompt-ids", ref.prompt, "--max-tokens",
-				      max, "--json", NULL});
+	             (const char *[]){"generate", "tiny", "--prompt-ids", ref.prompt,
+	                              "--max-tokens", max, "--json", NULL});
 	cr_assert_eq(rc, 0, "%s", err);
 	cr_assert_eq((size_t)agt_count(out, "\"id\":"), ref.n_gen);
 	char *first = agt_printf("\"id\":%d,", ref.gen[0]);
@@ -220,9 +223,9 @@ Test(generate_integ, client_gone_cancels)
 		cr_assert_eq(r->code, AGT_ST(OK), "read: %s", r->message);
 		if (r->generate->done) {
 			cr_assert_eq(r->generate->finish,
-				     WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED,
-				     "finished by itself (%d) before the time-out could act",
-				     (int)r->generate->finish);
+			             WEIGHTFLOOR__V1__FINISH_REASON__FINISH_REASON_CANCELED,
+			             "finished by itself (%d) before the time-out could act",
+			             (int)r->generate->finish);
 			cr_assert_lt(r->generate->timings->generated_tokens, 2000);
 			canceled = true;
 		}

@@ -58,8 +58,8 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 	/* Nobody holds the model yet: the agent still picks a (self-managed) worker. */
 	char *out = NULL, *err = NULL;
 	int rc = agt_ctl(a, &out, &err,
-	                 (const char *[]){"generate", "tiny", "--prompt-ids", prompt, "--max-tokens",
-	                                  "2", "--temp", "0", "--json", NULL});
+	                 (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
+	                                  "--max-tokens", "2", "--temp", "0", "--json", NULL});
 	cr_assert_eq(rc, 0, "agentctl: %d\n%s\n%s", rc, out, err);
 	char *first = final_worker(out);
 	free(out);
@@ -77,7 +77,8 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 	int64_t end = agt_now_ms() + 10000;
 	char *chosen = NULL;
 	while (agt_now_ms() < end) {
-		/* The pin's residency report reaches the agent asynchronously: retry until it has. */
+		/* The pin's residency report reaches the agent asynchronously: retry until it has.
+		 */
 		rc = agt_ctl(a, &out, &err,
 		             (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
 		                              "--max-tokens", "2", "--temp", "0", "--json", NULL});
@@ -112,10 +113,11 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 		cr_assert_geq(kids[i], 0);
 		if (kids[i] == 0) {
 			char *o = NULL, *e = NULL;
-			int r = agt_ctl(a, &o, &e,
-			                (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
-			                                 "--max-tokens", "48", "--ignore-eos", "--temp",
-			                                 "0.8", "--seed", "7", "--json", NULL});
+			int r =
+			    agt_ctl(a, &o, &e,
+			            (const char *[]){"generate", "tiny", "--prompt-ids", prompt,
+			                             "--max-tokens", "48", "--ignore-eos", "--temp",
+			                             "0.8", "--seed", "7", "--json", NULL});
 			if (r != 0)
 				fprintf(stderr, "client %d: exit %d\n%s\n%s\n", i, r, o, e);
 			_exit(r == 0 ? 0 : 1);
@@ -127,8 +129,8 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 		cr_assert_eq(waitpid(kids[i], &st, 0), kids[i]);
 		failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	}
-	cr_expect_eq(failed, 0, "%d of %d concurrent generations failed; worker log:\n%s", failed, N,
-	             agt_worker_log(&w1));
+	cr_expect_eq(failed, 0, "%d of %d concurrent generations failed; worker log:\n%s", failed,
+	             N, agt_worker_log(&w1));
 }
 
 /* External residency: a model the control plane sends back to disk loses its engine, so the
@@ -142,8 +144,8 @@ Test(generate_route, disk_residency_drops_the_engine)
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL,
 	                 (const char *[]){"--threads", "1", "--mode", "external", NULL});
 	agt_wait_worker_registered(a, &w1, "w1");
-	const char *gen[] = {"generate", "tiny", "--prompt-ids", prompt, "--max-tokens", "2",
-	                     "--temp", "0", NULL};
+	const char *gen[] = {
+	    "generate", "tiny", "--prompt-ids", prompt, "--max-tokens", "2", "--temp", "0", NULL};
 	char *out = NULL, *err = NULL;
 	/* Not attached yet: refused. */
 	cr_expect_neq(agt_ctl(a, &out, &err, gen), 0, "%s", out);
@@ -207,9 +209,9 @@ Test(generate_route, unsupported_model_refused_and_the_other_served)
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	agt_wait_worker_registered(a, &w1, "w1");
 	char *out = NULL, *err = NULL;
-	int rc = agt_ctl(a, &out, &err,
-	                 (const char *[]){"generate", "odd", "--prompt-ids", prompt, "--max-tokens",
-	                                  "2", NULL});
+	int rc = agt_ctl(
+	    a, &out, &err,
+	    (const char *[]){"generate", "odd", "--prompt-ids", prompt, "--max-tokens", "2", NULL});
 	cr_expect_neq(rc, 0, "an unsupported architecture generated: %s", out);
 	cr_expect(err && strstr(err, "lxama") && strstr(err, "not supported"), "%s",
 	          err ? err : "");

@@ -58,9 +58,9 @@ static void generate(struct agt *a, struct agt_worker *w, const char *id, const 
 	char *out = NULL, *err = NULL, max[16];
 	snprintf(max, sizeof max, "%d", N_GEN);
 	int rc = agt_ctl(a, &out, &err,
-	                 (const char *[]){"generate", "tiny", "--worker", id, "--prompt-ids", prompt,
-	                                  "--max-tokens", max, "--temp", "0", "--ignore-eos",
-	                                  "--json", NULL});
+	                 (const char *[]){"generate", "tiny", "--worker", id, "--prompt-ids",
+	                                  prompt, "--max-tokens", max, "--temp", "0",
+	                                  "--ignore-eos", "--json", NULL});
 	cr_assert_eq(rc, 0, "agentctl generate on %s: %d\n%s\n%s\nworker log:\n%s", id, rc, out,
 	             err, agt_worker_log(w));
 	size_t n = 0;
@@ -113,8 +113,9 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	 * the environment), wcpu follows the environment. */
 	setenv("WF_POSTFETCH_ENABLE", "0", 1);
 	agt_spawn_worker(a, &wpf, "wpf", NULL, "host:mem=256Mi,bw=1G",
-	                 (const char *[]){"--threads", "1", "--postfetch", "enable=1", "--postfetch",
-	                                  "block_on_miss=1", "--expert-cache-mb", "8", NULL});
+	                 (const char *[]){"--threads", "1", "--postfetch", "enable=1",
+	                                  "--postfetch", "block_on_miss=1", "--expert-cache-mb",
+	                                  "8", NULL});
 	agt_spawn_worker(a, &wcpu, "wcpu", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	unsetenv("WF_POSTFETCH_ENABLE");
 	/* The device forward pass, as on a GPU: dense weights and KV cache on the device, the last
@@ -122,8 +123,9 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	const uint16_t mport = httpc_free_port();
 	char *maddr = agt_printf("127.0.0.1:%u", (unsigned)mport);
 	agt_spawn_worker(a, &wdev, "wdev", NULL, "host:mem=256Mi,bw=1G",
-	                 (const char *[]){"--threads", "1", "--dense-on-device", "--expert-cache-mb",
-	                                  "8", "--n-cpu-moe", "2", "--metrics", maddr, NULL});
+	                 (const char *[]){"--threads", "1", "--dense-on-device",
+	                                  "--expert-cache-mb", "8", "--n-cpu-moe", "2", "--metrics",
+	                                  maddr, NULL});
 	agt_wait_worker_registered(a, &wpf, "wpf");
 	agt_wait_worker_registered(a, &wcpu, "wcpu");
 	agt_wait_worker_registered(a, &wdev, "wdev");
@@ -137,8 +139,9 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	int32_t ids_dev[N_GEN];
 	generate(a, &wdev, "wdev", prompt, ids_dev);
 	for (int i = 0; i < N_GEN; i++)
-		cr_expect_eq(ids_dev[i], ids_cpu[i], "token %d: %d on the device path, %d on the cpu",
-		             i, ids_dev[i], ids_cpu[i]);
+		cr_expect_eq(ids_dev[i], ids_cpu[i],
+		             "token %d: %d on the device path, %d on the cpu", i, ids_dev[i],
+		             ids_cpu[i]);
 	/* Its engine's figures on /metrics, as Prometheus reads them. */
 	struct httpc_reply hr = {0};
 	cr_assert_eq(httpc_request(mport, "GET", "/metrics", 5000, &hr), 0);
@@ -234,14 +237,16 @@ static void expect_refused(struct agt *a, const char *const *args, const char *n
 Test(postfetch_integ, bad_settings_exit_2_naming_the_setting)
 {
 	struct agt *a = agt_new("wf-pfbad");
-	expect_refused(a, (const char *[]){"--postfetch", "block_on_miss=2", NULL}, "block_on_miss");
+	expect_refused(a, (const char *[]){"--postfetch", "block_on_miss=2", NULL},
+	               "block_on_miss");
 	expect_refused(a, (const char *[]){"--postfetch", "max_transfers=99999", NULL},
 	               "max_transfers");
 	expect_refused(a, (const char *[]){"--postfetch", "no_such_setting=1", NULL},
 	               "no_such_setting");
 	expect_refused(a, (const char *[]){"--postfetch", "block_on_miss", NULL}, "NAME=VALUE");
 	expect_refused(a, (const char *[]){"--expert-cache-mb", "lots", NULL}, "expert-cache-mb");
-	expect_refused(a, (const char *[]){"--postfetch", "enable=0", "--expert-cache-mb", "8", NULL},
+	expect_refused(a,
+	               (const char *[]){"--postfetch", "enable=0", "--expert-cache-mb", "8", NULL},
 	               "expert-cache-mb");
 	/* The environment is read too, and refused the same way. */
 	setenv("WF_POSTFETCH_FORCE_CPU", "maybe", 1);

@@ -16,7 +16,6 @@
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
 
-
 struct fx {
 	char *dir, *floor_dir;
 	struct wf_device *dev;

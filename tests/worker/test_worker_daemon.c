@@ -372,7 +372,8 @@ Test(worker_daemon, a_reload_after_release_uses_the_floor_again)
 
 	/* the next load comes from a floor again, which the agent made for it */
 	k = run_cmd(w.url, CMD_PIN, "m", 20000);
-	cr_assert(k.rc == 0 && k.code == WEIGHTFLOOR__V1__STATUS__STATUS_OK, "pin again: %s", k.msg);
+	cr_assert(k.rc == 0 && k.code == WEIGHTFLOOR__V1__STATUS__STATUS_OK, "pin again: %s",
+	          k.msg);
 	cr_assert_neq(agt_inode(region), 0, "the worker loaded without a floor");
 	cr_assert_eq(agent_holders(a, "m"), 2, "the worker does not hold the floor it loaded from");
 	cr_assert_eq(agt_stop(a, 10000), 0);

@@ -62,9 +62,10 @@ static void spawn(struct fixture *f, struct agt_worker *w, const char *id, uint6
 {
 	char *ar = agt_printf("%" PRIu64, arena);
 	agt_spawn_worker(f->a, w, id, NULL, "host:mem=256Mi",
-	                 (const char *[]){"--threads", "1", "--postfetch", "enable=1", "--postfetch",
-	                                  "block_on_miss=1", "--expert-cache-mb", "8", "--arena", ar,
-	                                  "--weight-fraction", "1", "--wiggle", "0", NULL});
+	                 (const char *[]){"--threads", "1", "--postfetch", "enable=1",
+	                                  "--postfetch", "block_on_miss=1", "--expert-cache-mb",
+	                                  "8", "--arena", ar, "--weight-fraction", "1", "--wiggle",
+	                                  "0", NULL});
 	agt_wait_worker_ready(w);
 	free(ar);
 }
@@ -154,8 +155,8 @@ static int generate(struct fixture *f, struct agt_worker *w, char **msg)
 }
 
 /* SetResidency of model to target on the worker; returns the status code. */
-static int set_residency(struct agt_worker *w, const char *model,
-                         Weightfloor__V1__Residency target, char **msg)
+static int set_residency(struct agt_worker *w, const char *model, Weightfloor__V1__Residency target,
+                         char **msg)
 {
 	Weightfloor__V1__SetResidency sr = WEIGHTFLOOR__V1__SET_RESIDENCY__INIT;
 	sr.model = (char *)model;

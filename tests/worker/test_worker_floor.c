@@ -56,10 +56,10 @@ Test(worker_floor, loads_from_the_floor_without_the_files)
 	int rc = agt_call_url(w.url, &req, 20000, &r, &d);
 	cr_assert_eq(rc, 0, "pin: %s", wf_diag_str(&d, rc));
 	cr_assert_eq(r->code, AGT_ST(OK), "pin: %s\nworker log:\n%s", r->message,
-		     agt_worker_log(&w));
+	             agt_worker_log(&w));
 	wf_ctl_reply_free(r);
 	cr_assert_eq(residency(w.url, "m"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE,
-		     "worker log:\n%s", agt_worker_log(&w));
+	             "worker log:\n%s", agt_worker_log(&w));
 	cr_assert_eq(access(pm, F_OK), -1, "nothing recreated the file");
 	cr_assert_eq(agt_stop(a, 10000), 0);
 	free(gone);

@@ -15,7 +15,6 @@
 
 #define MiB (1ull << 20)
 
-
 #define LAYERS 3
 
 /* A qwen3moe GGUF of LAYERS layers made by wf-gen in dir, opened. */
@@ -27,16 +26,8 @@ static struct wf_model *gen_model(const char *dir)
 	snprintf(path, sizeof(path), "%s/moe.gguf", dir);
 	snprintf(err, sizeof(err), "%s/gen.err", dir);
 	char *gen = wft_exe("tools/wf-gen");
-	char *argv[] = {gen,
-	                "--arch",
-	                "qwen3moe",
-	                "--layers",
-	                "3",
-	                "--seed",
-	                "7",
-	                "-o",
-	                path,
-	                NULL};
+	char *argv[] = {gen,      "--arch", "qwen3moe", "--layers", "3",
+	                "--seed", "7",      "-o",       path,       NULL};
 	cr_assert_eq(wft_run(argv, NULL, err, 60), 0, "wf-gen failed (see %s)", err);
 	free(gen); /* the leak check of the sanitizer stage sees it otherwise */
 	OKD(wf_model_open(path, &m, D));

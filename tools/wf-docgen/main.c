@@ -1,6 +1,7 @@
 /* wf-docgen: writes the generated parts of docs/ERRORS.md (the error table, from base/error.h's
- * WF_ERROR_MAP) and docs/PROTOCOL.md (the message and field reference, from the .proto files in proto/), each
- * between a BEGIN and an END marker line, leaving the hand-written prose around them alone.
+ * WF_ERROR_MAP) and docs/PROTOCOL.md (the message and field reference, from the .proto files in
+ * proto/), each between a BEGIN and an END marker line, leaving the hand-written prose around them
+ * alone.
  *
  *   wf-docgen [--check] SOURCE_DIR
  *
@@ -27,7 +28,7 @@
 #include <string.h>
 
 #define ERR_BEGIN "<!-- BEGIN GENERATED error table (wf-docgen from base/error.h; do not edit) -->"
-#define ERR_END "<!-- END GENERATED error table -->"
+#define ERR_END   "<!-- END GENERATED error table -->"
 #define PROTO_BEGIN                                                                                \
 	"<!-- BEGIN GENERATED message reference (wf-docgen from proto/*.proto; do not edit) -->"
 #define PROTO_END "<!-- END GENERATED message reference -->"
@@ -166,16 +167,17 @@ static void parse_proto(const char *path, struct proto *pr)
 {
 	regex_t re_open, re_field, re_value, re_oneof, re_reserved;
 	if (regcomp(&re_open, "^(message|enum)[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*\\{[ \t]*$",
-		    REG_EXTENDED) ||
-	    regcomp(&re_field,
-		    "^[ \t]*(repeated[ \t]+)?([A-Za-z_][A-Za-z0-9_.]*)[ \t]+([A-Za-z_][A-Za-z0-9_]*)"
-		    "[ \t]*=[ \t]*([0-9]+)[ \t]*;[ \t]*(//(.*))?$",
-		    REG_EXTENDED) ||
+	            REG_EXTENDED) ||
+	    regcomp(
+	        &re_field,
+	        "^[ \t]*(repeated[ \t]+)?([A-Za-z_][A-Za-z0-9_.]*)[ \t]+([A-Za-z_][A-Za-z0-9_]*)"
+	        "[ \t]*=[ \t]*([0-9]+)[ \t]*;[ \t]*(//(.*))?$",
+	        REG_EXTENDED) ||
 	    regcomp(&re_value,
-		    "^[ \t]*([A-Z_][A-Z0-9_]*)[ \t]*=[ \t]*(-?[0-9]+)[ \t]*;[ \t]*(//(.*))?$",
-		    REG_EXTENDED) ||
+	            "^[ \t]*([A-Z_][A-Z0-9_]*)[ \t]*=[ \t]*(-?[0-9]+)[ \t]*;[ \t]*(//(.*))?$",
+	            REG_EXTENDED) ||
 	    regcomp(&re_oneof, "^[ \t]*oneof[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*\\{[ \t]*$",
-		    REG_EXTENDED) ||
+	            REG_EXTENDED) ||
 	    regcomp(&re_reserved, "^[ \t]*reserved[ \t]+([^;]*);[ \t]*(//(.*))?$", REG_EXTENDED)) {
 		fprintf(stderr, "wf-docgen: regcomp failed\n");
 		exit(2);
@@ -218,7 +220,7 @@ static void parse_proto(const char *path, struct proto *pr)
 		if (!cur) {
 			if (regexec(&re_open, line, 3, m, 0) == 0) {
 				struct item *items =
-					realloc(pr->items, (pr->n_items + 1) * sizeof(*items));
+				    realloc(pr->items, (pr->n_items + 1) * sizeof(*items));
 				if (!items)
 					exit(2);
 				pr->items = items;
@@ -228,9 +230,9 @@ static void parse_proto(const char *path, struct proto *pr)
 				cur->name = group(line, &m[2]);
 				doc_add(&cur->doc, leading);
 			} else if (strncmp(p, "syntax", 6) && strncmp(p, "package", 7) &&
-				   strncmp(p, "option", 6) && strncmp(p, "import", 6)) {
-				fprintf(stderr, "wf-docgen: %s:%d: not understood: %s\n", path, lineno,
-					line);
+			           strncmp(p, "option", 6) && strncmp(p, "import", 6)) {
+				fprintf(stderr, "wf-docgen: %s:%d: not understood: %s\n", path,
+				        lineno, line);
 				exit(2);
 			}
 		} else if (*p == '}') {
@@ -258,8 +260,8 @@ static void parse_proto(const char *path, struct proto *pr)
 		} else {
 			bool is_value = cur->is_enum;
 			if (regexec(is_value ? &re_value : &re_field, line, 7, m, 0) != 0) {
-				fprintf(stderr, "wf-docgen: %s:%d: not understood: %s\n", path, lineno,
-					line);
+				fprintf(stderr, "wf-docgen: %s:%d: not understood: %s\n", path,
+				        lineno, line);
 				exit(2);
 			}
 			struct decl *ds = realloc(cur->decls, (cur->n_decls + 1) * sizeof(*ds));
@@ -340,7 +342,7 @@ static void gen_item(struct str *out, const struct proto *pr, const struct item 
 		for (size_t i = 0; i < it->n_decls; i++) {
 			const struct decl *d = &it->decls[i];
 			sprintf_(out, "| `%s` | %s | %s", d->name, d->number,
-				 d->repeated ? "repeated " : "");
+			         d->repeated ? "repeated " : "");
 			put_type(out, pr, d->type);
 			if (d->oneof)
 				sprintf_(out, " (oneof `%s`)", d->oneof);
@@ -355,7 +357,7 @@ static void gen_item(struct str *out, const struct proto *pr, const struct item 
 }
 
 static void gen_protocol(struct str *out, const struct proto *pr, const char *const *files,
-			 size_t n_files)
+                         size_t n_files)
 {
 	sput(out, "Generated from");
 	for (size_t i = 0; i < n_files; i++)
@@ -396,7 +398,7 @@ static void proto_free(struct proto *pr)
 
 /* doc with the lines between begin and end (markers kept) replaced by body. */
 static char *splice(const char *path, const char *doc, const char *begin, const char *end,
-		    const char *body)
+                    const char *body)
 {
 	const char *b = strstr(doc, begin), *e = b ? strstr(b, end) : NULL;
 	if (!b || !e || (b != doc && b[-1] != '\n') || (e[-1] != '\n')) {
@@ -421,9 +423,10 @@ static int update(const char *path, const char *old, const char *new, bool check
 		const char *a = old, *b = new;
 		for (; *a && *a == *b; a++, b++)
 			line += *a == '\n';
-		fprintf(stderr, "wf-docgen: %s differs from its sources from line %d on: run "
-				"`cmake --build build --target docs` and commit the result\n",
-			path, line);
+		fprintf(stderr,
+		        "wf-docgen: %s differs from its sources from line %d on: run "
+		        "`cmake --build build --target docs` and commit the result\n",
+		        path, line);
 		return 1;
 	}
 	char tmp[4096];
