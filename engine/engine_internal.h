@@ -5,7 +5,7 @@
 
 #include "device/device.h"
 #include "engine/engine.h"
-#include "engine/pool.h"
+#include "kernels/pool.h"
 #include "engine/postfetch.h"
 #include "kernels/kernels.h"
 

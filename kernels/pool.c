@@ -4,7 +4,7 @@
  * run yet, so it never reads a run's fields while the caller writes them, and a late worker that
  * wakes for a finished run claims nothing (next is past n_tasks). Workers spin on gen for a while,
  * then sleep on a futex keyed on it. The run ends when done reaches n_tasks. */
-#include "engine/pool.h"
+#include "kernels/pool.h"
 
 #include "base/error.h"
 

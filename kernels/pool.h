@@ -1,4 +1,4 @@
-/* A persistent thread pool for the engine's parallel loops: n_threads - 1 workers created once,
+/* A persistent thread pool for the host backend's parallel loops: n_threads - 1 workers created once,
  * plus the caller's thread, which takes part in every run.
  *
  * A run splits [0, n_tasks) among the threads: each task index is executed exactly once, by
@@ -8,8 +8,8 @@
  * idle engine burns no CPU.
  *
  * One run at a time: wf_pool_run must not be called concurrently, nor from inside a task. */
-#ifndef WF_ENGINE_POOL_H
-#define WF_ENGINE_POOL_H
+#ifndef WF_KERNELS_POOL_H
+#define WF_KERNELS_POOL_H
 
 #include <stdint.h>
 

@@ -1,0 +1,44 @@
+/* The CPU's non-matmul numerics: each one computes what the ggml CPU op named in its comment
+ * computes (llama.cpp b10573, ggml/src/ggml-cpu/ops.cpp and vec.h), in the same order where the
+ * order shows in the result. The host backend (backend_host.c) computes with them; the CUDA
+ * kernels' host twins are checked against them (tests/cuda). Pure and thread-safe. */
+#ifndef WF_KERNELS_CPU_OPS_H
+#define WF_KERNELS_CPU_OPS_H
+
+#include "kernels/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ggml_rms_norm (sum of squares in double), then ggml_mul by w (NULL: the norm only). y may
+ * alias x. */
+void wf_cpu_rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps);
+/* ggml's rope cache for one position (ggml_rope_cache_init): cos and sin of each pair's angle,
+ * interleaved, n_dims floats; the angle advances by repeated float multiplication as ggml's. */
+void wf_cpu_rope_angles(uint32_t pos, uint32_t n_dims, float base, float *cs);
+/* ggml_rope_ext for one head with those angles: n_dims rotated, the rest of the head untouched. */
+void wf_cpu_rope(float *x, uint32_t n_dims, const float *cs, enum wf_backend_rope kind);
+/* ggml_soft_max over n values, in place (the sum in double). */
+void wf_cpu_softmax(float *x, uint32_t n);
+/* The MoE router for one token (backend.h, route): probs_scratch holds n_expert floats. */
+void wf_cpu_route(const float *logits, uint32_t n_expert, uint32_t k, float *probs_scratch,
+                  int32_t *ret_ids, float *ret_weights);
+/* silu(g) * u, elementwise (ggml_swiglu_split). y may alias g. */
+void wf_cpu_swiglu(const float *g, const float *u, float *y, uint32_t n);
+/* Attention of one query head over n_kv cached positions (backend.h, attention), writing
+ * head_dim floats to out. scratch: 2 * head_dim + n_kv floats. */
+void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
+                   uint32_t n_kv, uint32_t head_dim, float scale, enum wf_backend_kv type,
+                   float *scratch, float *out);
+/* The experts' weighted sum of n tokens (backend.h, moe_sum): d's rows token-major. */
+void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,
+                    float *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
