@@ -352,6 +352,13 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	if (h.state != WF_SHM_STATE_READY)
 		return wf_diag_set(diag, WF_ENOT_READY, "region state is %s",
 		                   wf_shm_state_name(h.state));
+	/* Before the header checksum: a publisher that died between the two halves of its seqlock
+	 * write left the generation odd and the checksum written for the even one to come, so the
+	 * checksum would fail too, and "a publish never finished" is the truer answer. */
+	if (h.generation & 1)
+		return wf_diag_set(diag, WF_ENOT_READY,
+		                   "region generation %" PRIu64 " is odd: a publish never finished",
+		                   h.generation);
 	uint64_t sum = wf_shm_header_checksum(&h);
 	if (sum != h.header_checksum)
 		return wf_diag_set(diag, WF_ECHECKSUM,
@@ -366,10 +373,6 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		return wf_diag_set(diag, WF_EFORMAT, "region header names %s, expected %s", got + 3,
 		                   want + 3);
 	}
-	if (h.generation & 1)
-		return wf_diag_set(diag, WF_ENOT_READY,
-		                   "region generation %" PRIu64 " is odd: a publish never finished",
-		                   h.generation);
 	if (h.total_size != size)
 		return wf_diag_set(diag, h.total_size > size ? WF_ETRUNCATED : WF_EFORMAT,
 		                   "region file is %" PRIu64 " bytes, header says %" PRIu64, size,

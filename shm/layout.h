@@ -113,21 +113,25 @@
  * counts against the bytes left and the WF_MODEL_MAX_* caps, NUL terminators, types, trailing
  * bytes), so a corrupt section is an error, never a fault.
  *
- * Generations (publishing a changed tensor; written now so the format need not change later):
+ * Generations (publishing changed tensors; the writer is shm/publish.c):
  *  1. The publisher holds the guard lock EX (shm/region.h), so attachers, which validate the
  *     header under the same lock, never see a publish half done.
  *  2. It appends the new bytes to the spare area at spare_offset + spare_used (64-aligned), which
  *     no reader looks at yet, and computes their xxh3-64.
  *  3. Seqlock write: generation += 1 (now odd), release fence; store the entry's floor_offset,
- *     checksum and generation (= the final even header generation), and spare_used; release
- *     fence; generation += 1 (even again). Then it recomputes tables_checksum and
- *     header_checksum.
+ *     checksum and generation (= the final even header generation), and spare_used; recompute
+ *     tables_checksum and header_checksum (the latter for the final generation); then
+ *     generation += 1 (even again) with a release store. So every even generation belongs to a
+ *     whole region whose checksums hold. One publish of several tensors is one generation.
  *  4. Readers (wf_shm_region_tensor) load generation with acquire, retry while it is odd, copy the
  *     entry, fence, and retry if generation moved. The old bytes are never overwritten: the spare
  *     area only grows, so an upload that started from generation g keeps reading intact bytes
  *     after g+1 is published. Space comes back when the region is rebuilt.
  * A publisher that dies mid-publish leaves an odd generation; the next attacher treats the region
- * as broken and rebuilds it.
+ * as broken (WF_ENOT_READY, checked before the header checksum, which the dead publisher may
+ * already have rewritten for the generation it never reached) and rebuilds it. Bytes appended
+ * past spare_used by a publish that failed are referenced by no entry and overwritten by the
+ * next. The writer is shm/publish.c (wf_shm_region_publish()).
  * Why generations, and not a new region under a new digest ("a model name now points at other
  * weights", a design the protocol once carried as the HOTSWAP event): hot-swapping one tensor and
  * trainers' live updates both change a few tensors of a large model. A new region would copy the

@@ -31,7 +31,7 @@
 
 #define ATTACH_FLAGS                                                                               \
 	(WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD | WF_SHM_ATTACH_NOWAIT |                     \
-	 WF_SHM_ATTACH_STREAM | WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY)
+	 WF_SHM_ATTACH_STREAM | WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY | WF_SHM_ATTACH_WRITE)
 
 static int64_t now_ns(void)
 {
@@ -558,8 +558,9 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 	__atomic_store_n(&h->state, WF_SHM_STATE_READY, __ATOMIC_RELEASE);
 	r->hdr = *h;
 	/* The agent keeps a read-only view like everyone else: a stray write faults here instead of
-	 * corrupting every worker's weights. A later publish can mprotect a range back. Only the
-	 * pages written through the mapping have entries to change. */
+	 * corrupting every worker's weights. A publish maps a writable view of its own for the
+	 * length of the call (shm/publish.c). Only the pages written through the mapping have
+	 * entries to change. */
 	if (mprotect(base, (size_t)size, PROT_READ) != 0) {
 		rc = wf_diag_set(diag, -errno, "mprotect %s: %s", r->path, strerror(errno));
 		goto fail;
@@ -612,6 +613,8 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	const bool may_create = flags & WF_SHM_ATTACH_CREATE;
 	const bool may_rebuild = flags & WF_SHM_ATTACH_REBUILD;
 	const bool writer = may_create || may_rebuild;
+	/* WRITE opens for publishing but, unlike the writer modes, creates and removes nothing. */
+	const bool rdwr = writer || (flags & WF_SHM_ATTACH_WRITE);
 	const bool owned = flags & (WF_SHM_ATTACH_OWNED | WF_SHM_ATTACH_VERIFY);
 	struct wf_shm_layout layout;
 	struct wf_shm_region *r = NULL;
@@ -635,6 +638,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	if (!r)
 		return -ENOMEM;
 	r->fd = r->holders_fd = -1;
+	r->writable = rdwr;
 	r->digest = *digest;
 	r->dir = strdup(wf__shm_dir(cfg));
 	if (!r->dir || wf__shm_paths(cfg, digest, &r->path, &r->guard_path, &r->holders_path) < 0 ||
@@ -674,7 +678,7 @@ int wf_shm_region_attach(const struct wf_shm_config *cfg, const struct wf_digest
 	}
 
 	/* Under the guard: nobody else creates, fills, rebuilds or unlinks this region now. */
-	r->fd = open(r->path, (writer ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+	r->fd = open(r->path, (rdwr ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
 	if (r->fd < 0) {
 		if (errno != ENOENT) {
 			rc = wf_diag_set(diag, -errno, "open %s: %s", r->path, strerror(errno));

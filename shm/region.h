@@ -36,6 +36,10 @@
  *       release store; map PROT_READ;
  *       otherwise: fail (WF_ENOT_READY, or the validation error, or -ENOENT), touching nothing;
  *     → lock(holders) SH → guard UN.
+ *   publish (wf_shm_region_publish(), a WRITE attachment): lock(guard) EX → the path still names
+ *     the mapped inode → the live header and tables validate → append, seqlock, checksums (see
+ *     shm/layout.h) → guard UN. An attacher therefore validates either the region before the
+ *     publish or after it, never half of one.
  *   detach: munmap → lock(guard) EX → holders UN → holders EX|NB: if it succeeds this was the
  *     last holder: unless the keep marker exists, unlink region, holders, guard → guard UN.
  *   set_keep: lock(guard) EX → create or unlink the marker → (no region and no holders file:
@@ -100,11 +104,16 @@ struct wf_shm_config {
  * (wf_shm_region_verify()) before using it: a region whose bytes were altered behind a valid
  * header is rebuilt (REBUILD) or refused (WF_ECHECKSUM). Reads every byte, under the guard: for
  * the agent's adoption of floors it did not make in this run. */
-#define WF_SHM_ATTACH_VERIFY     0x20u
-#define WF_SHM_ATTACH_READER     0x0u
-#define WF_SHM_ATTACH_MUST_EXIST WF_SHM_ATTACH_REBUILD /* re-adopt (and repair) but never create   \
-	                                                */
-#define WF_SHM_ATTACH_AGENT (WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD)
+#define WF_SHM_ATTACH_VERIFY 0x20u
+/* Open the region file O_RDWR, so that this attachment may publish (wf_shm_region_publish()).
+ * Creates and rebuilds nothing by itself (add CREATE or REBUILD for that; they open O_RDWR
+ * anyway). Only the region's owner can open it so (mode 0640): the agent. Its mapping stays
+ * PROT_READ; a publish maps a writable view of its own for the length of the call. */
+#define WF_SHM_ATTACH_WRITE  0x40u
+#define WF_SHM_ATTACH_READER 0x0u
+/* Re-adopt (and repair) but never create. */
+#define WF_SHM_ATTACH_MUST_EXIST WF_SHM_ATTACH_REBUILD
+#define WF_SHM_ATTACH_AGENT      (WF_SHM_ATTACH_CREATE | WF_SHM_ATTACH_REBUILD)
 
 struct wf_shm_region;
 
@@ -235,6 +244,51 @@ struct wf_shm_tensor_info {
 	uint64_t generation;
 };
 
+/* ---- publishing (shm/layout.h, "Generations") --------------------------------------------- */
+
+/* New contents for one tensor. The type and the size are the entry's: a publish changes bytes,
+ * never a shape or a type (that needs other tables: a later format's). */
+struct wf_shm_publish_tensor {
+	uint32_t index;   /* the tensor, < n_tensors (wf_shm_region_find() gives it by name) */
+	uint32_t dtype;   /* enum wf_dtype: must equal the entry's */
+	uint64_t nbytes;  /* must equal the entry's */
+	const void *data; /* nbytes of new contents; read during the call only, never kept */
+};
+
+/* Publishes new bytes for n tensors of a READY region as ONE generation, per the protocol of
+ * shm/layout.h: under the guard lock EX (attachers and scans wait or see BUSY), after checking
+ * that the region file is still the one this handle maps and that its live header and tables
+ * validate, the bytes are appended to the spare area (64-byte aligned, after spare_used), hashed
+ * there, and the entries switched under the generation seqlock; the table and header checksums
+ * are rewritten inside the seqlock's odd window, so a region whose generation is even is whole,
+ * and one whose publisher died mid-way is odd: WF_ENOT_READY for every later attacher, which
+ * rebuilds it (REBUILD) or refuses it. Old bytes are never overwritten: readers that hold an old
+ * entry (floor_offset, checksum, generation g) keep reading intact bytes.
+ *
+ * Needs an attachment opened for writing (WF_SHM_ATTACH_WRITE, CREATE or REBUILD). The handle's
+ * header snapshot (wf_shm_region_header()) stays the attach's; wf_shm_region_generation() and
+ * wf_shm_region_spare() read the live header. Returns 0 and *ret_generation (the new, even
+ * header generation; every entry published carries it), or, with diag saying which tensor and
+ * why, and nothing changed:
+ *   WF_EINVAL      n == 0, NULL arguments, or a tensor's nbytes or dtype that is not its entry's;
+ *   WF_ENOT_FOUND  an index >= n_tensors;
+ *   WF_EDUPLICATE  the same tensor twice;
+ *   WF_EPERMISSION the attachment is read-only;
+ *   WF_ENO_SPACE   the spare area cannot hold the new bytes (its size, use and the need given);
+ *   WF_ENOT_READY  the region is not READY or a publish never finished (odd generation);
+ *   WF_ESTATE      the region file was removed or replaced since this attach;
+ *   the validation error of a region damaged since attach; -errno (mmap, pwrite, lock).
+ * Thread-safe against readers in any process and against other publishers (the guard serializes
+ * them); not against detach of the same handle. Blocks while another process holds the guard (a
+ * materialization of the same model). */
+int wf_shm_region_publish(struct wf_shm_region *region, const struct wf_shm_publish_tensor *tensors,
+                          uint32_t n, uint64_t *ret_generation, struct wf_diag *diag);
+
+/* The spare area as the live header says now: its size and the bytes published into it. For
+ * status displays. Thread-safe. */
+void wf_shm_region_spare(const struct wf_shm_region *region, uint64_t *ret_size,
+                         uint64_t *ret_used);
+
 /* Tensor by index (< n_tensors) or by name (O(log n)). 0, WF_ENOT_FOUND, or WF_EFORMAT when the
  * entry is out of bounds (the region was damaged after attach), WF_ESTATE if a publish never
  * finished. Thread-safe. */
@@ -271,7 +325,7 @@ uint64_t wf_shm_region_generation(const struct wf_shm_region *region); /* live, 
 const void *wf_shm_region_data(const struct wf_shm_region *region);    /* the mapping's base */
 uint64_t wf_shm_region_size(const struct wf_shm_region *region);
 /* The region's fd, owned by the handle: O_RDONLY for READER attaches (for io_uring reads of
- * tensor bytes at floor_offset), O_RDWR for writer modes. */
+ * tensor bytes at floor_offset), O_RDWR for writer modes and WRITE. */
 int wf_shm_region_fd(const struct wf_shm_region *region);
 const char *wf_shm_region_path(const struct wf_shm_region *region);
 void wf_shm_region_digest(const struct wf_shm_region *region, struct wf_digest *ret_digest);

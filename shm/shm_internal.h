@@ -21,6 +21,7 @@ struct wf_shm_region {
 	struct wf_shm_header hdr;   /* snapshot validated at attach */
 	const uint32_t *name_index; /* in the mapping: tensor indices sorted by name */
 	bool materialized;
+	bool writable; /* the fd is O_RDWR: the attachment may publish */
 	char *rebuild_reason;
 	struct wf__shm_reserve *reserve; /* reservation frontier while a STREAM fill runs */
 };
@@ -48,6 +49,13 @@ int wf__shm_tensor_bounds(const struct wf_shm_header *h, uint64_t floor_offset, 
 /* Test hook: reserving a STREAM region's data area fails with err (a negative errno) from offset
  * from on; UINT64_MAX turns it off. Not thread-safe: set it before attaching. */
 void wf__shm_set_reserve_fault(uint64_t from, int err);
+
+/* publish.c */
+
+/* Test hook: called inside a publish's seqlock window (the header generation odd, the entries
+ * switched, the checksums not yet rewritten), so a test can kill the publisher there. NULL turns
+ * it off. Not thread-safe: set it before publishing. */
+void wf__shm_set_publish_hook(void (*hook)(void *arg), void *arg);
 
 /* lock.c */
 
