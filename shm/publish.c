@@ -77,7 +77,7 @@ static const char *dtype_name(uint32_t dtype)
 /* The arguments against the snapshot taken at attach (the fields they are compared with never
  * change after READY; the live entries are checked again under the guard). */
 static int check_args(const struct wf_shm_region *r, const struct wf_shm_publish_tensor *t,
-                      uint32_t n, struct wf_diag *diag)
+                      uint32_t n, bool dry, struct wf_diag *diag)
 {
 	const uint32_t n_tensors = r->hdr.n_tensors;
 	uint8_t *seen = NULL;
@@ -113,7 +113,7 @@ static int check_args(const struct wf_shm_region *r, const struct wf_shm_publish
 			break;
 		}
 		seen[x / 8] |= (uint8_t)(1u << (x % 8));
-		if (t[i].nbytes && !t[i].data) {
+		if (t[i].nbytes && !t[i].data && !dry) {
 			rc = wf_diag_set(diag, WF_EINVAL,
 			                 "publish: tensor index %" PRIu32 ": no data", x);
 			break;
@@ -227,17 +227,19 @@ static uint64_t switch_entries(uint8_t *wbase, const struct wf_shm_header *h,
 }
 
 int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_tensor *t,
-                          uint32_t n, uint64_t *ret_generation, struct wf_diag *diag)
+                          uint32_t n, unsigned flags, uint64_t *ret_generation,
+                          struct wf_diag *diag)
 {
+	const bool dry = flags & WF_SHM_PUBLISH_DRY_RUN;
 	struct wf_shm_header h;
 	uint64_t *place = NULL, *sums = NULL, used = 0, gen;
 	void *wbase = MAP_FAILED;
 	int gfd = -1, rc;
 
-	if (!r || !r->base || !t || n == 0 || !ret_generation)
+	if (!r || !r->base || !t || n == 0 || !ret_generation || (flags & ~WF_SHM_PUBLISH_DRY_RUN))
 		return wf_diag_set(diag, WF_EINVAL,
 		                   "publish: bad arguments (no region or no tensors)");
-	rc = check_args(r, t, n, diag);
+	rc = check_args(r, t, n, dry, diag);
 	if (rc < 0)
 		return rc;
 	place = calloc(n, sizeof(*place));
@@ -268,16 +270,21 @@ int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_t
 		                short_name(r));
 		goto out;
 	}
-	wbase = mmap(NULL, (size_t)r->size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-	if (wbase == MAP_FAILED) {
-		rc = wf_diag_set(diag, -errno, "map %s writable: %s", r->path, strerror(errno));
-		goto out;
+	if (!dry) {
+		wbase = mmap(NULL, (size_t)r->size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+		if (wbase == MAP_FAILED) {
+			rc = wf_diag_set(diag, -errno, "map %s writable: %s", r->path,
+			                 strerror(errno));
+			goto out;
+		}
 	}
+	/* A dry run reads through the attachment's own (read-only) mapping of the same inode. */
+	uint8_t *view = dry ? r->base : wbase;
 	/* The live header and tables, whole (READY, an even generation, both checksums, every
 	 * bound): what the entries are switched in must be what attachers would accept. */
 	struct wf_diag why;
 	wf_diag_clear(&why);
-	rc = wf__shm_validate(wbase, r->size, &r->digest, &h, &why);
+	rc = wf__shm_validate(view, r->size, &r->digest, &h, &why);
 	if (rc < 0) {
 		wf_diag_set(diag, rc, "publish to region %s: %s", short_name(r),
 		            wf_diag_str(&why, rc));
@@ -290,9 +297,12 @@ int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_t
 		                 short_name(r));
 		goto out;
 	}
-	rc = plan(r, &h, wbase, t, n, place, &used, diag);
-	if (rc < 0)
+	rc = plan(r, &h, view, t, n, place, &used, diag);
+	if (rc < 0 || dry) {
+		if (rc == 0)
+			*ret_generation = h.generation;
 		goto out;
+	}
 	rc = copy_in(r, wbase, (h.flags & WF_SHM_HDR_HUGETLB) != 0, t, n, place, sums, diag);
 	if (rc < 0)
 		goto out;

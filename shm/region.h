@@ -255,6 +255,12 @@ struct wf_shm_publish_tensor {
 	const void *data; /* nbytes of new contents; read during the call only, never kept */
 };
 
+/* wf_shm_region_publish() flags. DRY_RUN: every check, under the guard as for a real publish
+ * (the arguments, the live region, the room in the spare area), and nothing written;
+ * *ret_generation is the region's generation now. For callers that validate a request before
+ * its bytes travel. */
+#define WF_SHM_PUBLISH_DRY_RUN 0x1u
+
 /* Publishes new bytes for n tensors of a READY region as ONE generation, per the protocol of
  * shm/layout.h: under the guard lock EX (attachers and scans wait or see BUSY), after checking
  * that the region file is still the one this handle maps and that its live header and tables
@@ -270,7 +276,8 @@ struct wf_shm_publish_tensor {
  * wf_shm_region_spare() read the live header. Returns 0 and *ret_generation (the new, even
  * header generation; every entry published carries it), or, with diag saying which tensor and
  * why, and nothing changed:
- *   WF_EINVAL      n == 0, NULL arguments, or a tensor's nbytes or dtype that is not its entry's;
+ *   WF_EINVAL      n == 0, NULL arguments, unknown flags, or a tensor's nbytes or dtype that is
+ *                  not its entry's (with DRY_RUN, data may be NULL);
  *   WF_ENOT_FOUND  an index >= n_tensors;
  *   WF_EDUPLICATE  the same tensor twice;
  *   WF_EPERMISSION the attachment is read-only;
@@ -282,7 +289,8 @@ struct wf_shm_publish_tensor {
  * them); not against detach of the same handle. Blocks while another process holds the guard (a
  * materialization of the same model). */
 int wf_shm_region_publish(struct wf_shm_region *region, const struct wf_shm_publish_tensor *tensors,
-                          uint32_t n, uint64_t *ret_generation, struct wf_diag *diag);
+                          uint32_t n, unsigned flags, uint64_t *ret_generation,
+                          struct wf_diag *diag);
 
 /* The spare area as the live header says now: its size and the bytes published into it. For
  * status displays. Thread-safe. */

@@ -90,7 +90,7 @@ static uint64_t publish_ok(struct wf_shm_region *r, const struct wf_shm_publish_
 	struct wf_diag diag;
 	uint64_t g = 0;
 	wf_diag_clear(&diag);
-	int rc = wf_shm_region_publish(r, t, n, &g, &diag);
+	int rc = wf_shm_region_publish(r, t, n, 0, &g, &diag);
 	cr_assert_eq(rc, 0, "publish: %s", wf_diag_str(&diag, rc));
 	return g;
 }
@@ -192,7 +192,7 @@ Test(publish, write_attachment_publishes_reader_cannot, .init = setup, .fini = t
 	struct wf_diag diag;
 	uint64_t g = 77;
 	wf_diag_clear(&diag);
-	cr_assert_eq(wf_shm_region_publish(rd, &t, 1, &g, &diag), WF_EPERMISSION);
+	cr_assert_eq(wf_shm_region_publish(rd, &t, 1, 0, &g, &diag), WF_EPERMISSION);
 	cr_assert(strstr(diag.msg, "read-only"), "%s", diag.msg);
 	cr_assert_eq(g, 77, "ret_generation written on failure");
 	cr_assert_eq(wf_shm_region_generation(rd), 0);
@@ -224,7 +224,7 @@ static void expect_refused(struct wf_shm_region *r, const struct wf_shm_publish_
 	uint64_t gen0 = wf_shm_region_generation(r);
 	wf_shm_region_spare(r, &size0, &used0);
 	wf_diag_clear(&diag);
-	int rc = wf_shm_region_publish(r, t, n, &g, &diag);
+	int rc = wf_shm_region_publish(r, t, n, 0, &g, &diag);
 	cr_assert_eq(rc, want, "publish: %s, want %s (%s)", wf_strerror(rc), wf_strerror(want),
 	             diag.msg);
 	cr_assert(!needle || strstr(diag.msg, needle), "'%s' not in: %s", needle, diag.msg);
@@ -243,9 +243,9 @@ Test(publish, bad_input_changes_nothing, .init = setup, .fini = teardown)
 	struct wf_shm_publish_tensor t0 = version(a, 0, 1, &b0), t3 = version(a, 3, 3, &b3);
 
 	uint64_t g;
-	cr_assert_eq(wf_shm_region_publish(a, &t0, 0, &g, NULL), WF_EINVAL, "no tensors");
-	cr_assert_eq(wf_shm_region_publish(a, NULL, 1, &g, NULL), WF_EINVAL);
-	cr_assert_eq(wf_shm_region_publish(NULL, &t0, 1, &g, NULL), WF_EINVAL);
+	cr_assert_eq(wf_shm_region_publish(a, &t0, 0, 0, &g, NULL), WF_EINVAL, "no tensors");
+	cr_assert_eq(wf_shm_region_publish(a, NULL, 1, 0, &g, NULL), WF_EINVAL);
+	cr_assert_eq(wf_shm_region_publish(NULL, &t0, 1, 0, &g, NULL), WF_EINVAL);
 
 	struct wf_shm_publish_tensor bad = t0;
 	bad.index = n;
@@ -263,6 +263,20 @@ Test(publish, bad_input_changes_nothing, .init = setup, .fini = teardown)
 	bad = t3;
 	bad.data = NULL;
 	expect_refused(a, &bad, 1, WF_EINVAL, "no data");
+
+	/* a dry run checks and writes nothing; it needs no bytes */
+	struct wf_shm_publish_tensor sizes[2] = {t0, t3};
+	sizes[0].data = sizes[1].data = NULL;
+	cr_assert_eq(wf_shm_region_publish(a, sizes, 2, WF_SHM_PUBLISH_DRY_RUN, &g, NULL), 0);
+	cr_assert_eq(g, 0, "a dry run answers the current generation");
+	cr_assert_eq(wf_shm_region_generation(a), 0);
+	cr_assert_eq(info(a, 0).generation, 0);
+	struct wf_shm_publish_tensor dry_bad = bad;
+	dry_bad.dtype = t3.dtype;
+	dry_bad.nbytes += 1;
+	cr_assert_eq(wf_shm_region_publish(a, &dry_bad, 1, WF_SHM_PUBLISH_DRY_RUN, &g, NULL),
+	             WF_EINVAL);
+	cr_assert_eq(wf_shm_region_publish(a, &t0, 1, 0x80, &g, NULL), WF_EINVAL, "flags");
 
 	/* after all that, a good publish is generation 2 */
 	cr_assert_eq(publish_ok(a, pair, 1), 2);
@@ -284,6 +298,9 @@ Test(publish, spare_exhausted, .init = setup, .fini = teardown)
 	cr_assert_eq(info(a, 1).generation, 0, "part of a refused publish landed");
 	cr_assert_eq(publish_ok(a, &t1, 1), 4);
 	expect_refused(a, &t4, 1, WF_ENO_SPACE, "spare");
+	uint64_t g = 0;
+	cr_assert_eq(wf_shm_region_publish(a, &t4, 1, WF_SHM_PUBLISH_DRY_RUN, &g, NULL),
+	             WF_ENO_SPACE, "a dry run sees the room too");
 
 	/* a region made without a spare area refuses every publish */
 	struct wf_shm_region *rd = attach(WF_SHM_ATTACH_READER);
@@ -433,7 +450,7 @@ Test(publish, killed_publisher_leaves_a_region_attachers_rebuild, .init = setup,
 		    .index = 2, .dtype = ti.dtype, .nbytes = ti.nbytes, .data = b};
 		wf__shm_set_publish_hook(die, NULL);
 		uint64_t g;
-		wf_shm_region_publish(w, &t, 1, &g, NULL);
+		wf_shm_region_publish(w, &t, 1, 0, &g, NULL);
 		_exit(4); /* the hook kills us first */
 	}
 	int st = shmt_wait(child, 30);
