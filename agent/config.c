@@ -26,6 +26,7 @@ int wf_agent_config_init(struct wf_agent_config *cfg)
 	cfg->events_url = strdup(WF_AGENT_DEFAULT_EVENTS);
 	cfg->io_backend = strdup("auto");
 	cfg->max_message = 4u << 20;
+	cfg->spare_percent = WF_AGENT_SPARE_PERCENT_DEFAULT;
 	cfg->io_queue_depth = 64;
 	cfg->io_chunk = 1u << 20;
 	cfg->io_parallel_files = 4;
@@ -115,6 +116,41 @@ static int get_size(struct json_object *v, const char *key, uint64_t *out, struc
 		return 0;
 	}
 	return wf_diag_set(diag, WF_EINVAL, "config: '%s' must be a size (number or \"64G\")", key);
+}
+
+int wf_agent_config_set_spare(struct wf_agent_config *cfg, const char *value, struct wf_diag *diag)
+{
+	size_t len = value ? strlen(value) : 0;
+	if (len > 1 && value[len - 1] == '%') {
+		char *end;
+		double pct = strtod(value, &end);
+		if (end == value + len - 1 && pct > 0 && pct <= 100) {
+			cfg->spare_percent = pct;
+			cfg->spare_bytes = 0;
+			return 0;
+		}
+	} else if (len > 0) {
+		uint64_t b;
+		if (wf_parse_size(value, &b) == 0) {
+			cfg->spare_percent = 0;
+			cfg->spare_bytes = b;
+			return 0;
+		}
+	}
+	return wf_diag_set(
+	    diag, WF_EINVAL,
+	    "spare: '%s' is neither a percentage of the model (\"2%%\", in (0, 100]) "
+	    "nor a size (\"256M\", \"0\")",
+	    value ? value : "");
+}
+
+uint64_t wf_agent_config_spare(const struct wf_agent_config *cfg, uint64_t model_bytes)
+{
+	if (cfg->spare_percent <= 0)
+		return cfg->spare_bytes;
+	double b = (double)model_bytes * cfg->spare_percent / 100.0;
+	uint64_t spare = b >= 9.2e18 ? (uint64_t)INT64_MAX : (uint64_t)b;
+	return spare < WF_AGENT_SPARE_MIN ? WF_AGENT_SPARE_MIN : spare;
 }
 
 static int get_u32(struct json_object *v, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
@@ -327,7 +363,25 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->group, diag);
 		else if (strcmp(key, "host_budget") == 0)
 			rc = get_size(v, key, &cfg->host_budget, diag);
-		else if (strcmp(key, "model_roots") == 0)
+		else if (strcmp(key, "spare") == 0) {
+			char num[32];
+			const char *val = NULL;
+			if (json_object_is_type(v, json_type_int) &&
+			    json_object_get_int64(v) >= 0) {
+				snprintf(num, sizeof num, "%lld",
+				         (long long)json_object_get_int64(v));
+				val = num;
+			} else if (json_object_is_type(v, json_type_string)) {
+				val = json_object_get_string(v);
+			} else {
+				return wf_diag_set(diag, WF_EINVAL,
+				                   "config: 'spare' must be \"N%%\" or a size");
+			}
+			struct wf_diag d = {{0}};
+			rc = wf_agent_config_set_spare(cfg, val, &d);
+			if (rc < 0)
+				rc = wf_diag_set(diag, rc, "config: %s", wf_diag_str(&d, rc));
+		} else if (strcmp(key, "model_roots") == 0)
 			rc = parse_roots(cfg, v, diag);
 		else if (strcmp(key, "socket") == 0)
 			rc = get_string(v, key, &cfg->socket_url, diag);

@@ -4,6 +4,9 @@
  *     "floor_dir": "/dev/shm/weightfloor",   tmpfs or hugetlbfs directory for regions
  *     "group": "weightfloor",                 group (name or number): reads floors, may connect
  *     "host_budget": "64G",                   bytes of floors the agent may hold at once
+ *     "spare": "2%",                          spare area of each new floor, for published
+ *                                             tensor versions: "N%" of the model's tensor bytes
+ *                                             (at least 1 MiB), or a size ("256M"; 0: none)
  *     "model_roots": ["/models"],             every model path must resolve under one of these
  *     "socket": "ipc:///run/weightfloor/agent.sock",
  *     "events": "ipc:///run/weightfloor/events.sock",
@@ -35,6 +38,12 @@
 #define WF_AGENT_DEFAULT_EVENTS     "ipc:///run/weightfloor/events.sock"
 #define WF_AGENT_DEFAULT_STATE_FILE "/var/lib/weightfloor/agent-state.json"
 #define WF_AGENT_MAX_MODELS         4096
+/* The spare area of a new floor (shm/layout.h: where published tensor versions go; it is
+ * reserved in RAM with the floor and comes back only when the floor is rebuilt). By default a
+ * share of the model, so that a floor can take a few rounds of changes to some of its tensors;
+ * never less than WF_AGENT_SPARE_MIN, so that small models can publish too. */
+#define WF_AGENT_SPARE_PERCENT_DEFAULT 2.0
+#define WF_AGENT_SPARE_MIN             ((uint64_t)1 << 20)
 
 struct wf_agent_model_cfg {
 	char *name;
@@ -48,6 +57,10 @@ struct wf_agent_config {
 	char *group;          /* NULL: the agent's own group */
 	gid_t gid;            /* resolved from group; (gid_t)-1 when unset */
 	uint64_t host_budget; /* 0: half of MemTotal, resolved at start */
+	/* The spare area of new floors: spare_percent of the model's tensor bytes (at least
+	 * WF_AGENT_SPARE_MIN) when > 0, else exactly spare_bytes. wf_agent_config_spare(). */
+	double spare_percent;
+	uint64_t spare_bytes;
 	char **model_roots;
 	size_t n_model_roots;
 	char *socket_url;
@@ -84,6 +97,14 @@ int wf_agent_config_parse(struct wf_agent_config *cfg, const char *json, size_t 
 /* Resolves the group name to cfg->gid. */
 int wf_agent_config_resolve(struct wf_agent_config *cfg, struct wf_diag *diag);
 void wf_agent_config_fini(struct wf_agent_config *cfg);
+
+/* Sets the spare area from "N%" (0 < N <= 100; fractions allowed) or a size ("64M", "0").
+ * WF_EINVAL with diag naming the value otherwise; cfg unchanged then. */
+int wf_agent_config_set_spare(struct wf_agent_config *cfg, const char *value, struct wf_diag *diag);
+
+/* The spare bytes of a new floor for a model of model_bytes tensor bytes (see spare_percent).
+ * Pure. */
+uint64_t wf_agent_config_spare(const struct wf_agent_config *cfg, uint64_t model_bytes);
 
 /* The state file to use (agent/state.h): state_file when set, none for "none" (*ret_path NULL),
  * else agent-state.json in the directory of an ipc:// control socket (so that agents with

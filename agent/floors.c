@@ -33,6 +33,7 @@ struct floor_inv {
 	struct wf_digest digest;
 	char hex[WF_DIGEST_HEX_LEN];
 	uint64_t region_bytes;
+	uint64_t spare_bytes; /* of a region made from it (the config's spare for this model) */
 };
 
 struct floor_entry;
@@ -198,9 +199,9 @@ static void inv_unref(struct floor_inv *inv)
 	}
 }
 
-/* Opens the model's files (outside any lock) and derives digest and region size. */
-static int inv_open(const struct wf_agent_config *cfg, const char *path,
-                    const struct wf_shm_config *shm, struct floor_inv **ret, struct wf_diag *diag)
+/* Opens the model's files (outside any lock) and derives digest, spare area and region size. */
+static int inv_open(const struct wf_agent_config *cfg, const char *path, struct floor_inv **ret,
+                    struct wf_diag *diag)
 {
 	struct floor_inv *inv = calloc(1, sizeof(*inv));
 	if (!inv)
@@ -214,7 +215,8 @@ static int inv_open(const struct wf_agent_config *cfg, const char *path,
 	if (rc < 0)
 		goto err;
 	struct wf_shm_layout lay;
-	rc = wf_shm_layout_compute(inv->model, shm->spare_bytes, &lay, diag);
+	inv->spare_bytes = wf_agent_config_spare(cfg, inv->model->total_bytes);
+	rc = wf_shm_layout_compute(inv->model, inv->spare_bytes, &lay, diag);
 	if (rc < 0)
 		goto err;
 	wf_model_digest(inv->model, &inv->digest);
@@ -225,6 +227,14 @@ static int inv_open(const struct wf_agent_config *cfg, const char *path,
 err:
 	inv_unref(inv);
 	return rc;
+}
+
+/* The floor directory's shm config with the spare area a region made from inv gets. */
+static struct wf_shm_config shm_for(const struct wf_floors *f, const struct floor_inv *inv)
+{
+	struct wf_shm_config c = f->shm;
+	c.spare_bytes = inv->spare_bytes;
+	return c;
 }
 
 /* True when a file of the inventory no longer has the size and times it had. Stats files: never
@@ -420,7 +430,7 @@ static int do_register(struct wf_floors *f, const char *name, const char *path, 
 	}
 	pthread_mutex_unlock(&f->mu);
 
-	rc = inv_open(f->cfg, resolved, &f->shm, &inv, diag);
+	rc = inv_open(f->cfg, resolved, &inv, diag);
 	if (rc < 0) {
 		wf_diag_set(diag, rc, "model '%s' (%s): %s", name, path, wf_diag_str(diag, rc));
 		free(resolved);
@@ -659,7 +669,7 @@ static int job_refresh_inventory(struct wf_floors *f, struct fill_job *job, stru
 	if (!inv_stale(job->inv))
 		return 0;
 	struct floor_inv *inv = NULL;
-	int rc = inv_open(f->cfg, e->path, &f->shm, &inv, diag);
+	int rc = inv_open(f->cfg, e->path, &inv, diag);
 	if (rc < 0)
 		return rc;
 	struct floor_inv *old_entry_inv = NULL, *old_job_inv;
@@ -693,7 +703,8 @@ static void *job_thread(void *arg)
 		/* The marker first: a worker that attaches and detaches while we fill must not
 		 * take the region with it. */
 		keep_sync(f, e);
-		rc = wf_shm_region_attach(&f->shm, &job->inv->digest, job->inv->model,
+		struct wf_shm_config shm = shm_for(f, job->inv);
+		rc = wf_shm_region_attach(&shm, &job->inv->digest, job->inv->model,
 		                          WF_SHM_ATTACH_AGENT | WF_SHM_ATTACH_STREAM |
 		                              WF_SHM_ATTACH_OWNED,
 		                          fill_files, &fc, &region, &diag);
@@ -1140,8 +1151,9 @@ int wf_floors_adopt(struct wf_floors *f, uint32_t *ret_adopted, uint32_t *ret_re
 			/* MUST_EXIST | VERIFY: validates against the model, re-hashes every tensor,
 			 * repairs what does not match, never creates. */
 			struct fill_job tmp = {.e = e, .inv = inv};
+			struct wf_shm_config shm = shm_for(f, inv);
 			int a = wf_shm_region_attach(
-			    &f->shm, &inv->digest, inv->model,
+			    &shm, &inv->digest, inv->model,
 			    WF_SHM_ATTACH_MUST_EXIST | WF_SHM_ATTACH_VERIFY, fill_files,
 			    &(struct fill_ctx){.job = &tmp, .f = f}, &r, &d);
 			inv_unref(inv);

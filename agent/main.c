@@ -49,6 +49,8 @@ static void usage(FILE *out)
 	    "      --events URL         event endpoint (default "
 	    "ipc:///run/weightfloor/events.sock)\n"
 	    "      --host-budget SIZE   bytes of floors held at once (e.g. 64G)\n"
+	    "      --spare N%%|SIZE      spare area of new floors, for published tensors (default\n"
+	    "                           2%% of the model, at least 1 MiB; 0: none)\n"
 	    "      --group NAME|GID     group given read access to floors and sockets\n"
 	    "      --model NAME=PATH    register a model (repeatable)\n"
 	    "      --preload NAME=PATH  register and materialize at start (repeatable)\n"
@@ -78,6 +80,7 @@ struct overrides {
 	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
 	const char *metrics;
 	const char *log_format;
+	const char *spare;
 	uint32_t janitor_ms;
 	const char *tls_cert, *tls_key, *tls_ca;
 	char **models;
@@ -125,7 +128,8 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		O_TLS_CA,
 		O_VERSION,
 		O_METRICS,
-		O_LOG_FORMAT
+		O_LOG_FORMAT,
+		O_SPARE
 	};
 	static const struct option opts[] = {
 	    {"config", required_argument, NULL, 'c'},
@@ -133,6 +137,7 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 	    {"socket", required_argument, NULL, O_SOCKET},
 	    {"events", required_argument, NULL, O_EVENTS},
 	    {"host-budget", required_argument, NULL, O_BUDGET},
+	    {"spare", required_argument, NULL, O_SPARE},
 	    {"group", required_argument, NULL, O_GROUP},
 	    {"model", required_argument, NULL, O_MODEL},
 	    {"preload", required_argument, NULL, O_PRELOAD},
@@ -169,6 +174,9 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			break;
 		case O_BUDGET:
 			o->budget = optarg;
+			break;
+		case O_SPARE:
+			o->spare = optarg;
 			break;
 		case O_GROUP:
 			o->group = optarg;
@@ -330,6 +338,10 @@ static int build_config(struct agent *a, const struct overrides *o)
 			wf_log_error("--host-budget: '%s' is not a size (e.g. 64G)", o->budget);
 			return WF_EINVAL;
 		}
+	}
+	if (o->spare && (rc = wf_agent_config_set_spare(&a->cfg, o->spare, &d)) < 0) {
+		wf_log_error("--%s", wf_diag_str(&d, rc));
+		return rc;
 	}
 	if (o->n_uids) {
 		uid_t *u =

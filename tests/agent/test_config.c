@@ -46,6 +46,30 @@ Test(config, defaults_and_full_file)
 	wf_agent_config_fini(&cfg);
 }
 
+/* The spare area of new floors: a share of the model with a floor, or an absolute size. */
+Test(config, spare_percent_or_size)
+{
+	struct wf_agent_config cfg;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_agent_config_init(&cfg), 0);
+	cr_assert_eq(cfg.spare_percent, WF_AGENT_SPARE_PERCENT_DEFAULT);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 100ull << 30), 2ull << 30, "2%% of 100 GiB");
+	cr_assert_eq(wf_agent_config_spare(&cfg, 6u << 20), WF_AGENT_SPARE_MIN, "the minimum");
+	cr_assert_eq(parse(&cfg, "{\"spare\":\"0.5%\"}", &d), 0, "%s", d.msg);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 1000ull << 20), 5ull << 20);
+	cr_assert_eq(parse(&cfg, "{\"spare\":\"256M\"}", &d), 0, "%s", d.msg);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 100ull << 30), 256u << 20);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 1), 256u << 20, "a size is exact");
+	cr_assert_eq(parse(&cfg, "{\"spare\":0}", &d), 0, "%s", d.msg);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 100ull << 30), 0, "no spare area");
+	cr_assert_eq(wf_agent_config_set_spare(&cfg, "10%", &d), 0);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 100u << 20), 10u << 20);
+	cr_assert_eq(wf_agent_config_set_spare(&cfg, "%", &d), WF_EINVAL);
+	cr_assert(strstr(d.msg, "percentage"), "%s", d.msg);
+	cr_assert_eq(wf_agent_config_spare(&cfg, 100u << 20), 10u << 20, "unchanged on failure");
+	wf_agent_config_fini(&cfg);
+}
+
 Test(config, bad_input_is_named_and_leaves_config_unchanged)
 {
 	struct {
@@ -66,6 +90,11 @@ Test(config, bad_input_is_named_and_leaves_config_unchanged)
 	    {"[1,2]", "top level"},
 	    {"{\"floor_dir\":", "invalid JSON"},
 	    {"{} x", "trailing"},
+	    {"{\"spare\":\"lots\"}", "spare"},
+	    {"{\"spare\":\"150%\"}", "spare"},
+	    {"{\"spare\":\"0%\"}", "spare"},
+	    {"{\"spare\":-1}", "spare"},
+	    {"{\"spare\":true}", "spare"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct wf_agent_config cfg;
