@@ -24,6 +24,12 @@ Test(proto_hotswap, digest_design_is_gone)
 	/* The kinds around the gap keep their numbers. */
 	cr_assert_eq(WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY, 3);
 	cr_assert_eq(WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR, 5);
+	/* The generation design's event took new numbers, not the old ones. */
+	cr_assert_eq(WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED, 8);
+	cr_assert_eq(protobuf_c_message_descriptor_get_field_by_name(
+	                 &weightfloor__v1__event__descriptor, "digest")
+	                 ->id,
+	             15);
 }
 
 /* The numbers are reserved in the .proto itself, where protoc enforces them. */

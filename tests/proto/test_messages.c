@@ -64,7 +64,7 @@ Test(messages, every_request_body_round_trips, .timeout = 10)
 	size_t n;
 	every_body(&weightfloor__v1__request__descriptor,
 	           offsetof(Weightfloor__V1__Request, body_case), &n);
-	cr_expect_eq(n, 20, "floor slice (8) + worker slice (12) request kinds");
+	cr_expect_eq(n, 21, "floor slice (9) + worker slice (12) request kinds");
 }
 
 Test(messages, every_reply_body_round_trips, .timeout = 10)
@@ -72,7 +72,51 @@ Test(messages, every_reply_body_round_trips, .timeout = 10)
 	size_t n;
 	every_body(&weightfloor__v1__reply__descriptor, offsetof(Weightfloor__V1__Reply, body_case),
 	           &n);
-	cr_expect_eq(n, 8);
+	cr_expect_eq(n, 9);
+}
+
+/* PublishTensors carries bytes, and the PUBLISHED event its list, intact (API 1.4). */
+Test(messages, publish_request_and_event_round_trip, .timeout = 10)
+{
+	uint8_t bytes[5] = {0, 1, 0xff, 0x80, 7};
+	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
+	Weightfloor__V1__TensorBytes *tbp = &tb;
+	tb.name = "blk.0.attn_q.weight";
+	tb.data.data = bytes;
+	tb.data.len = sizeof bytes;
+	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
+	pt.name = "m";
+	pt.tensors = &tbp;
+	pt.n_tensors = 1;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
+	req.publish_tensors = &pt;
+	Weightfloor__V1__Request *r = (Weightfloor__V1__Request *)repack(&req.base);
+	cr_assert_eq(r->body_case, WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS);
+	cr_assert_eq(r->publish_tensors->n_tensors, 1);
+	cr_assert_str_eq(r->publish_tensors->tensors[0]->name, "blk.0.attn_q.weight");
+	cr_assert_eq(r->publish_tensors->tensors[0]->data.len, sizeof bytes);
+	cr_assert_eq(memcmp(r->publish_tensors->tensors[0]->data.data, bytes, sizeof bytes), 0);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+
+	uint32_t ids[3] = {0, 17, 70000};
+	char *names[3] = {"a", "b", "c"};
+	Weightfloor__V1__Event ev = WEIGHTFLOOR__V1__EVENT__INIT;
+	ev.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED;
+	ev.digest = "0123456789abcdef0123456789abcdef";
+	ev.generation = 6;
+	ev.tensor_ids = ids;
+	ev.n_tensor_ids = 3;
+	ev.tensor_names = names;
+	ev.n_tensor_names = 3;
+	Weightfloor__V1__Event *e = (Weightfloor__V1__Event *)repack(&ev.base);
+	cr_assert_eq(e->kind, 8);
+	cr_assert_str_eq(e->digest, ev.digest);
+	cr_assert_eq(e->generation, 6);
+	cr_assert_eq(e->n_tensor_ids, 3);
+	cr_assert_eq(e->tensor_ids[2], 70000);
+	cr_assert_str_eq(e->tensor_names[1], "b");
+	protobuf_c_message_free_unpacked(&e->base, NULL);
 }
 
 /* The number ranges of the versioning rules in weightfloor.proto. */
