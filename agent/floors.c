@@ -1118,6 +1118,162 @@ int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_dia
 	return rc;
 }
 
+/* ---- publishing --------------------------------------------------------------------------- */
+
+/* The floor a publish goes to: the digest of the region the agent holds for the model, read
+ * under the lock (the handle cannot go while it is held). */
+static int publish_target(struct wf_floors *f, const char *name, struct wf_digest *ret_digest,
+                          struct wf_diag *diag)
+{
+	int rc = 0;
+	pthread_mutex_lock(&f->mu);
+	struct floor_entry *e = find_locked(f, name);
+	if (!e) {
+		rc = wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s'", name);
+	} else if (!e->region) {
+		rc =
+		    wf_diag_set(diag, WF_ENOT_RESIDENT,
+		                "model '%s' has no floor to publish to (state %s): ensure it first",
+		                name, wf_floor_state_name(e->state));
+	} else {
+		wf_shm_region_digest(e->region, ret_digest);
+		touch_locked(f, e);
+	}
+	pthread_mutex_unlock(&f->mu);
+	return rc;
+}
+
+static int cmp_u32_pair(const void *a, const void *b)
+{
+	const uint32_t *x = a, *y = b;
+	return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* Each name to its tensor, with the size checked; a name given twice is refused here, by name. */
+static int publish_resolve(const struct wf_shm_region *w, const char *model,
+                           const struct wf_floor_publish_tensor *t, uint32_t n,
+                           struct wf_shm_publish_tensor *pt, struct wf_diag *diag)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct wf_shm_tensor_info ti;
+		int rc = t[i].name ? wf_shm_region_find(w, t[i].name, &ti) : WF_EINVAL;
+		if (rc == WF_ENOT_FOUND || rc == WF_EINVAL)
+			return wf_diag_set(diag, WF_ENOT_FOUND, "model '%s' has no tensor '%s'",
+			                   model, t[i].name ? t[i].name : "");
+		if (rc < 0)
+			return wf_diag_set(diag, rc, "model '%s': tensor '%s': %s", model,
+			                   t[i].name, wf_strerror(rc));
+		if (ti.nbytes != t[i].nbytes)
+			return wf_diag_set(
+			    diag, WF_EINVAL,
+			    "model '%s': tensor '%s' is %llu bytes, the new version %llu "
+			    "(a publish keeps the size and type)",
+			    model, t[i].name, (unsigned long long)ti.nbytes,
+			    (unsigned long long)t[i].nbytes);
+		pt[i] = (struct wf_shm_publish_tensor){
+		    .index = ti.index, .dtype = ti.dtype, .nbytes = ti.nbytes, .data = t[i].data};
+	}
+	/* (index, position) pairs sorted by index: equal neighbours are a name given twice */
+	uint32_t *pairs = malloc((size_t)n * 2 * sizeof(*pairs));
+	if (!pairs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		pairs[2 * i] = pt[i].index;
+		pairs[2 * i + 1] = i;
+	}
+	qsort(pairs, n, 2 * sizeof(*pairs), cmp_u32_pair);
+	int rc = 0;
+	for (uint32_t i = 1; i < n && rc == 0; i++)
+		if (pairs[2 * i] == pairs[2 * i - 2])
+			rc = wf_diag_set(diag, WF_EINVAL, "model '%s': tensor '%s' given twice",
+			                 model, t[pairs[2 * i + 1]].name);
+	free(pairs);
+	return rc;
+}
+
+int wf_floors_publish(struct wf_floors *f, const char *name,
+                      const struct wf_floor_publish_tensor *t, uint32_t n, bool dry_run,
+                      uint32_t *ret_ids, struct wf_floor_publish_result *ret, struct wf_diag *diag)
+{
+	struct wf_shm_publish_tensor *pt = NULL;
+	struct wf_shm_region *w = NULL;
+	struct wf_floor_publish_result res = {0};
+	struct wf_digest d;
+	struct wf_diag sd = {{0}};
+	int rc;
+
+	if (!name || !t || n == 0 || !ret_ids || !ret)
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "publish: give a model and at least one tensor");
+	rc = publish_target(f, name, &d, diag);
+	if (rc < 0)
+		return rc;
+	/* An attachment of our own, read-write, for this call: the registry's hold may be dropped
+	 * meanwhile (release, eviction) without pulling the mapping from under the publish. No
+	 * model: nothing is created or rebuilt here, and the header names the digest. */
+	rc = wf_shm_region_attach(&f->shm, &d, NULL, WF_SHM_ATTACH_WRITE | WF_SHM_ATTACH_OWNED,
+	                          NULL, NULL, &w, &sd);
+	if (rc == -ENOENT)
+		return wf_diag_set(diag, WF_ENOT_RESIDENT,
+		                   "model '%s': its floor was released meanwhile: ensure it again",
+		                   name);
+	if (rc < 0)
+		return wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&sd, rc));
+	pt = calloc(n, sizeof(*pt));
+	if (!pt) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = publish_resolve(w, name, t, n, pt, diag);
+	if (rc < 0)
+		goto out;
+	wf_diag_clear(&sd);
+	rc = wf_shm_region_publish(w, pt, n, dry_run ? WF_SHM_PUBLISH_DRY_RUN : 0, &res.generation,
+	                           &sd);
+	if (rc < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s%s", name, wf_diag_str(&sd, rc),
+		            rc == WF_ENO_SPACE ? " (release the floor: once no process holds it, "
+		                                 "ensure makes it anew, with the files' bytes and "
+		                                 "the configured spare area)"
+		                               : "");
+		goto out;
+	}
+	wf_digest_hex(&d, res.digest_hex);
+	wf_shm_region_spare(w, &res.spare_bytes, &res.spare_used);
+	for (uint32_t i = 0; i < n; i++) {
+		ret_ids[i] = pt[i].index;
+		res.bytes += pt[i].nbytes;
+	}
+	*ret = res;
+out:
+	/* The keep marker holds the floor while the registry does; otherwise this was perhaps its
+	 * last holder, and the region goes as a release would have taken it. */
+	wf_shm_region_detach(w);
+	free(pt);
+	if (rc == 0 && !dry_run) {
+		const char **names = malloc((size_t)n * sizeof(*names));
+		for (uint32_t i = 0; names && i < n; i++)
+			names[i] = t[i].name;
+		struct wf_floor_event ev = {.kind = WF_FLOOR_EV_PUBLISHED,
+		                            .model = name,
+		                            .state = WF_FLOOR_HOST,
+		                            .bytes_done = res.bytes,
+		                            .digest_hex = res.digest_hex,
+		                            .generation = res.generation,
+		                            .n_tensors = names ? n : 0,
+		                            .tensor_ids = ret_ids,
+		                            .tensor_names = names};
+		pthread_mutex_lock(&f->mu);
+		struct floor_entry *e = find_locked(f, name);
+		if (e)
+			ev.state = e->state;
+		pthread_mutex_unlock(&f->mu);
+		emit(f, &ev);
+		free(names);
+	}
+	return rc;
+}
+
 /* ---- adoption ----------------------------------------------------------------------------- */
 
 static void *janitor_thread(void *arg);

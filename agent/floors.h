@@ -49,6 +49,9 @@ enum wf_floor_event_kind {
 	WF_FLOOR_EV_PROGRESS = 2,
 	WF_FLOOR_EV_ERROR = 3,
 	WF_FLOOR_EV_STALE = 4, /* a model file changed under a floor the agent holds */
+	/* a floor published a new generation of some tensors (wf_floors_publish()): the fields
+	 * below say which; bytes_done is the bytes published */
+	WF_FLOOR_EV_PUBLISHED = 5,
 };
 struct wf_floor_event {
 	enum wf_floor_event_kind kind;
@@ -62,6 +65,13 @@ struct wf_floor_event {
 	 * already made the region READY). 0 / false for every other event. */
 	double seconds;
 	bool materialized;
+	/* PUBLISHED: the floor (its digest), the generation it published and the tensors, n of
+	 * each, in the request's order; valid during the callback only. */
+	const char *digest_hex;
+	uint64_t generation;
+	uint32_t n_tensors;
+	const uint32_t *tensor_ids;
+	const char *const *tensor_names;
 };
 typedef void (*wf_floor_event_fn)(void *ctx, const struct wf_floor_event *ev);
 
@@ -176,6 +186,36 @@ int wf_floors_release(struct wf_floors *f, const char *name, struct wf_diag *dia
 /* Pins (materializing first if needed; never evicted) or unpins, and persists it. A pin that
  * cannot start (no room, a bad file) fails and leaves the model as it was, unpinned. */
 int wf_floors_pin(struct wf_floors *f, const char *name, bool pin, struct wf_diag *diag);
+
+/* One tensor of a publish, by name. */
+struct wf_floor_publish_tensor {
+	const char *name;
+	const void *data; /* nbytes of new contents (NULL with dry_run); read during the call */
+	uint64_t nbytes;
+};
+
+struct wf_floor_publish_result {
+	char digest_hex[WF_DIGEST_HEX_LEN]; /* the floor's */
+	uint64_t generation;                /* the new one, or (dry_run) the floor's now */
+	uint64_t bytes;                     /* published (dry_run: that would be) */
+	uint64_t spare_bytes, spare_used;   /* the floor's spare area and its use now */
+};
+
+/* Publishes new contents for n tensors of the model's floor as one generation
+ * (wf_shm_region_publish()). The floor must be HOST or PINNED_HOST. The registry lock is held
+ * only to find the model and its floor's digest: the publish goes through an attachment of its
+ * own, opened read-write for the call (WF_SHM_ATTACH_WRITE), under the region's guard, so a
+ * release or eviction meanwhile costs it nothing (the region goes with its last holder). On
+ * success emits a WF_FLOOR_EV_PUBLISHED event (not for dry_run), writes ret_ids[i] (tensor i's
+ * index in the floor) and *ret. Errors, with diag naming the model and the tensor, and nothing
+ * changed: WF_ENOT_FOUND (no such model, or tensor), WF_ENOT_RESIDENT (no READY floor: DISK,
+ * MATERIALIZING, FAILED, or released meanwhile), WF_EINVAL (a size or type other than the
+ * tensor's, a name given twice, n == 0), WF_ENO_SPACE (the spare area cannot hold it), or the
+ * publisher's (shm/region.h). Thread-safe; concurrent publishes of one floor are serialized by
+ * its guard. */
+int wf_floors_publish(struct wf_floors *f, const char *name,
+                      const struct wf_floor_publish_tensor *tensors, uint32_t n, bool dry_run,
+                      uint32_t *ret_ids, struct wf_floor_publish_result *ret, struct wf_diag *diag);
 
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,
                        struct wf_diag *diag);

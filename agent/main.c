@@ -407,6 +407,60 @@ static void log_request_failure(const Weightfloor__V1__Request *req, int rv,
 	             "%s: %s: %s", rd.kind, wf_proto_status_name(st), message);
 }
 
+/* Bytes of tensor ids and names one PUBLISHED event carries at most: the rest of the event is
+ * small, and the publisher refuses events over WF_CTL_MAX_EVENT_DEFAULT (64 KiB). */
+#define PUBLISHED_EVENT_LIST_BYTES (48u << 10)
+
+/* A publish, announced: one Event of kind PUBLISHED, or, when its tensor list would not fit in
+ * one event, several with the same digest and generation, each with a part of the list (ids and
+ * their names together); the parts together are the publish's (docs/PROTOCOL.md). */
+static void publish_published(struct agent *a, Weightfloor__V1__Event *e,
+                              const struct wf_floor_event *ev)
+{
+	e->kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED;
+	e->digest = (char *)(ev->digest_hex ? ev->digest_hex : "");
+	e->generation = ev->generation;
+	uint32_t i = 0, n = ev->n_tensors;
+	do {
+		size_t bytes = 0;
+		uint32_t k = i;
+		while (k < n) {
+			size_t add = 8 + (ev->tensor_names ? strlen(ev->tensor_names[k]) + 3 : 0);
+			if (k > i && bytes + add > PUBLISHED_EVENT_LIST_BYTES)
+				break;
+			bytes += add;
+			k++;
+		}
+		e->n_tensor_ids = k - i;
+		e->tensor_ids = (uint32_t *)(ev->tensor_ids + i);
+		e->n_tensor_names = ev->tensor_names ? k - i : 0;
+		e->tensor_names = ev->tensor_names ? (char **)(ev->tensor_names + i) : NULL;
+		int rc = wf_ctl_pub_publish(a->pub, e, NULL);
+		if (rc < 0)
+			wf_log_event(WF_LOG_ERROR,
+			             WF_LOG_F(.model = ev->model, .event = "published", .code = rc),
+			             "cannot announce generation %llu: %s",
+			             (unsigned long long)ev->generation, wf_strerror(rc));
+		i = k;
+	} while (i < n);
+}
+
+/* "a, b, c and 5 more" of a publish's tensor names, for its log line. */
+static void names_summary(const struct wf_floor_event *ev, char *buf, size_t len)
+{
+	size_t at = 0;
+	uint32_t i = 0;
+	buf[0] = '\0';
+	for (; ev->tensor_names && i < ev->n_tensors && i < 4 && at < len; i++) {
+		int w = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", ev->tensor_names[i]);
+		if (w < 0)
+			break;
+		at += (size_t)w;
+	}
+	if (i < ev->n_tensors && at < len)
+		snprintf(buf + at, len - at, "%sand %u more", i ? " " : "", ev->n_tensors - i);
+}
+
 static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 {
 	struct agent *a = ctx;
@@ -438,6 +492,18 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 		wf_log_event(WF_LOG_WARN, WF_LOG_F(.model = ev->model, .event = "stale"), "%s",
 		             ev->message ? ev->message : "stale floor");
 		break;
+	case WF_FLOOR_EV_PUBLISHED: {
+		char names[512];
+		names_summary(ev, names, sizeof names);
+		wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = ev->model, .event = "published"),
+		             "published generation %llu of floor %s: %u tensor%s, %llu bytes (%s)",
+		             (unsigned long long)ev->generation, ev->digest_hex, ev->n_tensors,
+		             ev->n_tensors == 1 ? "" : "s", (unsigned long long)ev->bytes_done,
+		             names);
+		if (a->pub)
+			publish_published(a, &e, ev);
+		return;
+	}
 	case WF_FLOOR_EV_ERROR:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
 		e.code = wf_proto_status_from_err(ev->code);

@@ -19,6 +19,7 @@ struct wf_agent_metrics {
 	/* events */
 	struct wf_ctl_reqmetrics req; /* control requests, and errors_total */
 	struct wf_metric *materializations, *materialize_seconds, *materialized_bytes;
+	struct wf_metric *publishes, *published_tensors, *published_bytes;
 	/* scrape time */
 	struct wf_metric *info, *floors_by_state, *floor_state, *floor_bytes, *floor_resident,
 	    *floor_holders, *floor_stale, *materialize_rate, *reaped, *budget, *used, *orphan,
@@ -176,6 +177,12 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	     "Duration of the materializations this agent completed.", L_none},
 	    {&am->materialized_bytes, C, "weightfloor_materialized_bytes_total",
 	     "Bytes copied into floors by completed materializations.", L_none},
+	    {&am->publishes, C, "weightfloor_publishes_total",
+	     "Generations published into a model's floor (PublishTensors).", L_model},
+	    {&am->published_tensors, C, "weightfloor_published_tensors_total",
+	     "Tensor versions published into a model's floor.", L_model},
+	    {&am->published_bytes, C, "weightfloor_published_bytes_total",
+	     "Bytes published into a model's floor (its spare area).", L_model},
 	    {&am->materialize_rate, G, "weightfloor_materialize_rate_bytes_per_second",
 	     "A model's materialization rate (in progress, or its last).", L_model},
 	    {&am->floors_by_state, G, "weightfloor_floors", "Registered models by floor state.",
@@ -261,6 +268,13 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
 		const char *l[] = {wf_proto_status_name(wf_proto_status_from_err(ev->code)),
 		                   "floor"};
 		wf_metric_add(am->req.errors, l, 1);
+		return;
+	}
+	if (ev->kind == WF_FLOOR_EV_PUBLISHED) {
+		const char *m[] = {ev->model};
+		wf_metric_add(am->publishes, m, 1);
+		wf_metric_add(am->published_tensors, m, ev->n_tensors);
+		wf_metric_add(am->published_bytes, m, (double)ev->bytes_done);
 		return;
 	}
 	if (ev->kind != WF_FLOOR_EV_STATE || ev->seconds <= 0)

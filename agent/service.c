@@ -171,7 +171,8 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 	ar->uptime_ms = (uint64_t)(mono - svc->started_mono_ns) / 1000000u;
 	ar->floor_dir = wf_ctl_call_strdup(call, svc->cfg->floor_dir);
 	ar->hostname = wf_ctl_call_strdup(call, host);
-	if (!ar->floor_dir || !ar->hostname)
+	ar->events_url = wf_ctl_call_strdup(call, svc->cfg->events_url ? svc->cfg->events_url : "");
+	if (!ar->floor_dir || !ar->hostname || !ar->events_url)
 		return -ENOMEM;
 	ar->host_budget_bytes = st.host_budget;
 	ar->host_used_bytes = st.host_used;
@@ -215,6 +216,80 @@ static int do_status(struct wf_agent_service *svc, Weightfloor__V1__Reply *reply
 	ar->started_unix_ms = svc->started_unix_ms;
 	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_AGENT_STATUS;
 	reply->agent_status = ar;
+	return 0;
+}
+
+/* PublishTensors: the request's checks (what the floor manager cannot see: names present, data
+ * and size consistent), then wf_floors_publish(). The tensors' bytes are read from the request
+ * in place. */
+static int do_publish(struct wf_agent_service *svc, const Weightfloor__V1__PublishTensors *m,
+                      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_diag d = {{0}};
+	if (!m->name || !*m->name)
+		return fail(reply, call, WF_EINVAL, &(struct wf_diag){"publish: name the model"});
+	if (m->n_tensors == 0)
+		return fail(reply, call, WF_EINVAL,
+		            &(struct wf_diag){"publish: give at least one tensor"});
+	if (m->n_tensors > WF_MODEL_MAX_TENSORS)
+		return fail(reply, call, WF_ELIMIT,
+		            &(struct wf_diag){"publish: more tensors than a model can have"});
+	uint32_t n = (uint32_t)m->n_tensors;
+	struct wf_floor_publish_tensor *t = wf_ctl_call_calloc(call, n, sizeof(*t));
+	uint32_t *ids = wf_ctl_call_calloc(call, n, sizeof(*ids));
+	char **names = wf_ctl_call_calloc(call, n, sizeof(*names));
+	if (!t || !ids || !names)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		const Weightfloor__V1__TensorBytes *tb = m->tensors[i];
+		uint64_t len = tb->data.len;
+		if (!tb->name || !*tb->name)
+			return fail(reply, call,
+			            wf_diag_set(&d, WF_EINVAL, "publish: tensor %u has no name", i),
+			            &d);
+		if (tb->size && len && tb->size != len)
+			return fail(
+			    reply, call,
+			    wf_diag_set(&d, WF_EINVAL,
+			                "publish: tensor '%s': size %llu, but %llu bytes of "
+			                "data",
+			                tb->name, (unsigned long long)tb->size,
+			                (unsigned long long)len),
+			    &d);
+		if (!m->dry_run && !len && tb->size)
+			return fail(reply, call,
+			            wf_diag_set(&d, WF_EINVAL,
+			                        "publish: tensor '%s': no data (only a dry run may "
+			                        "give the size alone)",
+			                        tb->name),
+			            &d);
+		t[i] = (struct wf_floor_publish_tensor){.name = tb->name,
+		                                        .data = len ? tb->data.data : NULL,
+		                                        .nbytes = len ? len : tb->size};
+		names[i] = tb->name; /* the request outlives the reply's packing */
+	}
+	struct wf_floor_publish_result res;
+	int rc = wf_floors_publish(svc->floors, m->name, t, n, m->dry_run, ids, &res, &d);
+	if (rc < 0)
+		return fail(reply, call, rc, &d);
+	Weightfloor__V1__PublishReply *pr = wf_ctl_call_alloc(call, sizeof(*pr));
+	if (!pr)
+		return -ENOMEM;
+	weightfloor__v1__publish_reply__init(pr);
+	pr->name = m->name;
+	pr->digest_hex = wf_ctl_call_strdup(call, res.digest_hex);
+	if (!pr->digest_hex)
+		return -ENOMEM;
+	pr->generation = res.generation;
+	pr->n_tensor_ids = n;
+	pr->tensor_ids = ids;
+	pr->n_tensor_names = n;
+	pr->tensor_names = names;
+	pr->spare_bytes = res.spare_bytes;
+	pr->spare_used_bytes = res.spare_used;
+	pr->max_request_bytes = svc->cfg->max_message;
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_PUBLISH;
+	reply->publish = pr;
 	return 0;
 }
 
@@ -288,6 +363,8 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 	}
 	case WEIGHTFLOOR__V1__REQUEST__BODY_AGENT_STATUS:
 		return do_status(svc, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS:
+		return do_publish(svc, req->publish_tensors, reply, call);
 	default:
 		if (svc->worker_handle)
 			return svc->worker_handle(svc->worker_handle_ctx, req, reply, call);
