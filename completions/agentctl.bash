@@ -6,8 +6,8 @@
 # (`agentctl --json models`, `agentctl --json workers`), passing on the connection flags already on
 # the line. The JSON is read with grep and sed so that completion needs no jq.
 
-_agentctl_commands="inspect status models register floor watch workers residency pin unpin evict
-prefetch compact generate"
+_agentctl_commands="inspect status models register floor publish watch workers residency pin unpin
+evict prefetch compact generate"
 _agentctl_global_flags="--socket --events --json --output -o --timeout --quiet -q --tls-ca
 --tls-cert --tls-key --tls-server-name --help --version"
 
@@ -66,7 +66,12 @@ _agentctl()
 			;;
 		--timeout | -t | --output | -o | --worker | -w | --count | --for | --wait-timeout | \
 			--prompt-ids | --max-tokens | --temp | --top-k | --top-p | --min-p | \
-			--repeat-penalty | --repeat-last-n | --seed | --stop)
+			--repeat-penalty | --repeat-last-n | --seed | --stop | --tensor)
+			((i++))
+			continue
+			;;
+		=)
+			# NAME=FILE split by COMP_WORDBREAKS: "=" and the FILE after it are --tensor's
 			((i++))
 			continue
 			;;
@@ -80,6 +85,21 @@ _agentctl()
 			((npos++))
 		fi
 	done
+
+	# --tensor NAME=FILE: files after the "=" (a word of its own when COMP_WORDBREAKS has "=").
+	if [[ $prev == = && $COMP_CWORD -ge 3 && ${COMP_WORDS[COMP_CWORD-3]} == --tensor ]]; then
+		_agentctl_files
+		return
+	fi
+	if [[ $prev == --tensor ]]; then
+		if [[ $cur == *=* ]]; then
+			local name="${cur%%=*}="
+			cur="${cur#*=}"
+			_agentctl_files
+			COMPREPLY=("${COMPREPLY[@]/#/$name}")
+		fi
+		return
+	fi
 
 	# The argument of a flag.
 	case "$prev" in
@@ -119,6 +139,7 @@ _agentctl()
 		esac
 		;;
 	watch) flags="--count --for --json --help" ;;
+	publish) flags="--tensor --dry-run --json --help" ;;
 	residency | pin | unpin | evict | prefetch | compact) flags="--worker --all --json --help" ;;
 	generate)
 		flags="--worker --prompt-ids --max-tokens --temp --top-k --top-p --min-p --repeat-penalty
@@ -136,6 +157,7 @@ _agentctl()
 	inspect) _agentctl_files ;;
 	models) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
 	register) ((npos == 1)) && _agentctl_files ;;
+	publish) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
 	floor)
 		if [[ -z $sub ]]; then
 			_agentctl_complete_from $'ensure\nrelease\npin\nunpin'

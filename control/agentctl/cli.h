@@ -25,6 +25,9 @@ struct cli {
 	const char *socket; /* agent control URL (--socket, $WF_AGENT_SOCKET, default) */
 	const char *events; /* agent event URL (--events, $WF_AGENT_EVENTS, default) */
 	int timeout_ms;     /* per request (--timeout) */
+	/* The largest request the client sends (0: WF_CTL_MAX_REQUEST_DEFAULT); read when the
+	 * process's client is opened. */
+	size_t max_request_size;
 	bool timeout_given; /* --timeout was given: it bounds long commands too */
 	/* tls+tcp:// (--tls-cert/--tls-key/--tls-ca/--tls-server-name, or $WF_AGENT_TLS_CERT,
 	 * $WF_AGENT_TLS_KEY, $WF_AGENT_TLS_CA) */
@@ -131,5 +134,7 @@ int cmd_worker_verb(struct cli *cli, int argc, char **argv);
 /* generate MODEL PROMPT [--worker ID] [sampling...]: prints text as it is made (--json: JSON
  * lines, the one exception to one document per command). */
 int cmd_generate(struct cli *cli, int argc, char **argv);
+/* publish MODEL --tensor NAME=FILE...: PublishTensors, after a dry run with the sizes. */
+int cmd_publish(struct cli *cli, int argc, char **argv);
 
 #endif

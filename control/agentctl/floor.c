@@ -553,6 +553,8 @@ static const char *event_kind(Weightfloor__V1__EventKind k)
 		return "worker";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_STALE:
 		return "stale";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED:
+		return "published";
 	default:
 		return "?";
 	}
@@ -574,14 +576,31 @@ static const char *residency_state_name(Weightfloor__V1__Residency r)
 	}
 }
 
+/* " generation 4 of floor 3f2a9c01b2d4: 2 tensors [0 token_embd.weight, 7 blk.0.ffn_up]" */
+static void print_published(const Weightfloor__V1__Event *ev)
+{
+	printf(" generation %" PRIu64 " of floor %.12s: %zu tensor%s [", ev->generation,
+	       ev->digest ? ev->digest : "", ev->n_tensor_ids, ev->n_tensor_ids == 1 ? "" : "s");
+	size_t shown = ev->n_tensor_ids < 8 ? ev->n_tensor_ids : 8;
+	for (size_t i = 0; i < shown; i++)
+		printf("%s%u%s%s", i ? ", " : "", ev->tensor_ids[i],
+		       i < ev->n_tensor_names ? " " : "",
+		       i < ev->n_tensor_names ? ev->tensor_names[i] : "");
+	if (shown < ev->n_tensor_ids)
+		printf(", %zu more", ev->n_tensor_ids - shown);
+	printf("]");
+}
+
 int cmd_watch(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
 	    "usage: agentctl watch [--count N] [--for SECONDS] [--json]\n"
 	    "  Prints the agent's events as they come: floor states, progress, errors, workers\n"
 	    "  registering or gone (with the worker's id), residency changes on the workers'\n"
-	    "  devices (\"worker ID model NAME STATE\"), and \"agent restarted\" when the\n"
-	    "  agent's event epoch changes. Stops after N events or S seconds, else on ^C.\n"
+	    "  devices (\"worker ID model NAME STATE\"), published generations of a floor\n"
+	    "  (\"published MODEL generation G of floor DIGEST: N tensors [ID NAME, ...]\"), and\n"
+	    "  \"agent restarted\" when the agent's event epoch changes. Stops after N events or\n"
+	    "  S seconds, else on ^C.\n"
 	    "  --json: JSON Lines, one Event object per line.\n";
 	static const struct option opts[] = {
 	    {"count", required_argument, NULL, 'n'},
@@ -677,6 +696,8 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 				printf(" %s", state_name(ev->floor_state));
 			else if (ev->kind == WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RESIDENCY)
 				printf(" %s", residency_state_name(ev->residency));
+			else if (ev->kind == WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED)
+				print_published(ev);
 			if (ev->message && *ev->message)
 				printf(" %s", ev->message);
 			printf("\n");

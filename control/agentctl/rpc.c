@@ -22,7 +22,9 @@ int cli_call_on(struct cli *cli, struct wf_ctl_client **c, const char *what,
 	struct wf_diag d = {{0}};
 	int rc;
 	if (!*c) {
-		struct wf_ctl_client_opts o = {.client_name = "agentctl", .tls = cli->tls};
+		struct wf_ctl_client_opts o = {.client_name = "agentctl",
+		                               .max_request_size = cli->max_request_size,
+		                               .tls = cli->tls};
 		rc = wf_ctl_client_open(cli->socket, cli->timeout_ms, &o, c, &d);
 		if (rc < 0) {
 			/* the agent cannot be reached: UNAVAILABLE, unless it refused us (TLS) */

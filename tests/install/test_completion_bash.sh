@@ -28,7 +28,7 @@ has() {
 }
 
 # Commands: the fixed list, and every command agentctl --help lists.
-has "commands" "inspect status models register floor watch workers residency pin unpin evict prefetch compact generate" "$A" ""
+has "commands" "inspect status models register floor publish watch workers residency pin unpin evict prefetch compact generate" "$A" ""
 help_cmds=$("$A" --help | sed -n '/^commands:/,/^$/p' | awk 'NR > 1 && NF { print $1 }')
 [ -n "$help_cmds" ] || fail "agentctl --help lists no commands"
 has "every command in agentctl --help" "$help_cmds" "$A" ""
@@ -41,7 +41,7 @@ has "every flag in agentctl --help" "$("$A" --help | flags_of)" "$A" "--"
 has "global flags after the command" "--socket --json --timeout" "$A" "status" "--"
 
 # Per-command flags, checked against each command's own --help.
-for c in inspect status models register watch workers residency pin unpin evict prefetch compact generate; do
+for c in inspect status models register publish watch workers residency pin unpin evict prefetch compact generate; do
 	want=$("$A" "$c" --help 2>&1 | flags_of)
 	has "$c flags (from agentctl $c --help)" "$want" "$A" "$c" "--"
 done
@@ -65,6 +65,9 @@ trap 'rm -rf "$tmp"' EXIT
 touch "$tmp/model-00001-of-00002.gguf"
 has "inspect completes files" "$tmp/model-00001-of-00002.gguf" "$A" inspect "$tmp/model-"
 has "register's PATH completes files" "$tmp/model-00001-of-00002.gguf" "$A" register qwen "$tmp/model-"
+has "publish --tensor NAME=FILE completes the FILE" "blk.0.w=$tmp/model-00001-of-00002.gguf" "$A" publish qwen --tensor "blk.0.w=$tmp/model-"
+has "publish --tensor NAME = FILE (split at =) completes the FILE" "$tmp/model-00001-of-00002.gguf" "$A" publish qwen --tensor blk.0.w = "$tmp/model-"
+has "publish flags" "--tensor --dry-run" "$A" publish qwen "--"
 
 # No agent there: model names complete to nothing, at once, with nothing on the terminal.
 start=$SECONDS
