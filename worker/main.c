@@ -18,6 +18,7 @@
 #include "worker/eval.h"
 #include "worker/generate.h"
 #include "worker/metrics.h"
+#include "worker/refresh.h"
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
 #include "cuda/device_cuda.h"
@@ -997,6 +998,7 @@ int main(int argc, char **argv)
 	struct wf_worker_metrics *metrics = NULL;
 	struct wf_http_server *http = NULL;
 	static struct probes probes;
+	struct wf_worker_refresh *refresh = NULL;
 	probes.hb = &hb;
 	char id[64], endpoint[512];
 	wf_worker_svc_init(&svc);
@@ -1159,6 +1161,8 @@ int main(int argc, char **argv)
 			hb.running = false;
 		if (pthread_create(&rep.thread, NULL, reporter_main, &rep) == 0)
 			rep.running = true;
+		if ((rc = wf_worker_refresh_create(svc.agent, &o.tls, &refresh)) < 0)
+			wf_log_error("agent events: %s", wf_strerror(rc));
 	}
 	atomic_store(&probes.serving, true);
 	if (http)
@@ -1219,6 +1223,7 @@ out:
 	wf_gen_destroy(svc.gen);
 	svc.gen = NULL;
 	wf_cache_destroy(cache);
+	wf_worker_refresh_destroy(refresh); /* its ear uses the agent client */
 	wf_ctl_client_close(svc.agent);
 	wf_worker_svc_fini(&svc);
 	wf_device_close(dev);
