@@ -1,5 +1,6 @@
 # wf_add_test(NAME name LABELS l1 [l2] SOURCES s.c... [LIBS lib...] [TIMEOUT s] [SKIP_RC 77])
-# One Criterion executable per call, registered with CTest under the given labels. Tests find the
+# One Criterion executable per call, registered with CTest under the given labels (label gpu: never
+# two at once, see below). Tests find the
 # repository (test data lies in tests/data/) and the build tree through the environment.
 # Only a build with tests needs Criterion (a container's build stage has none: -DWF_TESTS=OFF).
 if(WF_TESTS)
@@ -20,4 +21,12 @@ function(wf_add_test)
   set_tests_properties(${T_NAME} PROPERTIES
     LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77
     ENVIRONMENT "WF_SOURCE_DIR=${PROJECT_SOURCE_DIR};WF_BUILD_DIR=${PROJECT_BINARY_DIR}")
+  # GPU tests never run at the same time: the contract tests assert that cudaMemGetInfo returns
+  # to its baseline, and free memory is device-wide, so another GPU test process (a context alone
+  # takes hundreds of MB; the kernel and engine suites allocate gigabytes) would move it. Every
+  # test labelled gpu takes the resource lock "gpu", so `ctest -j N` runs them one after another
+  # (other labels still run beside them). Keyed on the label, so a new gpu test needs nothing.
+  if("gpu" IN_LIST T_LABELS)
+    set_tests_properties(${T_NAME} PROPERTIES RESOURCE_LOCK gpu)
+  endif()
 endfunction()
