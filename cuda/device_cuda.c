@@ -345,15 +345,25 @@ static int cuda_host_register(void *impl, const void *ptr, size_t size, unsigned
 	return 0;
 }
 
+/* cudaHostUnregister does not wait for copies still reading the range (unlike cudaFree, which
+ * synchronises), and a DMA from pages no longer pinned reads whatever the kernel put there since.
+ * device.h promises that every free waits for the work queued before it, so drain the device
+ * first. A device that fails the drain (a sticky error) runs no more copies: unregister anyway,
+ * so the pages are not left pinned, and report the drain's error. */
 static int cuda_host_unregister(void *impl, const void *ptr, size_t size, struct wf_diag *diag)
 {
-	cudaError_t e;
+	cudaError_t e, drained;
 	int ret = use(impl, diag);
 	(void)size;
 
 	if (ret < 0)
 		return ret;
+	drained = cudaDeviceSynchronize();
+	if (drained != cudaSuccess)
+		(void)cudaGetLastError();
 	e = cudaHostUnregister((void *)ptr);
+	if (drained != cudaSuccess)
+		return fail(drained, diag, "cudaDeviceSynchronize (before cudaHostUnregister)");
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaHostUnregister");
 }
 
