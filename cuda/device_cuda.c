@@ -16,6 +16,16 @@
  * aborts: a sticky error (an illegal address in a kernel) keeps failing every later call with
  * WF_EDEVICE, and the worker decides what to do with a broken device.
  *
+ * Sticky errors: the runtime's errors after which "the process must be terminated and
+ * relaunched" (is_sticky). Whichever call first sees one, through wf__cuda_fail (every failure
+ * of this file and of cuda/'s kernels goes there), marks the device lost, process-wide and per
+ * ordinal, since every handle of a device shares its primary context. From then on every entry
+ * point of a handle on that device fails at once with WF_EDEVICE (use()), without calling the
+ * runtime, so the behaviour does not depend on which calls the driver still answers, and
+ * wf_device_health() says lost. The health check also asks the runtime itself (a query of an idle
+ * private stream: no work queued, nothing waited for), so a fault that no call has met yet is
+ * found too.
+ *
  * Pinned memory: cudaHostAllocPortable, so the buffer is pinned for every context in the
  * process. Write-combined only on request (WF_DEVICE_PINNED_WRITE_COMBINED): it speeds up H2D
  * over PCIe and keeps staging out of the CPU caches, but CPU reads from it are uncached and
@@ -37,6 +47,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -46,7 +58,89 @@ struct cuda_dev {
 	int readonly_register; /* cudaDevAttrHostRegisterReadOnlySupported */
 	pthread_mutex_t sum_lock;
 	unsigned long long *d_sum; /* checksum accumulator (device) */
+	cudaStream_t probe;        /* never used for work: the health check queries it */
 };
+
+/* ---- Sticky errors ------------------------------------------------------------------------- */
+
+#define LOST_MAX 64 /* ordinals tracked; a larger one shares the last slot */
+
+/* Per ordinal: the first sticky error seen (0: none), and which call saw it (under lost_lock,
+ * written once, before the error is published). */
+static atomic_int lost_err[LOST_MAX];
+static char lost_what[LOST_MAX][96];
+static pthread_mutex_t lost_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool is_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorAssert:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorTensorMemoryLeak:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorContained:
+	case cudaErrorMpsClientTerminated:
+	case cudaErrorExternalDevice:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static int lost_slot(int ordinal)
+{
+	return ordinal < 0 ? 0 : ordinal >= LOST_MAX ? LOST_MAX - 1 : ordinal;
+}
+
+static void mark_lost(int slot, cudaError_t e, const char *what)
+{
+	pthread_mutex_lock(&lost_lock);
+	if (atomic_load_explicit(&lost_err[slot], memory_order_relaxed) == 0) {
+		snprintf(lost_what[slot], sizeof(lost_what[slot]), "%s", what);
+		atomic_store_explicit(&lost_err[slot], (int)e, memory_order_release);
+	}
+	pthread_mutex_unlock(&lost_lock);
+}
+
+/* Remembers a sticky error for the current device of this thread (every device when the
+ * runtime cannot say which: a restart recovers them all). */
+static void remember(cudaError_t e, const char *what)
+{
+	int dev = -1;
+
+	if (!is_sticky(e))
+		return;
+	if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) {
+		for (int i = 0; i < LOST_MAX; i++)
+			mark_lost(i, e, what);
+		return;
+	}
+	mark_lost(lost_slot(dev), e, what);
+}
+
+/* WF_EDEVICE, explained, when ordinal's device is lost; else 0. */
+static int lost(int ordinal, struct wf_diag *diag)
+{
+	int slot = lost_slot(ordinal);
+	cudaError_t e = (cudaError_t)atomic_load_explicit(&lost_err[slot], memory_order_acquire);
+
+	if (e == cudaSuccess)
+		return 0;
+	pthread_mutex_lock(&lost_lock);
+	wf_diag_set(diag, WF_EDEVICE,
+	            "cuda:%d is lost: %s (%s), first seen by %s; every call fails until the "
+	            "process restarts",
+	            ordinal, cudaGetErrorName(e), cudaGetErrorString(e), lost_what[slot]);
+	pthread_mutex_unlock(&lost_lock);
+	return WF_EDEVICE;
+}
 
 static int translate(cudaError_t e)
 {
@@ -71,6 +165,7 @@ static int translate(cudaError_t e)
 int wf__cuda_fail(cudaError_t e, struct wf_diag *diag, const char *what)
 {
 	(void)cudaGetLastError();
+	remember(e, what);
 	return wf_diag_set(diag, translate(e), "%s: %s (%s)", what, cudaGetErrorName(e),
 	                   cudaGetErrorString(e));
 }
@@ -110,8 +205,13 @@ static int no_device(cudaError_t e, struct wf_diag *diag)
 	}
 }
 
+/* Every entry point starts here: a lost device fails at once; else select it on this thread. */
 static int use(struct cuda_dev *d, struct wf_diag *diag)
 {
+	int ret = lost(d->ordinal, diag);
+
+	if (ret < 0)
+		return ret;
 	cudaError_t e = cudaSetDevice(d->ordinal);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaSetDevice");
 }
@@ -199,6 +299,12 @@ static int cuda_open(const char *args, void **ret_impl, char *name, size_t name_
 		ret = fail(e, diag, "cudaMalloc (checksum scratch)");
 		goto err_free;
 	}
+	e = cudaStreamCreateWithFlags(&d->probe, cudaStreamNonBlocking);
+	if (e != cudaSuccess) {
+		ret = fail(e, diag, "cudaStreamCreateWithFlags (health probe)");
+		cudaFree(d->d_sum);
+		goto err_free;
+	}
 	pthread_mutex_init(&d->sum_lock, NULL);
 	snprintf(name, name_len, "cuda:%d (%s, cc %d.%d)", ordinal, prop.name, prop.major,
 	         prop.minor);
@@ -221,8 +327,10 @@ static void cuda_close(void *impl)
 
 	if (!d)
 		return;
-	if (use(d, NULL) == 0)
+	if (use(d, NULL) == 0) {
 		cudaFree(d->d_sum);
+		cudaStreamDestroy(d->probe);
+	}
 	pthread_mutex_destroy(&d->sum_lock);
 	free(d);
 	/* No cudaDeviceReset: the primary context is shared by every handle on this device in
@@ -249,6 +357,25 @@ static int cuda_synchronize(void *impl, struct wf_diag *diag)
 		return ret;
 	e = cudaDeviceSynchronize();
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaDeviceSynchronize");
+}
+
+/* No work queued, none waited for: an idle stream's query answers at once, with the context's
+ * sticky error if it has one (fail() remembers it). */
+static int cuda_health(void *impl, struct wf_diag *diag)
+{
+	struct cuda_dev *d = impl;
+	cudaError_t e;
+
+	if (lost(d->ordinal, diag) < 0)
+		return WF_EDEVICE;
+	e = cudaSetDevice(d->ordinal);
+	if (e == cudaSuccess)
+		e = cudaStreamQuery(d->probe);
+	if (e == cudaSuccess)
+		return 0;
+	/* Remembered when sticky; any other failure leaves the device healthy. */
+	(void)fail(e, NULL, "cudaStreamQuery (health check)");
+	return lost(d->ordinal, diag);
 }
 
 static int cuda_mem_alloc(void *impl, size_t size, void **ret_ptr, struct wf_diag *diag)
@@ -604,6 +731,7 @@ static const struct wf_device_ops cuda_ops = {
     .close = cuda_close,
     .mem_info = cuda_mem_info,
     .synchronize = cuda_synchronize,
+    .health = cuda_health,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .pinned_alloc = cuda_pinned_alloc,

@@ -165,6 +165,13 @@ int wf_device_synchronize(struct wf_device *dev, struct wf_diag *diag)
 	return dev->ops->synchronize(dev->impl, diag);
 }
 
+int wf_device_health(struct wf_device *dev, struct wf_diag *diag)
+{
+	if (!dev)
+		return WF_EINVAL;
+	return dev->ops->health(dev->impl, diag);
+}
+
 /* ---- Memory ---------------------------------------------------------------------------------- */
 
 int wf_device_mem_alloc(struct wf_device *dev, size_t size, void **ret_ptr, struct wf_diag *diag)

@@ -21,14 +21,26 @@
  *   "host:k=v,k=v"         options: mem=SIZE (arena, default 8Gi), bw=RATE (bytes/s per
  *                          direction, H2D and D2H each; 0 = unthrottled, the default),
  *                          chunk=SIZE (largest memcpy step, default 16Mi; throttled copies use
- *                          steps of about 1 ms), mlock=0|1 (mlock pinned buffers), fail=N
- *                          (fault injection for tests: every Nth H2D copy from a registered
- *                          range fails, alternately when queued, WF_EDEVICE, and when it runs,
- *                          reported by the next event recorded on its stream; 0 = never)
+ *                          steps of about 1 ms), mlock=0|1 (mlock pinned buffers), and the
+ *                          fault injections below
  *   "cuda:N"               CUDA device ordinal N ("cuda" means "cuda:0")
+ *   "cuda:N,k=v,k=v"       options: the fault injections below, and bw=RATE (bytes/s): H2D
+ *                          copies from a registered range (the floor) take at least
+ *                          bytes/RATE, one link shared by the device's streams (other copies
+ *                          run at the bus's speed; a GPU cannot be made slower)
  *   "auto"                 the first registered non-host backend that probes at least one
  *                          device, its ordinal 0; otherwise "host". wf_device_selection() says
  *                          what was chosen and why.
+ * Fault injection, for the tests of what a failing device does to its users (both backends,
+ * the same semantics, 0 = never, the default):
+ *   fail=N     every Nth H2D copy from a registered range fails: alternately when queued
+ *              (wf_device_memcpy_async returns WF_EDEVICE) and when it runs (the copy is
+ *              skipped, its destination keeps its old bytes, and the next event recorded on its
+ *              stream completes with WF_EDEVICE). The device stays healthy.
+ *   sticky=N   the Nth copy (any kind) faults when it runs, as a kernel that hits an illegal
+ *              address does (CUDA: a kernel reading an unmapped address is queued before it, a
+ *              real cudaErrorIllegalAddress): from then on every call on the device fails with
+ *              WF_EDEVICE and wf_device_health() says the device is lost.
  * Sizes and rates are parsed by wf_parse_size() (base/units.h), like every other size in the
  * project: K, M, G, T and Ki, Mi, Gi, Ti (with an optional B) are all powers of 1024, so
  * "host:mem=8G" is 8 GiB, as 8G is to --arena or a config file.
@@ -43,7 +55,9 @@
  * Errors: 0, -errno or WF_E* (base/error.h). Backend errors are translated at the backend edge:
  * out of memory is -ENOMEM, no device or driver -ENODEV, other CUDA failures WF_EDEVICE, each
  * with the CUDA error name and text in the diag. Every int-returning function takes an optional
- * struct wf_diag (NULL to skip).
+ * struct wf_diag (NULL to skip). A sticky error (CUDA: an illegal address, a launch failure)
+ * makes every later call fail with WF_EDEVICE until the process restarts:
+ * wf_device_health() tells it apart from an ordinary failure.
  *
  * Threads: every function is thread-safe unless it says otherwise; wf_device_close() must be the
  * last call on a handle. Streams and events belong to the device that created them and must not
@@ -125,6 +139,22 @@ int wf_device_mem_info(struct wf_device *dev, size_t *ret_free, size_t *ret_tota
 
 /* Waits for all work queued on every stream of dev before the call. */
 int wf_device_synchronize(struct wf_device *dev, struct wf_diag *diag);
+
+/* Whether dev can still run work: 0 when healthy; WF_EDEVICE when the device hit a sticky error
+ * and is unusable until the process restarts (every later call on it, and on every other handle
+ * of the same device in this process, fails), with diag saying which error and which call first
+ * saw it. Sticky: CUDA's illegal address, launch failure, device-side assert, misaligned
+ * address, illegal instruction, launch timeout, uncorrectable ECC error and the like (the
+ * runtime's errors after which "the process must be terminated and relaunched"); host backend:
+ * the sticky=N injection. An ordinary failure (a failed copy, fail=N, out of memory, a bad
+ * argument) leaves the device healthy. Once lost, always lost.
+ *
+ * Cheap and non-blocking: it queues no work and waits for none, so a daemon may poll it (the
+ * worker turns /readyz red and exits for its supervisor to restart it). CUDA: a sticky error is
+ * remembered by whichever call of the backend, or of cuda/'s kernels, first sees it, and the
+ * check also asks the runtime (a query of an idle private stream), so an error that no call has
+ * met yet is found too. Thread-safe. WF_EINVAL for a NULL dev. */
+int wf_device_health(struct wf_device *dev, struct wf_diag *diag);
 
 /* ---- Memory ---------------------------------------------------------------------------------- */
 
@@ -317,6 +347,8 @@ struct wf_device_ops {
 
 	int (*mem_info)(void *impl, size_t *ret_free, size_t *ret_total, struct wf_diag *diag);
 	int (*synchronize)(void *impl, struct wf_diag *diag);
+	/* 0 healthy, WF_EDEVICE lost (see wf_device_health). Never blocks. */
+	int (*health)(void *impl, struct wf_diag *diag);
 
 	int (*mem_alloc)(void *impl, size_t size, void **ret_ptr, struct wf_diag *diag);
 	/* Synchronises with queued work first (see the top of this file). size is the size given

@@ -34,7 +34,14 @@
  *
  * Shutdown (three steps): cancel sets a flag the threads check between steps and wakes every
  * waiter; stream_destroy closes the queue and joins the thread (it drains what is queued, fast
- * when canceled: skipped work completes with WF_ECANCELED); close frees the device. */
+ * when canceled: skipped work completes with WF_ECANCELED); close frees the device.
+ *
+ * Faults (tests): fail=N fails single copies (see struct host_dev); sticky=N imitates a CUDA
+ * sticky error: the Nth copy "faults" when its stream thread reaches it, the device is then
+ * lost for good, and every call fails with WF_EDEVICE (frees still free, so a test leaks
+ * nothing). The threads keep draining their queues (copies and memsets skipped, host functions
+ * run, events complete with WF_EDEVICE), so no synchronize, destroy or close can hang on a lost
+ * device. */
 #include "device/device.h"
 
 #include "base/error.h"
@@ -84,6 +91,7 @@ struct op {
 			size_t size;
 			enum wf_device_copy kind;
 			int inject; /* fail=N: this copy fails when it runs */
+			int sticky; /* sticky=N: this copy faults, and the device is lost */
 		} copy;
 		struct {
 			void *dst;
@@ -127,6 +135,10 @@ struct host_dev {
 	 * event recorded on its stream completes with WF_EDEVICE). */
 	uint64_t fail_every;
 	atomic_uint_fast64_t fail_seen;
+	/* sticky=N: the Nth copy of any kind loses the device when it runs (dead: for good). */
+	uint64_t sticky_after;
+	atomic_uint_fast64_t copies_seen;
+	atomic_int dead;
 	struct {
 		uintptr_t lo, hi;
 	} reg[16]; /* registered ranges (under lock), for fail=N */
@@ -204,10 +216,13 @@ static int parse_args(struct host_dev *d, const char *args, struct wf_diag *diag
 			d->mlock_pinned = (int)v;
 		} else if (strcmp(kv, "fail") == 0) {
 			d->fail_every = v;
+		} else if (strcmp(kv, "sticky") == 0) {
+			d->sticky_after = v;
 		} else {
-			return wf_diag_set(
-			    diag, WF_EINVAL,
-			    "host device: unknown option '%s' (mem, bw, chunk, mlock, fail)", kv);
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "host device: unknown option '%s' (mem, bw, chunk, "
+			                   "mlock, fail, sticky)",
+			                   kv);
 		}
 	}
 	return 0;
@@ -230,6 +245,7 @@ static int host_open(const char *args, void **ret_impl, char *name, size_t name_
 	d->chunk = HOST_DEFAULT_CHUNK;
 	d->page = (size_t)sysconf(_SC_PAGESIZE);
 	atomic_init(&d->canceled, 0);
+	atomic_init(&d->dead, 0);
 	ret = parse_args(d, args, diag);
 	if (ret < 0)
 		goto err;
@@ -283,11 +299,31 @@ static void host_close(void *impl)
 	free(d);
 }
 
+/* WF_EDEVICE (explained) once sticky=N lost the device, else 0. Every call but the void ones
+ * checks it first, as every CUDA call fails after a sticky error. */
+static int lost(struct host_dev *d, struct wf_diag *diag)
+{
+	if (!atomic_load_explicit(&d->dead, memory_order_acquire))
+		return 0;
+	return wf_diag_set(diag, WF_EDEVICE,
+	                   "host device lost: injected sticky error at copy %llu (sticky=%llu); "
+	                   "every call fails until the process restarts",
+	                   (unsigned long long)d->sticky_after,
+	                   (unsigned long long)d->sticky_after);
+}
+
+static int host_health(void *impl, struct wf_diag *diag)
+{
+	return lost(impl, diag);
+}
+
 static int host_mem_info(void *impl, size_t *ret_free, size_t *ret_total, struct wf_diag *diag)
 {
 	struct host_dev *d = impl;
-	(void)diag;
+	int ret = lost(d, diag);
 
+	if (ret < 0)
+		return ret;
 	pthread_mutex_lock(&d->lock);
 	*ret_free = (size_t)(d->total - d->used);
 	*ret_total = (size_t)d->total;
@@ -319,10 +355,20 @@ static int wait_drained(struct host_dev *d, struct host_stream *s)
 	return atomic_load(&d->canceled) ? WF_ECANCELED : 0;
 }
 
+/* A wait that reports a device lost before or while waiting. */
+static int wait_checked(struct host_dev *d, struct host_stream *s, struct wf_diag *diag)
+{
+	int ret = lost(d, diag);
+
+	if (ret < 0)
+		return ret;
+	ret = wait_drained(d, s);
+	return ret < 0 ? ret : lost(d, diag);
+}
+
 static int host_synchronize(void *impl, struct wf_diag *diag)
 {
-	(void)diag;
-	return wait_drained(impl, NULL);
+	return wait_checked(impl, NULL, diag);
 }
 
 /* ---- Memory ---------------------------------------------------------------------------------- */
@@ -340,6 +386,8 @@ static int host_mem_alloc(void *impl, size_t size, void **ret_ptr, struct wf_dia
 
 	if (len < size)
 		return wf_diag_set(diag, -ENOMEM, "host device: %zu bytes overflow", size);
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	pthread_mutex_lock(&d->lock);
 	if (len > d->total - d->used) {
 		uint64_t avail = d->total - d->used;
@@ -371,14 +419,13 @@ static int host_mem_free(void *impl, void *ptr, size_t size, struct wf_diag *dia
 {
 	struct host_dev *d = impl;
 	size_t len = round_page(d, size);
-	(void)diag;
 
 	wait_drained(d, NULL);
 	munmap(ptr, len);
 	pthread_mutex_lock(&d->lock);
 	d->used -= len;
 	pthread_mutex_unlock(&d->lock);
-	return 0;
+	return lost(d, diag);
 }
 
 static int host_pinned_alloc(void *impl, size_t size, unsigned flags, void **ret_ptr,
@@ -392,6 +439,8 @@ static int host_pinned_alloc(void *impl, size_t size, unsigned flags, void **ret
 
 	if (len < size)
 		return wf_diag_set(diag, -ENOMEM, "pinned: %zu bytes overflow", size);
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		err = -errno;
@@ -413,11 +462,10 @@ static int host_pinned_alloc(void *impl, size_t size, unsigned flags, void **ret
 static int host_pinned_free(void *impl, void *ptr, size_t size, struct wf_diag *diag)
 {
 	struct host_dev *d = impl;
-	(void)diag;
 
 	wait_drained(d, NULL);
 	munmap(ptr, round_page(d, size));
-	return 0;
+	return lost(d, diag);
 }
 
 /* Checks that every page of the range is mapped (mincore fails with ENOMEM otherwise), in
@@ -430,6 +478,8 @@ static int host_register(void *impl, const void *ptr, size_t size, unsigned flag
 	uintptr_t start = (uintptr_t)ptr & ~(uintptr_t)(d->page - 1);
 	uintptr_t end = (uintptr_t)ptr + size;
 
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	for (uintptr_t p = start; p < end;) {
 		size_t len = end - p;
 		if (len > sizeof(vec) * d->page)
@@ -456,7 +506,6 @@ static int host_unregister(void *impl, const void *ptr, size_t size, struct wf_d
 {
 	struct host_dev *d = impl;
 	(void)size;
-	(void)diag;
 	wait_drained(impl, NULL);
 	pthread_mutex_lock(&d->lock);
 	for (unsigned i = 0; i < d->n_reg; i++)
@@ -465,7 +514,7 @@ static int host_unregister(void *impl, const void *ptr, size_t size, struct wf_d
 			break;
 		}
 	pthread_mutex_unlock(&d->lock);
-	return 0;
+	return lost(d, diag);
 }
 
 /* fail=N: whether this H2D copy is one to fail (0), and how: WF_EDEVICE now, or 1 when it
@@ -540,12 +589,19 @@ static void *stream_main(void *arg)
 			break; /* closing and drained */
 		switch (op->type) {
 		case OP_COPY:
+			if (op->u.copy.sticky) { /* sticky=N: the device is lost from now on */
+				atomic_store_explicit(&d->dead, 1, memory_order_release);
+				break;
+			}
 			if (op->u.copy.inject) { /* fail=N: the copy "fails" on the device */
 				s->fault = WF_EDEVICE;
 				break;
 			}
 			/* fall through */
 		case OP_MEMSET:
+			/* A lost device runs no more copies (as a faulted GPU context). */
+			if (atomic_load_explicit(&d->dead, memory_order_acquire))
+				break;
 			pthread_mutex_unlock(&d->lock);
 			/* A canceled copy stops early; synchronize and events report WF_ECANCELED
 			 * from the device's flag. */
@@ -565,7 +621,9 @@ static void *stream_main(void *arg)
 			break;
 		case OP_MARKER:
 			op->u.cap->done = 1;
-			op->u.cap->status = atomic_load(&d->canceled) ? WF_ECANCELED : s->fault;
+			op->u.cap->status = atomic_load(&d->canceled) ? WF_ECANCELED
+			                    : atomic_load(&d->dead)   ? WF_EDEVICE
+			                                              : s->fault;
 			s->fault = 0;
 			op->u.cap->t_ns = now_ns();
 			break;
@@ -591,6 +649,10 @@ static int host_stream_create(void *impl, void **ret_stream, struct wf_diag *dia
 
 	if (!s)
 		return -ENOMEM;
+	if ((ret = lost(d, diag)) < 0) {
+		free(s);
+		return ret;
+	}
 	s->d = d;
 	pthread_cond_init(&s->work, NULL);
 	/* The copy thread takes no signals: they belong to the application's threads. */
@@ -641,8 +703,7 @@ static void host_stream_destroy(void *impl, void *stream)
 
 static int host_stream_synchronize(void *impl, void *stream, struct wf_diag *diag)
 {
-	(void)diag;
-	return wait_drained(impl, stream);
+	return wait_checked(impl, stream, diag);
 }
 
 /* Queues op on s; called with d->lock held. */
@@ -675,18 +736,24 @@ static int host_memcpy_async(void *impl, void *stream, void *dst, const void *sr
                              enum wf_device_copy kind, struct wf_diag *diag)
 {
 	struct host_dev *d = impl;
-	int inject = 0;
+	int inject = 0, sticky = 0;
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	if (d->fail_every && kind == WF_DEVICE_COPY_H2D &&
 	    (inject = injected(d, src, size)) == WF_EDEVICE)
 		return wf_diag_set(diag, WF_EDEVICE,
 		                   "host device: injected copy failure (fail=%llu)",
 		                   (unsigned long long)d->fail_every);
+	/* Counted among the copies queued, so fail=N and sticky=N combine. */
+	if (d->sticky_after && atomic_fetch_add(&d->copies_seen, 1) + 1 == d->sticky_after)
+		sticky = 1;
 	struct op *op = calloc(1, sizeof(*op));
 
 	if (!op)
 		return -ENOMEM;
 	op->type = OP_COPY;
 	op->u.copy.inject = inject;
+	op->u.copy.sticky = sticky;
 	op->u.copy.dst = dst;
 	op->u.copy.src = src;
 	op->u.copy.size = size;
@@ -697,8 +764,9 @@ static int host_memcpy_async(void *impl, void *stream, void *dst, const void *sr
 static int host_memset_async(void *impl, void *stream, void *dst, int value, size_t size,
                              struct wf_diag *diag)
 {
+	if (lost(impl, diag) < 0)
+		return WF_EDEVICE;
 	struct op *op = calloc(1, sizeof(*op));
-	(void)diag;
 
 	if (!op)
 		return -ENOMEM;
@@ -712,8 +780,9 @@ static int host_memset_async(void *impl, void *stream, void *dst, int value, siz
 static int host_host_fn_async(void *impl, void *stream, wf_device_host_fn fn, void *arg,
                               struct wf_diag *diag)
 {
+	if (lost(impl, diag) < 0)
+		return WF_EDEVICE;
 	struct op *op = calloc(1, sizeof(*op));
-	(void)diag;
 
 	if (!op)
 		return -ENOMEM;
@@ -735,9 +804,9 @@ static void *host_stream_native(void *impl, void *stream)
 
 static int host_event_create(void *impl, unsigned flags, void **ret_event, struct wf_diag *diag)
 {
+	if (lost(impl, diag) < 0)
+		return WF_EDEVICE;
 	struct host_event *e = calloc(1, sizeof(*e));
-	(void)impl;
-	(void)diag;
 
 	if (!e)
 		return -ENOMEM;
@@ -761,9 +830,10 @@ static int host_event_record(void *impl, void *event, void *stream, struct wf_di
 {
 	struct host_dev *d = impl;
 	struct host_event *e = event;
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	struct op *op = calloc(1, sizeof(*op));
 	struct capture *c = calloc(1, sizeof(*c));
-	(void)diag;
 
 	if (!op || !c) {
 		free(op);
@@ -791,8 +861,9 @@ static int host_stream_wait_event(void *impl, void *stream, void *event, struct 
 {
 	struct host_dev *d = impl;
 	struct host_event *e = event;
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
 	struct op *op = calloc(1, sizeof(*op));
-	(void)diag;
 
 	if (!op)
 		return -ENOMEM;
@@ -821,8 +892,9 @@ static int host_event_query(void *impl, void *event, struct wf_diag *diag)
 	struct host_dev *d = impl;
 	struct host_event *e = event;
 	int ret;
-	(void)diag;
 
+	if ((ret = lost(d, diag)) < 0)
+		return ret;
 	pthread_mutex_lock(&d->lock);
 	ret = !e->cur ? 0 : e->cur->done ? e->cur->status : -EAGAIN;
 	pthread_mutex_unlock(&d->lock);
@@ -835,8 +907,9 @@ static int host_event_synchronize(void *impl, void *event, struct wf_diag *diag)
 	struct host_event *e = event;
 	struct capture *c;
 	int ret = 0;
-	(void)diag;
 
+	if ((ret = lost(d, diag)) < 0)
+		return ret;
 	pthread_mutex_lock(&d->lock);
 	c = e->cur;
 	if (c) {
@@ -848,6 +921,8 @@ static int host_event_synchronize(void *impl, void *event, struct wf_diag *diag)
 		capture_unref(c);
 	}
 	pthread_mutex_unlock(&d->lock);
+	if (ret == WF_EDEVICE && lost(d, diag) < 0)
+		return WF_EDEVICE;
 	return ret;
 }
 
@@ -856,8 +931,10 @@ static int host_event_elapsed_ms(void *impl, void *start, void *end, double *ret
 {
 	struct host_dev *d = impl;
 	struct host_event *a = start, *b = end;
-	int ret = 0;
+	int ret = lost(d, diag);
 
+	if (ret < 0)
+		return ret;
 	pthread_mutex_lock(&d->lock);
 	if (!a->cur || !b->cur)
 		ret = wf_diag_set(diag, WF_ESTATE, "event elapsed: event never recorded");
@@ -890,6 +967,7 @@ static const struct wf_device_ops host_ops = {
     .close = host_close,
     .mem_info = host_mem_info,
     .synchronize = host_synchronize,
+    .health = host_health,
     .mem_alloc = host_mem_alloc,
     .mem_free = host_mem_free,
     .pinned_alloc = host_pinned_alloc,

@@ -97,6 +97,30 @@ Test(WFT_SUITE, open_describes_itself, .timeout = 60)
 	wf_device_close(NULL);
 }
 
+/* Health: a fresh device is healthy, and ordinary failures (out of memory, a bad pointer, a bad
+ * copy) leave it so: only a sticky error loses a device. */
+Test(WFT_SUITE, ordinary_failures_leave_the_device_healthy, .timeout = 60)
+{
+	struct wf_device *dev = open_dev();
+	struct wf_device_stream *s;
+	size_t total;
+	void *p = NULL, *d;
+	int local;
+
+	OKD(wf_device_health(dev, &diag));
+	OKD(wf_device_mem_info(dev, NULL, &total, &diag));
+	cr_assert_eq(wf_device_mem_alloc(dev, total + ((size_t)1 << 30), &p, NULL), -ENOMEM);
+	cr_assert_eq(wf_device_mem_free(dev, &local, NULL), WF_EINVAL);
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_mem_alloc(dev, MiB, &d, &diag));
+	cr_assert_eq(wf_device_memcpy_async(s, d, &local, 2 * MiB, WF_DEVICE_COPY_H2D, NULL),
+	             WF_EINVAL);
+	OKD(wf_device_stream_synchronize(s, &diag));
+	OKD(wf_device_health(dev, &diag));
+	cr_assert_eq(wf_device_health(NULL, NULL), WF_EINVAL);
+	wf_device_close(dev);
+}
+
 Test(WFT_SUITE, auto_picks_and_says_why, .timeout = 60)
 {
 	struct wf_device *dev = NULL;

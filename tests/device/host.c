@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -60,8 +61,14 @@ Test(device_host, options_parse)
 	cr_assert_eq(t, (size_t)8 << 30, "default arena");
 	wf_device_close(dev);
 
-	static const char *bad[] = {"host:bw=-1",   "host:mem=0", "host:mem",      "host:chunk=1",
-	                            "host:mlock=2", "host:bw=1Q", "host:mem=1e30", "host:=3"};
+	dev = open_spec("host:fail=3,sticky=100");
+	OKD(wf_device_health(dev, &diag));
+	wf_device_close(dev);
+
+	static const char *bad[] = {"host:bw=-1",    "host:mem=0",   "host:mem",
+	                            "host:chunk=1",  "host:mlock=2", "host:bw=1Q",
+	                            "host:mem=1e30", "host:=3",      "host:sticky=x",
+	                            "host:fail=-1",  "host:sticky=", "host:stickyy=1"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct wf_diag diag = {0};
 		cr_assert_eq(wf_device_open(bad[i], &dev, &diag), WF_EINVAL, "%s", bad[i]);
@@ -399,5 +406,138 @@ Test(device_host, auto_selection)
 	size_t t;
 	OKD(wf_device_mem_info(dev, NULL, &t, &diag));
 	cr_assert_eq(t, MiB, "opened through the fake");
+	wf_device_close(dev);
+}
+
+/* sticky=N: the Nth copy loses the device when it runs, as a kernel hitting an illegal address
+ * loses a CUDA context. Until then the device is healthy; afterwards every call fails with
+ * WF_EDEVICE and health says so, while the work already queued still drains: the host function
+ * behind the faulting copy runs, its events complete (with the error), and destroying the
+ * stream and closing the device return. */
+static void set_flag(void *arg)
+{
+	*(int *)arg = 1;
+}
+
+/* Holds a stream until the test opens it, so what is queued behind it is queued before it runs. */
+struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int open;
+};
+
+static void gate_wait(void *arg)
+{
+	struct gate *g = arg;
+	pthread_mutex_lock(&g->mu);
+	while (!g->open)
+		pthread_cond_wait(&g->cv, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(struct gate *g)
+{
+	pthread_mutex_lock(&g->mu);
+	g->open = 1;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+Test(device_host, sticky_error_loses_the_device, .timeout = 30)
+{
+	struct wf_device *dev = open_spec("host:bw=256Mi,sticky=2");
+	struct wf_device_stream *s, *s2 = NULL;
+	struct wf_device_event *e, *e2 = NULL;
+	struct wf_diag dg = {0};
+	unsigned char *d, *h;
+	void *p = NULL;
+	size_t n = 8 * MiB;
+	int ran = 0;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_event_create(dev, 0, &e, &diag));
+	OKD(wf_device_mem_alloc(dev, n, (void **)&d, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&h, &diag));
+	memset(h, 7, n);
+	memset(d, 0, n);
+	OKD(wf_device_memcpy_async(s, d, h, n, WF_DEVICE_COPY_H2D, &diag)); /* copy 1 */
+	OKD(wf_device_stream_synchronize(s, &diag));
+	OKD(wf_device_health(dev, &diag));
+	cr_assert_eq(d[n - 1], 7);
+
+	memset(h, 8, n);
+	/* Copy 2 faults when it runs; queueing it succeeds (a kernel's fault is asynchronous), and
+	 * so does what is queued behind it before it runs (the gate holds the stream till then). */
+	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+	OKD(wf_device_host_fn_async(s, gate_wait, &g, &diag));
+	OKD(wf_device_memcpy_async(s, d, h, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_host_fn_async(s, set_flag, &ran, &diag));
+	OKD(wf_device_event_record(e, s, &diag));
+	OKD(wf_device_health(dev, &diag));
+	gate_open(&g);
+	cr_assert_eq(wf_device_event_synchronize(e, &dg), WF_EDEVICE);
+	cr_assert(strstr(dg.msg, "sticky"), "%s", dg.msg);
+	cr_assert_eq(ran, 1, "the host function queued behind the fault did not run");
+	cr_assert_eq(d[0], 7, "a lost device still copied");
+
+	wf_diag_clear(&dg);
+	cr_assert_eq(wf_device_health(dev, &dg), WF_EDEVICE);
+	cr_assert(strstr(dg.msg, "lost"), "%s", dg.msg);
+	/* Every call fails now, whatever it is. */
+	cr_assert_eq(wf_device_stream_synchronize(s, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_synchronize(dev, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_event_query(e, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_mem_info(dev, NULL, NULL, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_mem_alloc(dev, 4096, &p, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_pinned_alloc(dev, 4096, 0, &p, NULL), WF_EDEVICE);
+	cr_assert_null(p);
+	cr_assert_eq(wf_device_memcpy_async(s, d, h, 4096, WF_DEVICE_COPY_H2D, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_memset_async(s, d, 0, 4096, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_host_fn_async(s, set_flag, &ran, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_event_record(e, s, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_stream_wait_event(s, e, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_stream_create(dev, &s2, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_event_create(dev, 0, &e2, NULL), WF_EDEVICE);
+	cr_assert_null(s2);
+	cr_assert_null(e2);
+	uint64_t sum;
+	cr_assert_eq(wf_device_checksum(s, d, 4096, &sum, NULL), WF_EDEVICE);
+	static char plain[4096];
+	cr_assert_eq(wf_device_host_register(dev, plain, sizeof plain, 0, NULL, NULL), WF_EDEVICE);
+	/* Frees report the loss too, but free: the arena comes back (a test leaks nothing). */
+	cr_assert_eq(wf_device_mem_free(dev, d, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_pinned_free(dev, h, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_mem_free(dev, d, NULL), WF_EINVAL, "the record is gone");
+	wf_device_event_destroy(e);
+	wf_device_stream_destroy(s);
+	cr_assert_eq(wf_device_health(dev, NULL), WF_EDEVICE, "once lost, always lost");
+	wf_device_close(dev);
+}
+
+/* A copy queued behind the fault, on another stream, still completes its waiters: a
+ * synchronize that began before the loss returns (with the error), it does not hang. */
+Test(device_host, sticky_error_wakes_waiters, .timeout = 30)
+{
+	struct wf_device *dev = open_spec("host:bw=64Mi,sticky=1");
+	struct wf_device_stream *a, *b;
+	struct wf_device_event *e;
+	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+	size_t n = 16 * MiB;
+	void *d, *h;
+
+	OKD(wf_device_stream_create(dev, &a, &diag));
+	OKD(wf_device_stream_create(dev, &b, &diag));
+	OKD(wf_device_event_create(dev, 0, &e, &diag));
+	OKD(wf_device_mem_alloc(dev, 2 * n, &d, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, &h, &diag));
+	OKD(wf_device_host_fn_async(b, gate_wait, &g, &diag));
+	OKD(wf_device_memset_async(b, d, 0, n, &diag));
+	OKD(wf_device_event_record(e, b, &diag));
+	OKD(wf_device_stream_wait_event(a, e, &diag));
+	OKD(wf_device_memcpy_async(a, d, h, n, WF_DEVICE_COPY_H2D, &diag)); /* faults */
+	OKD(wf_device_memset_async(a, (char *)d + n, 1, n, &diag));
+	gate_open(&g);
+	cr_assert_eq(wf_device_synchronize(dev, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_health(dev, NULL), WF_EDEVICE);
 	wf_device_close(dev);
 }
