@@ -35,10 +35,24 @@
  * cudaHostRegisterReadOnly (devices report cudaDevAttrHostRegisterReadOnlySupported). Where it
  * is missing, or the driver refuses the flag as unsupported, the range is registered with
  * default flags instead (which needs a writable mapping) and *ret_flags says READONLY was not
- * applied. */
+ * applied.
+ *
+ * Fault injection (tests; the spec options fail=N, bw=RATE and sticky=N of device.h, with the
+ * host backend's semantics) so the failing-copy, slow-copy and lost-device paths of the engine
+ * and the worker run on a GPU too. The backend keeps its own list of registered ranges for
+ * them (only while an option is set). fail=N: a copy failed "when it runs" is never queued;
+ * the stream remembers it, and the next event recorded on it carries WF_EDEVICE, reported by
+ * query and synchronize once the event completes (streams and events are small wrappers for
+ * this). bw=RATE: after each registered-range H2D copy, a host function on the stream sleeps
+ * until the copy's slot on a virtual link ends (reserved when queued, shared by the device's
+ * streams), so the stream's later work, events included, completes no earlier than
+ * bytes/RATE after the copy was queued. sticky=N: the checksum kernel is queued before the
+ * Nth copy with an unmapped address to read, a real illegal address that poisons the context
+ * as a bug in a kernel would. */
 #include "cuda/device_cuda.h"
 
 #include "base/error.h"
+#include "base/units.h"
 #include "cuda/checksum.cuh"
 #include "cuda/engine_ctx.h"
 #include "device/checksum.h"
@@ -51,6 +65,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define INJECT_RANGES 16
 
 struct cuda_dev {
 	int ordinal;
@@ -59,6 +77,28 @@ struct cuda_dev {
 	pthread_mutex_t sum_lock;
 	unsigned long long *d_sum; /* checksum accumulator (device) */
 	cudaStream_t probe;        /* never used for work: the health check queries it */
+
+	/* Fault injection (spec options; 0 = off). */
+	uint64_t fail_every, bw, sticky_after;
+	atomic_uint_fast64_t fail_seen, copies_seen;
+	pthread_mutex_t inj_lock; /* guards reg[], n_reg and link_ns */
+	struct {
+		uintptr_t lo, hi;
+	} reg[INJECT_RANGES]; /* registered ranges (fail=, bw=) */
+	unsigned n_reg;
+	uint64_t link_ns; /* bw=: when the virtual link is free again (CLOCK_MONOTONIC) */
+};
+
+/* The backend's stream and event handles: the CUDA handle, and fail=N's "failed when it ran"
+ * mark (a stream's, until the next event recorded on it takes it over). */
+struct cuda_stream {
+	cudaStream_t s;
+	atomic_int fault;
+};
+
+struct cuda_event {
+	cudaEvent_t ev;
+	atomic_int fault;
 };
 
 /* ---- Sticky errors ------------------------------------------------------------------------- */
@@ -252,27 +292,84 @@ static int parse_ordinal(const char *args, int *ret)
 	return 0;
 }
 
+/* "", "N", "N,k=v,..." or "k=v,..." (the ordinal, 0 when absent, then the fault injections).
+ * Touches no GPU, so a bad spec is refused the same with or without one. */
+static int parse_args(const char *args, int *ret_ordinal, struct cuda_dev *d, struct wf_diag *diag)
+{
+	char buf[256];
+	size_t flen = strcspn(args, ",");
+	char *p = buf;
+
+	*ret_ordinal = 0;
+	if (strlen(args) >= sizeof(buf))
+		return wf_diag_set(diag, WF_EINVAL, "cuda device spec too long");
+	strcpy(buf, args);
+	if (flen > 0 && !memchr(args, '=', flen)) {
+		/* The first field is the ordinal. */
+		buf[flen] = '\0';
+		if (parse_ordinal(buf, ret_ordinal) < 0)
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "cuda device spec: bad ordinal '%s' (cuda:N[,k=v...])",
+			                   buf);
+		if (!args[flen])
+			return 0;
+		p = buf + flen + 1;
+	}
+	if (!args[0])
+		return 0;
+	for (char *kv = p, *next; kv; kv = next) {
+		char *eq;
+		uint64_t v;
+
+		next = strchr(kv, ',');
+		if (next)
+			*next++ = '\0';
+		eq = strchr(kv, '=');
+		if (!eq || eq == kv)
+			return wf_diag_set(
+			    diag, WF_EINVAL,
+			    "cuda device option '%s': expected k=v (cuda:N[,k=v...])", kv);
+		*eq = '\0';
+		if (wf_parse_size(eq + 1, &v) < 0)
+			return wf_diag_set(diag, WF_EINVAL, "cuda device option %s: bad value '%s'",
+			                   kv, eq + 1);
+		if (strcmp(kv, "fail") == 0)
+			d->fail_every = v;
+		else if (strcmp(kv, "bw") == 0)
+			d->bw = v;
+		else if (strcmp(kv, "sticky") == 0)
+			d->sticky_after = v;
+		else
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "cuda device: unknown option '%s' (fail, bw, sticky)",
+			                   kv);
+	}
+	return 0;
+}
+
 static int cuda_open(const char *args, void **ret_impl, char *name, size_t name_len,
                      struct wf_diag *diag)
 {
 	struct cudaDeviceProp prop;
 	struct cuda_dev *d;
 	cudaError_t e;
-	int ordinal, count = 0, ret;
+	int ordinal = 0, count = 0, ret;
 
-	if (parse_ordinal(args, &ordinal) < 0)
-		return wf_diag_set(diag, WF_EINVAL, "cuda device spec: bad ordinal '%s'", args);
-	e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess)
-		return no_device(e, diag);
-	if (count == 0)
-		return no_device(cudaErrorNoDevice, diag);
-	if (ordinal >= count)
-		return wf_diag_set(diag, -ENODEV, "cuda:%d: only %d CUDA device(s)", ordinal,
-		                   count);
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
+	ret = parse_args(args, &ordinal, d, diag);
+	if (ret < 0)
+		goto err_free;
+	e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess || count == 0) {
+		ret = no_device(e != cudaSuccess ? e : cudaErrorNoDevice, diag);
+		goto err_free;
+	}
+	if (ordinal >= count) {
+		ret = wf_diag_set(diag, -ENODEV, "cuda:%d: only %d CUDA device(s)", ordinal, count);
+		goto err_free;
+	}
 	d->ordinal = ordinal;
 	ret = use(d, diag);
 	if (ret < 0)
@@ -306,6 +403,9 @@ static int cuda_open(const char *args, void **ret_impl, char *name, size_t name_
 		goto err_free;
 	}
 	pthread_mutex_init(&d->sum_lock, NULL);
+	pthread_mutex_init(&d->inj_lock, NULL);
+	atomic_init(&d->fail_seen, 0);
+	atomic_init(&d->copies_seen, 0);
 	snprintf(name, name_len, "cuda:%d (%s, cc %d.%d)", ordinal, prop.name, prop.major,
 	         prop.minor);
 	*ret_impl = d;
@@ -332,6 +432,7 @@ static void cuda_close(void *impl)
 		cudaStreamDestroy(d->probe);
 	}
 	pthread_mutex_destroy(&d->sum_lock);
+	pthread_mutex_destroy(&d->inj_lock);
 	free(d);
 	/* No cudaDeviceReset: the primary context is shared by every handle on this device in
 	 * the process. */
@@ -469,6 +570,15 @@ static int cuda_host_register(void *impl, const void *ptr, size_t size, unsigned
 		return fail(e, diag, "cudaHostRegister");
 	}
 	*ret_flags = readonly ? WF_DEVICE_REGISTER_READONLY : 0;
+	if (d->fail_every || d->bw) {
+		pthread_mutex_lock(&d->inj_lock);
+		if (d->n_reg < INJECT_RANGES) {
+			d->reg[d->n_reg].lo = (uintptr_t)ptr;
+			d->reg[d->n_reg].hi = (uintptr_t)ptr + size;
+			d->n_reg++;
+		}
+		pthread_mutex_unlock(&d->inj_lock);
+	}
 	return 0;
 }
 
@@ -479,10 +589,20 @@ static int cuda_host_register(void *impl, const void *ptr, size_t size, unsigned
  * so the pages are not left pinned, and report the drain's error. */
 static int cuda_host_unregister(void *impl, const void *ptr, size_t size, struct wf_diag *diag)
 {
+	struct cuda_dev *d = impl;
 	cudaError_t e, drained;
-	int ret = use(impl, diag);
+	int ret = use(d, diag);
 	(void)size;
 
+	if (d->fail_every || d->bw) {
+		pthread_mutex_lock(&d->inj_lock);
+		for (unsigned i = 0; i < d->n_reg; i++)
+			if (d->reg[i].lo == (uintptr_t)ptr) {
+				d->reg[i] = d->reg[--d->n_reg];
+				break;
+			}
+		pthread_mutex_unlock(&d->inj_lock);
+	}
 	if (ret < 0)
 		return ret;
 	drained = cudaDeviceSynchronize();
@@ -496,43 +616,115 @@ static int cuda_host_unregister(void *impl, const void *ptr, size_t size, struct
 
 static int cuda_stream_create(void *impl, void **ret_stream, struct wf_diag *diag)
 {
-	cudaStream_t s;
+	struct cuda_stream *cs;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
+	cs = calloc(1, sizeof(*cs));
+	if (!cs)
+		return -ENOMEM;
+	atomic_init(&cs->fault, 0);
 	/* Non-blocking: no implicit ordering against the legacy default stream, which other
 	 * code in the process (an engine) may use. */
-	e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-	if (e != cudaSuccess)
+	e = cudaStreamCreateWithFlags(&cs->s, cudaStreamNonBlocking);
+	if (e != cudaSuccess) {
+		free(cs);
 		return fail(e, diag, "cudaStreamCreateWithFlags");
-	*ret_stream = s;
+	}
+	*ret_stream = cs;
 	return 0;
 }
 
 static void cuda_stream_destroy(void *impl, void *stream)
 {
-	if (use(impl, NULL) < 0)
-		return;
+	struct cuda_stream *cs = stream;
+
 	/* cudaStreamDestroy returns at once and lets queued work finish later; the interface
 	 * promises that host functions queued on the stream have run when destroy returns (their
-	 * arg may be freed right after), so wait first. A sticky error ends the wait too. */
-	if (cudaStreamSynchronize(stream) != cudaSuccess)
-		(void)cudaGetLastError();
-	if (cudaStreamDestroy(stream) != cudaSuccess)
-		(void)cudaGetLastError();
+	 * arg may be freed right after), so wait first. A sticky error ends the wait too. A lost
+	 * device is left alone: its context dies with the process. */
+	if (use(impl, NULL) == 0) {
+		if (cudaStreamSynchronize(cs->s) != cudaSuccess)
+			(void)cudaGetLastError();
+		if (cudaStreamDestroy(cs->s) != cudaSuccess)
+			(void)cudaGetLastError();
+	}
+	free(cs);
 }
 
 static int cuda_stream_synchronize(void *impl, void *stream, struct wf_diag *diag)
 {
+	struct cuda_stream *cs = stream;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaStreamSynchronize(stream);
+	e = cudaStreamSynchronize(cs->s);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaStreamSynchronize");
+}
+
+/* ---- Fault injection ------------------------------------------------------------------------ */
+
+/* Nothing in the first pages of the address space is ever mapped for a GPU: a read there is an
+ * illegal address (cudaErrorIllegalAddress), the commonest sticky error. */
+#define STICKY_FAULT_ADDR ((const void *)(uintptr_t)0x100)
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int in_registered(struct cuda_dev *d, const void *src, size_t size)
+{
+	uintptr_t lo = (uintptr_t)src, hi = lo + size;
+	int hit = 0;
+
+	pthread_mutex_lock(&d->inj_lock);
+	for (unsigned i = 0; i < d->n_reg && !hit; i++)
+		hit = lo >= d->reg[i].lo && hi <= d->reg[i].hi;
+	pthread_mutex_unlock(&d->inj_lock);
+	return hit;
+}
+
+/* bw=: reserves size bytes on the virtual link; returns when the slot ends. */
+static uint64_t link_reserve(struct cuda_dev *d, size_t size)
+{
+	uint64_t now = mono_ns(), start, end;
+
+	pthread_mutex_lock(&d->inj_lock);
+	start = d->link_ns > now ? d->link_ns : now;
+	end = start + (uint64_t)((double)size * 1e9 / (double)d->bw);
+	d->link_ns = end;
+	pthread_mutex_unlock(&d->inj_lock);
+	return end;
+}
+
+/* A host function (cudaHostFn_t): sleeps until the CLOCK_MONOTONIC time its argument carries
+ * (no allocation, so nothing leaks if a sticky error means it never runs). */
+static void sleep_until_arg(void *arg)
+{
+	uint64_t t = (uint64_t)(uintptr_t)arg;
+	struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull),
+	                      .tv_nsec = (long)(t % 1000000000ull)};
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+_Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "bw= passes a time in a pointer");
+
+/* fail=N for an H2D copy from a registered range: 0 (copy it), WF_EDEVICE (fail now) or 1
+ * (skip it: it "failed when it ran"). */
+static int fail_injected(struct cuda_dev *d)
+{
+	const uint64_t k = atomic_fetch_add(&d->fail_seen, 1) + 1;
+
+	if (k % d->fail_every)
+		return 0;
+	return (k / d->fail_every) & 1 ? WF_EDEVICE : 1;
 }
 
 static int cuda_memcpy_async(void *impl, void *stream, void *dst, const void *src, size_t size,
@@ -543,24 +735,46 @@ static int cuda_memcpy_async(void *impl, void *stream, void *dst, const void *sr
 	    [WF_DEVICE_COPY_D2H] = cudaMemcpyDeviceToHost,
 	    [WF_DEVICE_COPY_D2D] = cudaMemcpyDeviceToDevice,
 	};
+	struct cuda_dev *d = impl;
+	struct cuda_stream *cs = stream;
+	uint64_t slow_until = 0;
 	cudaError_t e;
-	int ret = use(impl, diag);
+	int ret = use(d, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaMemcpyAsync(dst, src, size, kinds[kind], stream);
+	if ((d->fail_every || d->bw) && kind == WF_DEVICE_COPY_H2D && in_registered(d, src, size)) {
+		int inject = d->fail_every ? fail_injected(d) : 0;
+		if (inject == WF_EDEVICE)
+			return wf_diag_set(diag, WF_EDEVICE,
+			                   "cuda device: injected copy failure (fail=%llu)",
+			                   (unsigned long long)d->fail_every);
+		if (inject) {
+			atomic_store(&cs->fault, 1);
+			return 0;
+		}
+		if (d->bw)
+			slow_until = link_reserve(d, size);
+	}
+	if (d->sticky_after && atomic_fetch_add(&d->copies_seen, 1) + 1 == d->sticky_after &&
+	    wf__cuda_checksum_launch(STICKY_FAULT_ADDR, 256, d->d_sum, 1, cs->s) != cudaSuccess)
+		(void)cudaGetLastError();
+	e = cudaMemcpyAsync(dst, src, size, kinds[kind], cs->s);
+	if (e == cudaSuccess && slow_until)
+		e = cudaLaunchHostFunc(cs->s, sleep_until_arg, (void *)(uintptr_t)slow_until);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemcpyAsync");
 }
 
 static int cuda_memset_async(void *impl, void *stream, void *dst, int value, size_t size,
                              struct wf_diag *diag)
 {
+	struct cuda_stream *cs = stream;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaMemsetAsync(dst, value, size, stream);
+	e = cudaMemsetAsync(dst, value, size, cs->s);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaMemsetAsync");
 }
 
@@ -570,12 +784,13 @@ static int cuda_memset_async(void *impl, void *stream, void *dst, int value, siz
 static int cuda_host_fn_async(void *impl, void *stream, wf_device_host_fn fn, void *arg,
                               struct wf_diag *diag)
 {
+	struct cuda_stream *cs = stream;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaLaunchHostFunc(stream, (cudaHostFn_t)fn, arg);
+	e = cudaLaunchHostFunc(cs->s, (cudaHostFn_t)fn, arg);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaLaunchHostFunc");
 }
 
@@ -583,57 +798,83 @@ static int cuda_host_fn_async(void *impl, void *stream, wf_device_host_fn fn, vo
 static void *cuda_stream_native(void *impl, void *stream)
 {
 	(void)impl;
-	return stream;
+	return ((struct cuda_stream *)stream)->s;
 }
 
 static int cuda_event_create(void *impl, unsigned flags, void **ret_event, struct wf_diag *diag)
 {
 	unsigned cf = cudaEventDefault;
-	cudaEvent_t ev;
+	struct cuda_event *ce;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
+	ce = calloc(1, sizeof(*ce));
+	if (!ce)
+		return -ENOMEM;
+	atomic_init(&ce->fault, 0);
 	/* Timing makes record and query costlier; only measurements ask for it. */
 	if (!(flags & WF_DEVICE_EVENT_TIMING))
 		cf |= cudaEventDisableTiming;
 	if (flags & WF_DEVICE_EVENT_BLOCKING_SYNC)
 		cf |= cudaEventBlockingSync;
-	e = cudaEventCreateWithFlags(&ev, cf);
-	if (e != cudaSuccess)
+	e = cudaEventCreateWithFlags(&ce->ev, cf);
+	if (e != cudaSuccess) {
+		free(ce);
 		return fail(e, diag, "cudaEventCreateWithFlags");
-	*ret_event = ev;
+	}
+	*ret_event = ce;
 	return 0;
 }
 
 static void cuda_event_destroy(void *impl, void *event)
 {
-	if (use(impl, NULL) == 0 && cudaEventDestroy(event) != cudaSuccess)
+	struct cuda_event *ce = event;
+
+	if (use(impl, NULL) == 0 && cudaEventDestroy(ce->ev) != cudaSuccess)
 		(void)cudaGetLastError();
+	free(ce);
 }
 
 static int cuda_event_record(void *impl, void *event, void *stream, struct wf_diag *diag)
 {
+	struct cuda_event *ce = event;
+	struct cuda_stream *cs = stream;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaEventRecord(event, stream);
-	return e == cudaSuccess ? 0 : fail(e, diag, "cudaEventRecord");
+	e = cudaEventRecord(ce->ev, cs->s);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaEventRecord");
+	/* fail=N: this record captures a copy that "failed when it ran", if one came before. */
+	atomic_store(&ce->fault, atomic_exchange(&cs->fault, 0));
+	return 0;
+}
+
+/* A completed event's fail=N mark. */
+static int event_fault(struct cuda_dev *d, struct cuda_event *ce, struct wf_diag *diag)
+{
+	if (!atomic_load(&ce->fault))
+		return 0;
+	return wf_diag_set(diag, WF_EDEVICE,
+	                   "cuda device: injected copy failure before this event (fail=%llu)",
+	                   (unsigned long long)d->fail_every);
 }
 
 static int cuda_event_query(void *impl, void *event, struct wf_diag *diag)
 {
+	struct cuda_event *ce = event;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaEventQuery(event);
+	e = cudaEventQuery(ce->ev);
 	if (e == cudaSuccess)
-		return 0;
+		return event_fault(impl, ce, diag);
 	if (e == cudaErrorNotReady) {
 		(void)cudaGetLastError();
 		return -EAGAIN;
@@ -643,13 +884,16 @@ static int cuda_event_query(void *impl, void *event, struct wf_diag *diag)
 
 static int cuda_event_synchronize(void *impl, void *event, struct wf_diag *diag)
 {
+	struct cuda_event *ce = event;
 	cudaError_t e;
 	int ret = use(impl, diag);
 
 	if (ret < 0)
 		return ret;
-	e = cudaEventSynchronize(event);
-	return e == cudaSuccess ? 0 : fail(e, diag, "cudaEventSynchronize");
+	e = cudaEventSynchronize(ce->ev);
+	if (e != cudaSuccess)
+		return fail(e, diag, "cudaEventSynchronize");
+	return event_fault(impl, ce, diag);
 }
 
 static int cuda_event_elapsed_ms(void *impl, void *start, void *end, double *ret_ms,
@@ -661,7 +905,8 @@ static int cuda_event_elapsed_ms(void *impl, void *start, void *end, double *ret
 
 	if (ret < 0)
 		return ret;
-	e = cudaEventElapsedTime(&ms, start, end);
+	e = cudaEventElapsedTime(&ms, ((struct cuda_event *)start)->ev,
+	                         ((struct cuda_event *)end)->ev);
 	if (e == cudaSuccess) {
 		*ret_ms = ms;
 		return 0;
@@ -684,14 +929,16 @@ static int cuda_stream_wait_event(void *impl, void *stream, void *event, struct 
 
 	if (ret < 0)
 		return ret;
-	e = cudaStreamWaitEvent(stream, event, 0);
+	e = cudaStreamWaitEvent(((struct cuda_stream *)stream)->s, ((struct cuda_event *)event)->ev,
+	                        0);
 	return e == cudaSuccess ? 0 : fail(e, diag, "cudaStreamWaitEvent");
 }
 
-static int cuda_checksum(void *impl, void *stream, const void *ptr, size_t size, uint64_t *ret_sum,
-                         struct wf_diag *diag)
+static int cuda_checksum(void *impl, void *stream_h, const void *ptr, size_t size,
+                         uint64_t *ret_sum, struct wf_diag *diag)
 {
 	struct cuda_dev *d = impl;
+	cudaStream_t stream = ((struct cuda_stream *)stream_h)->s;
 	unsigned long long acc = 0;
 	const char *what;
 	cudaError_t e;

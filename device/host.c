@@ -802,6 +802,18 @@ static void *host_stream_native(void *impl, void *stream)
 
 /* ---- Events ---------------------------------------------------------------------------------- */
 
+/* An event's status, explained when it is an error. */
+static int capture_status(struct host_dev *d, int status, struct wf_diag *diag)
+{
+	if (status != WF_EDEVICE)
+		return status;
+	if (lost(d, diag) < 0)
+		return WF_EDEVICE;
+	return wf_diag_set(diag, WF_EDEVICE,
+	                   "host device: injected copy failure before this event (fail=%llu)",
+	                   (unsigned long long)d->fail_every);
+}
+
 static int host_event_create(void *impl, unsigned flags, void **ret_event, struct wf_diag *diag)
 {
 	if (lost(impl, diag) < 0)
@@ -898,7 +910,7 @@ static int host_event_query(void *impl, void *event, struct wf_diag *diag)
 	pthread_mutex_lock(&d->lock);
 	ret = !e->cur ? 0 : e->cur->done ? e->cur->status : -EAGAIN;
 	pthread_mutex_unlock(&d->lock);
-	return ret;
+	return capture_status(d, ret, diag);
 }
 
 static int host_event_synchronize(void *impl, void *event, struct wf_diag *diag)
@@ -921,9 +933,7 @@ static int host_event_synchronize(void *impl, void *event, struct wf_diag *diag)
 		capture_unref(c);
 	}
 	pthread_mutex_unlock(&d->lock);
-	if (ret == WF_EDEVICE && lost(d, diag) < 0)
-		return WF_EDEVICE;
-	return ret;
+	return capture_status(d, ret, diag);
 }
 
 static int host_event_elapsed_ms(void *impl, void *start, void *end, double *ret_ms,

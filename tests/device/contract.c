@@ -24,12 +24,15 @@
 #ifdef WFT_DEVICE_CUDA
 #include "cuda/device_cuda.h"
 #define WFT_SPEC  "cuda:0"
+/* The device with spec options (the fault injections, which both backends take). */
+#define WFT_SPEC_WITH(opts) "cuda:0," opts
 #define WFT_KIND  WF_DEVICE_KIND_CUDA
 #define WFT_SUITE cuda_contract
 /* cudaMemGetInfo sees other processes and the driver's 2 MiB granularity. */
 #define WFT_MEM_SLACK ((size_t)64 << 20)
 #else
-#define WFT_SPEC      "host:mem=1Gi"
+#define WFT_SPEC            "host:mem=1Gi"
+#define WFT_SPEC_WITH(opts) "host:mem=1Gi," opts
 #define WFT_KIND      WF_DEVICE_KIND_HOST
 #define WFT_SUITE     host_contract
 #define WFT_MEM_SLACK ((size_t)0)
@@ -37,7 +40,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static struct wf_device *open_dev(void)
+static struct wf_device *open_spec(const char *spec)
 {
 	struct wf_diag diag = {0};
 	struct wf_device *dev = NULL;
@@ -46,9 +49,14 @@ static struct wf_device *open_dev(void)
 #ifdef WFT_DEVICE_CUDA
 	cr_assert_eq(wf_device_backend_register(wf_cuda_device_ops()), 0);
 #endif
-	ret = wf_device_open(WFT_SPEC, &dev, &diag);
-	cr_assert_eq(ret, 0, "open %s: %s", WFT_SPEC, wf_diag_str(&diag, ret));
+	ret = wf_device_open(spec, &dev, &diag);
+	cr_assert_eq(ret, 0, "open %s: %s", spec, wf_diag_str(&diag, ret));
 	return dev;
+}
+
+static struct wf_device *open_dev(void)
+{
+	return open_spec(WFT_SPEC);
 }
 
 /* Asserts success; the call may fill `diag`, whose text the failure shows. */
@@ -962,4 +970,170 @@ Test(WFT_SUITE, kernel_tables_register_and_resolve_per_kind, .timeout = 60)
 	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_MAX));
 	cr_assert_null(wf_device_kernels(NULL));
 	wf_device_close(dev);
+}
+
+/* ---- Fault injection (device.h: fail=N, bw=RATE, sticky=N), the same on every backend ---- */
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* An anonymous mapping of n random bytes (seed), registered with dev. */
+static unsigned char *registered(struct wf_device *dev, size_t n, uint64_t seed)
+{
+	unsigned char *p =
+	    mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(p, MAP_FAILED);
+	fill_random(p, n, seed);
+	OKD(wf_device_host_register(dev, p, n, 0, NULL, &diag));
+	return p;
+}
+
+/* fail=2: the 2nd, 4th, ... H2D copy from a registered range fails, alternately when queued and
+ * when it runs (reported by the next event recorded on its stream, once); copies from other
+ * host memory never fail, a failed copy leaves its destination alone, and the device stays
+ * healthy. */
+Test(WFT_SUITE, fail_n_fails_every_nth_registered_copy, .timeout = 60)
+{
+	struct wf_device *dev = open_spec(WFT_SPEC_WITH("fail=2"));
+	struct wf_device_stream *s;
+	struct wf_device_event *e1, *e2, *e3;
+	struct wf_diag dg = {0};
+	const size_t n = 256 << 10;
+	unsigned char *src = registered(dev, 4 * n, 11), *out, *plain;
+	void *d;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_event_create(dev, 0, &e1, &diag));
+	OKD(wf_device_event_create(dev, 0, &e2, &diag));
+	OKD(wf_device_event_create(dev, 0, &e3, &diag));
+	OKD(wf_device_mem_alloc(dev, 4 * n, &d, &diag));
+	OKD(wf_device_pinned_alloc(dev, 4 * n, 0, (void **)&out, &diag));
+	plain = malloc(n);
+	cr_assert(plain);
+	memset(plain, 0x5a, n);
+	for (int i = 0; i < 4; i++) /* pageable, never injected */
+		OKD(wf_device_memcpy_async(s, (char *)d + (size_t)i * n, plain, n,
+		                           WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_memset_async(s, d, 0, 4 * n, &diag));
+	OKD(wf_device_stream_synchronize(s, &diag));
+
+	OKD(wf_device_memcpy_async(s, d, src, n, WF_DEVICE_COPY_H2D, &diag)); /* 1 */
+	cr_assert_eq(wf_device_memcpy_async(s, (char *)d + n, src + n, n, WF_DEVICE_COPY_H2D, &dg),
+	             WF_EDEVICE, "copy 2 should fail when queued"); /* 2 */
+	cr_assert(strstr(dg.msg, "fail=2"), "%s", dg.msg);
+	OKD(wf_device_memcpy_async(s, (char *)d + 2 * n, src + 2 * n, n, WF_DEVICE_COPY_H2D,
+	                           &diag)); /* 3 */
+	OKD(wf_device_event_record(e1, s, &diag));
+	/* 4: queued fine, fails when it runs. */
+	OKD(wf_device_memcpy_async(s, (char *)d + 3 * n, src + 3 * n, n, WF_DEVICE_COPY_H2D,
+	                           &diag));
+	OKD(wf_device_event_record(e2, s, &diag));
+	OKD(wf_device_event_record(e3, s, &diag));
+	OKD(wf_device_event_synchronize(e1, &diag));
+	wf_diag_clear(&dg);
+	cr_assert_eq(wf_device_event_synchronize(e2, &dg), WF_EDEVICE, "copy 4 failed silently");
+	cr_assert_str_not_empty(dg.msg);
+	cr_assert_eq(wf_device_event_query(e2, NULL), WF_EDEVICE);
+	OKD(wf_device_event_synchronize(e3, &diag)); /* reported once */
+	OKD(wf_device_health(dev, &diag));
+
+	OKD(wf_device_memcpy_async(s, out, d, 4 * n, WF_DEVICE_COPY_D2H, &diag));
+	OKD(wf_device_stream_synchronize(s, &diag));
+	cr_assert_eq(memcmp(out, src, n), 0, "copy 1");
+	cr_assert(all_bytes(out + n, n, 0), "copy 2 wrote although it failed");
+	cr_assert_eq(memcmp(out + 2 * n, src + 2 * n, n), 0, "copy 3");
+	cr_assert(all_bytes(out + 3 * n, n, 0), "copy 4 wrote although it failed");
+	OKD(wf_device_host_unregister(dev, src, &diag));
+	wf_device_close(dev);
+	munmap(src, 4 * n);
+	free(plain);
+}
+
+/* bw=RATE: a copy from a registered range completes no earlier than size/RATE after it was
+ * queued, and neither does the work behind it (a lower bound: no time window is asserted). */
+Test(WFT_SUITE, bw_slows_registered_copies, .timeout = 60)
+{
+	struct wf_device *dev = open_spec(WFT_SPEC_WITH("bw=64Mi"));
+	struct wf_device_stream *s;
+	struct wf_device_event *e;
+	const size_t n = 16 * MiB; /* 0.25 s at 64 MiB/s */
+	const double slot = 0.25;
+	unsigned char *src = registered(dev, n, 12);
+	void *d;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_event_create(dev, 0, &e, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &d, &diag));
+	OKD(wf_device_stream_synchronize(s, &diag));
+	double t0 = now_s();
+	OKD(wf_device_memcpy_async(s, d, src, n, WF_DEVICE_COPY_H2D, &diag));
+	OKD(wf_device_event_record(e, s, &diag));
+	int q = wf_device_event_query(e, NULL);
+	double t1 = now_s();
+	if (q == 0)
+		cr_assert_geq(t1 - t0, slot * 0.999, "done after %.3f s", t1 - t0);
+	else
+		cr_assert_eq(q, -EAGAIN);
+	OKD(wf_device_event_synchronize(e, &diag));
+	double t2 = now_s();
+	cr_assert_geq(t2 - t0, slot * 0.999, "16 MiB at 64 MiB/s done after %.3f s", t2 - t0);
+	uint64_t sum;
+	OKD(wf_device_checksum(s, d, n, &sum, &diag));
+	cr_assert_eq(sum, wf_device_checksum_host(src, n), "a slowed copy changed the bytes");
+	OKD(wf_device_host_unregister(dev, src, &diag));
+	wf_device_close(dev);
+	munmap(src, n);
+}
+
+/* sticky=3: the third copy faults when it runs (CUDA: a real illegal address); the device is
+ * lost for good: health says so, every call fails with WF_EDEVICE, and closing it returns. */
+Test(WFT_SUITE, sticky_n_loses_the_device, .timeout = 60)
+{
+#ifdef WFT_DEVICE_CUDA
+	if (getenv("WF_TEST_SANITIZER"))
+		cr_skip_test("under compute-sanitizer: the injected illegal address would be "
+		             "reported as an error");
+#endif
+	struct wf_device *dev = open_spec(WFT_SPEC_WITH("sticky=3"));
+	struct wf_device_stream *s, *s2 = NULL;
+	struct wf_device_event *e;
+	struct wf_diag dg = {0};
+	const size_t n = MiB;
+	unsigned char *h;
+	void *d, *p = NULL;
+
+	OKD(wf_device_stream_create(dev, &s, &diag));
+	OKD(wf_device_event_create(dev, 0, &e, &diag));
+	OKD(wf_device_mem_alloc(dev, n, &d, &diag));
+	OKD(wf_device_pinned_alloc(dev, n, 0, (void **)&h, &diag));
+	OKD(wf_device_health(dev, &diag));
+	OKD(wf_device_memcpy_async(s, d, h, n, WF_DEVICE_COPY_H2D, &diag)); /* 1 */
+	OKD(wf_device_memcpy_async(s, h, d, n, WF_DEVICE_COPY_D2H, &diag)); /* 2 */
+	OKD(wf_device_stream_synchronize(s, &diag));
+	OKD(wf_device_health(dev, &diag));
+	/* 3 faults when it runs: queueing it may still succeed (a kernel's fault is asynchronous).
+	 */
+	(void)wf_device_memcpy_async(s, d, h, n, WF_DEVICE_COPY_H2D, NULL);
+	cr_assert_eq(wf_device_stream_synchronize(s, &dg), WF_EDEVICE, "%s", dg.msg);
+	wf_diag_clear(&dg);
+	cr_assert_eq(wf_device_health(dev, &dg), WF_EDEVICE);
+	cr_assert_str_not_empty(dg.msg);
+	cr_log_info("lost: %s", dg.msg);
+
+	cr_assert_eq(wf_device_synchronize(dev, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_mem_info(dev, NULL, NULL, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_mem_alloc(dev, 4096, &p, NULL), WF_EDEVICE);
+	cr_assert_null(p);
+	cr_assert_eq(wf_device_memcpy_async(s, d, h, 4096, WF_DEVICE_COPY_H2D, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_memset_async(s, d, 0, 4096, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_event_record(e, s, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_event_synchronize(e, NULL), WF_EDEVICE);
+	cr_assert_eq(wf_device_stream_create(dev, &s2, NULL), WF_EDEVICE);
+	cr_assert_null(s2);
+	cr_assert_eq(wf_device_health(dev, NULL), WF_EDEVICE, "once lost, always lost");
+	wf_device_close(dev); /* returns: nothing waits on a lost device */
 }
