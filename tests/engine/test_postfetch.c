@@ -127,6 +127,26 @@ static void fixture_open(struct fixture *f, const char *device_spec)
 	cr_assert_eq(wf_device_open(device_spec, &f->dev, &d), 0, "%s", d.msg);
 }
 
+/* The same with a device that injects opts (device.h: bw=, fail=): the suite's device with them
+ * on the gpu build (the CUDA backend takes the host backend's injections), else the host's. */
+static void fixture_open_with(struct fixture *f, const char *opts)
+{
+	char spec[128];
+	model_open(&f->md);
+	struct wf_engine_stats st;
+	f->want = run(&f->md, NULL, NULL, &st);
+	cr_expect_eq(st.fetch_experts, 0);
+	struct wf_diag d = {{0}};
+#ifdef WFT_ENGINE_DEVICE
+	(void)wft_engine_device(); /* registers the backend and its kernels */
+	snprintf(spec, sizeof spec, "%s,%s", WFT_ENGINE_DEVICE, opts);
+#else
+	snprintf(spec, sizeof spec, "host:%s", opts);
+#endif
+	int rc = wf_device_open(spec, &f->dev, &d);
+	cr_assert_eq(rc, 0, "%s: %s", spec, wf_diag_str(&d, rc));
+}
+
 static void fixture_close(struct fixture *f)
 {
 	if (f->dev != wft_engine_device())
@@ -199,15 +219,12 @@ Test(postfetch, every_setting_gives_the_cpu_engines_logits_on_the_device_path)
 	every_setting_gives_the_cpu_engines_logits();
 }
 
-/* Copies far slower than the compute: the non-blocking policy computes on the CPU instead, and
- * the result is still the same. */
+/* Copies far slower than the compute (bw=, on the host device and on CUDA): the non-blocking
+ * policy computes on the CPU instead, and the result is still the same. */
 static void slow_copies_fall_back_to_the_cpu(void)
 {
-	if (wft_engine_device())
-		cr_skip_test(
-		    "a GPU's copies cannot be slowed down: the host device's throttle only");
 	struct fixture fx;
-	fixture_open(&fx, "host:bw=4M");
+	fixture_open_with(&fx, "bw=4M");
 	struct wf_engine_stats st;
 	struct wf_postfetch_settings s = {.enable = true};
 	float *got = run(&fx.md, fx.dev, &s, &st);
@@ -230,15 +247,14 @@ Test(postfetch, slow_copies_fall_back_to_the_cpu_on_the_device_path)
 	slow_copies_fall_back_to_the_cpu();
 }
 
-/* A device whose copies fail (the host device's fail=N: every Nth copy from the registered
- * floor fails, alternately when queued and when it runs, reported by its event): each failed
- * expert is computed on the CPU instead, counted, and the logits stay the CPU engine's. */
+/* A device whose copies fail (fail=N, on the host device and on CUDA: every Nth copy from the
+ * registered floor fails, alternately when queued and when it runs, reported by its event):
+ * each failed expert is computed on the CPU instead, counted, and the logits stay the CPU
+ * engine's. */
 static void failing_copies_fall_back_and_are_counted(void)
 {
-	if (wft_engine_device())
-		cr_skip_test("failures are injected by the host device only");
 	struct fixture fx;
-	fixture_open(&fx, "host:bw=1G,fail=3");
+	fixture_open_with(&fx, "bw=1G,fail=3");
 	struct wf_engine_stats st;
 	const struct wf_postfetch_settings policies[] = {{.enable = true, .block_on_miss = true},
 	                                                 {.enable = true}};
