@@ -804,10 +804,79 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 	}
 }
 
+/* ---- The device's health -------------------------------------------------------------------- */
+
+/* A device that hit a sticky error (CUDA: an illegal address, a launch failure) fails every call
+ * until the process restarts, so a worker that went on would answer every request with an error
+ * while its probes stayed green. A thread polls wf_device_health() (cheap, non-blocking); when
+ * the device is lost, /readyz turns red with the reason, and the main thread is woken (SIGTERM)
+ * to drain and exit with WF_WORKER_EXIT_DEVICE_LOST, for its supervisor to restart it
+ * (wf-worker@.service: Restart=on-failure). The drain waits until /readyz has answered red once
+ * (a load balancer that polls it has learnt), at most DEVICE_LOST_DRAIN_MS, and not at all
+ * without --metrics; then the usual shutdown finishes the requests in flight. */
+#define DEVICE_POLL_MS             250
+#define DEVICE_LOST_DRAIN_MS       10000
+#define WF_WORKER_EXIT_DEVICE_LOST 3
+
+struct devwatch {
+	struct wf_device *dev;
+	atomic_bool lost;
+	char why[WF_DIAG_MAX]; /* written before lost is set */
+	atomic_int red_served; /* /readyz answers since the loss */
+	bool stop;             /* under mu */
+	bool running;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *devwatch_main(void *arg)
+{
+	struct devwatch *w = arg;
+	pthread_mutex_lock(&w->mu);
+	while (!w->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += DEVICE_POLL_MS * 1000000L;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+		if (w->stop)
+			break;
+		struct wf_diag d = {{0}};
+		int rc = wf_device_health(w->dev, &d);
+		if (rc == 0)
+			continue;
+		snprintf(w->why, sizeof w->why, "%s", wf_diag_str(&d, rc));
+		atomic_store(&w->lost, true);
+		wf_log_event(
+		    WF_LOG_ERROR, WF_LOG_F(.worker = log_worker, .event = "device_lost"),
+		    "device %s lost: %s; /readyz is red, exiting (status %d) for a restart",
+		    wf_device_name(w->dev), w->why, WF_WORKER_EXIT_DEVICE_LOST);
+		kill(getpid(), SIGTERM); /* main's sigwait */
+		break;
+	}
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+static void devwatch_stop(struct devwatch *w)
+{
+	if (!w->running)
+		return;
+	pthread_mutex_lock(&w->mu);
+	w->stop = true;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	pthread_join(w->thread, NULL);
+	w->running = false;
+}
+
 /* ---- /healthz and /readyz ------------------------------------------------------------------ */
 
 struct probes {
 	struct heartbeat *hb;
+	struct devwatch *dw;
 	atomic_bool serving; /* the control endpoint listens */
 };
 
@@ -816,6 +885,11 @@ struct probes {
 static bool worker_ready(void *ctx, char *reason, size_t len)
 {
 	struct probes *p = ctx;
+	if (atomic_load(&p->dw->lost)) {
+		snprintf(reason, len, "device lost: %s", p->dw->why);
+		atomic_fetch_add(&p->dw->red_served, 1);
+		return false;
+	}
 	if (!atomic_load(&p->serving)) {
 		snprintf(reason, len, "starting: the control endpoint is not serving yet");
 		return false;
@@ -999,7 +1073,9 @@ int main(int argc, char **argv)
 	struct wf_http_server *http = NULL;
 	static struct probes probes;
 	struct wf_worker_refresh *refresh = NULL;
+	static struct devwatch dw = {.mu = PTHREAD_MUTEX_INITIALIZER};
 	probes.hb = &hb;
+	probes.dw = &dw;
 	char id[64], endpoint[512];
 	wf_worker_svc_init(&svc);
 	pthread_mutex_init(&hb.mu, NULL);
@@ -1033,6 +1109,16 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	wf_log_info("device %s (%s)", wf_device_name(dev), wf_device_selection(dev));
+	dw.dev = dev;
+	{
+		/* The condition variable waits on CLOCK_MONOTONIC, as devwatch_main's deadline. */
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&dw.cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	dw.running = pthread_create(&dw.thread, NULL, devwatch_main, &dw) == 0;
 	if (o.id)
 		snprintf(id, sizeof id, "%s", o.id);
 	else
@@ -1185,15 +1271,25 @@ int main(int argc, char **argv)
 		int sig = 0;
 		if (sigwait(&sigs, &sig) != 0 || sig == SIGHUP)
 			continue;
-		if (!atomic_load(&hb.refused))
+		if (!atomic_load(&hb.refused) && !atomic_load(&dw.lost))
 			wf_log_info("signal %d: stopping", sig);
 		break;
 	}
 	wf_sd_notify("STOPPING=1");
 	exit_code = atomic_load(&hb.refused) ? 1 : 0;
+	if (atomic_load(&dw.lost)) {
+		/* /readyz is red already (worker_ready): let a probe see it, briefly. */
+		for (int waited = 0;
+		     http && atomic_load(&dw.red_served) == 0 && waited < DEVICE_LOST_DRAIN_MS;
+		     waited += 50)
+			usleep(50 * 1000);
+		exit_code = WF_WORKER_EXIT_DEVICE_LOST;
+	}
 	if (http)
-		wf_http_server_set_ready(http, false, "stopping");
+		wf_http_server_set_ready(http, false,
+		                         atomic_load(&dw.lost) ? "device lost" : "stopping");
 out:
+	devwatch_stop(&dw);
 	if (hb.running) {
 		atomic_store(&hb.stop, true);
 		pthread_mutex_lock(&hb.mu);

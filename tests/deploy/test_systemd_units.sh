@@ -27,6 +27,10 @@ for f in wf-agent.service wf-worker@.service dev-shm-weightfloor.mount; do
 done
 check "units start the installed binaries" grep -q "^ExecStart=$P/bin/wf-agent --config $P/etc/weightfloor/agent.json\$" "$U/wf-agent.service"
 check "installed configuration" test -s "$P/etc/weightfloor/agent.json"
+# A worker whose GPU hit a sticky error exits with status 3 (wf-worker(8), DEVICE LOST): only a
+# restart recovers it.
+check "wf-worker@.service restarts a worker that exits non-zero" \
+	grep -qx "Restart=on-failure" "$U/wf-worker@.service"
 
 # A template is verified through an instance; verify reads units by path, the rest from the host.
 V=$tmp/verify
