@@ -32,7 +32,8 @@
 #                                      integration test whose processes load every carried
 #                                      library.
 #
-# Environment: WF_GPU_BUDGET_S (465), WF_GPU_ARCH (from nvidia-smi's compute_cap; 90 for an
+# Environment: WF_GPU_BUDGET_S (465), WF_GPU_CAP_SCALE (multiplies every limit: 1 on the device,
+# 10 in the simulation), WF_GPU_ARCH (from nvidia-smi's compute_cap; 90 for an
 # H100/H200), WF_GPU_BENCH_ITERATIONS (1), WF_GPU_PREFIX, WF_GPU_BUILD (under build-gpu/).
 # An optional anchor: .gpu/llama-bench (a CUDA llama-bench of llama.cpp b10573, with any
 # libraries it needs beside it in .gpu/) is passed to wf-bench engine as --llama-bench-gpu.
@@ -258,11 +259,9 @@ FAILED=0
 say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(($(date +%s) - T_START)); }
 # The simulation builds on whatever CPUs are here (2 shared ones, say): its limits are scaled.
-SCALE=1
-if [ "$MODE" != device ]; then
-	SCALE=${WF_GPU_CAP_SCALE:-10}
-	BUDGET=$((BUDGET * SCALE))
-fi
+SCALE=${WF_GPU_CAP_SCALE:-1}
+[ "$MODE" != device ] && SCALE=${WF_GPU_CAP_SCALE:-10}
+BUDGET=$((BUDGET * SCALE))
 # step_budget CAP RESERVE: seconds for a step: at most CAP, leaving RESERVE for the steps after.
 step_budget() {
 	local cap=$(($1 * SCALE)) left=$((BUDGET - $(elapsed) - $2 * SCALE))
@@ -554,12 +553,15 @@ run_sanitizer() {
 		if [ $rc = 124 ] || [ $rc = 137 ]; then
 			echo "---- timed out" >>"$SAN_LOG"
 			notrun=$((notrun + 1))
+		elif [ $rc = 77 ]; then
+			echo "---- skipped (exit 77)" >>"$SAN_LOG"
+			notrun=$((notrun + 1))
 		elif [ $rc != 0 ]; then
 			bad=$((bad + 1))
 		fi
 		rm -f "$out"
 	done
-	SAN_FIGURES="$runs runs (contract whole, engine tests one by one), $errors errors, $bad failed under the tool, $notrun not run or cut (time)"
+	SAN_FIGURES="$runs runs (contract whole, engine tests one by one), $errors errors, $bad failed under the tool, $notrun skipped, cut or not run (time)"
 	cap_log "$SAN_LOG"
 	[ $errors = 0 ] && [ $bad = 0 ]
 }
