@@ -7,8 +7,8 @@
 #include "base/units.h"
 #include "device/device.h"
 #ifdef WF_HAVE_CUDA
+#include "cuda/backend.h"
 #include "cuda/device_cuda.h"
-#include "cuda/engine_ops.h"
 #endif
 
 #include <getopt.h>
@@ -200,10 +200,10 @@ int main(int argc, char **argv)
 		                "compared with)\n");
 		return 2;
 	}
-	/* Before any device is opened: the CUDA backend, and the engine's forward pass on it. */
+	/* Before any device is opened: the CUDA device backend and its compute backend. */
 #ifdef WF_HAVE_CUDA
 	wf_device_backend_register(wf_cuda_device_ops());
-	wf_cuda_engine_ops_register();
+	wf_cuda_backend_register();
 #endif
 	bench_report_init(o.json);
 	if (strcmp(mode, "floor") == 0)

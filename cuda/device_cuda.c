@@ -1,9 +1,9 @@
 /* The CUDA backend of the device interface (device/device.h): struct wf_device_ops over the CUDA
- * runtime. Its kernels (the checksum today, the engine's kernels next) live beside it in cuda/.
+ * runtime. The compute backend (kernels/backend.h: the kernels, cuBLAS) lives beside it in cuda/
+ * (backend.c) and queues its work on this backend's streams.
  *
- * Compute: host work in stream order is cudaLaunchHostFunc, the native stream handed to kernels
- * is the cudaStream_t, and the CUDA kernel table is registered for WF_DEVICE_KIND_CUDA with
- * wf_device_kernels_register() by cuda/ (as CPU kernels register for WF_DEVICE_KIND_HOST).
+ * Compute: host work in stream order is cudaLaunchHostFunc, and the native stream handed to
+ * kernels is the cudaStream_t.
  *
  * Threads: the runtime keeps the current device per host thread, so every entry point selects
  * this handle's device first (cudaSetDevice is a cheap thread-local check once set). All
@@ -54,7 +54,7 @@
 #include "base/error.h"
 #include "base/units.h"
 #include "cuda/checksum.cuh"
-#include "cuda/engine_ctx.h"
+#include "cuda/error.h"
 #include "device/checksum.h"
 
 #include <cuda_runtime_api.h>

@@ -1,15 +1,14 @@
-/* cuda/ (libwfcuda) is the device interface's CUDA backend and holds the CUDA kernels. Built
- * wherever the CUDA toolkit exists, with or without a GPU, so it cannot rot.
+/* cuda/ (libwfcuda) is the device interface's CUDA backend and the compute interface's CUDA
+ * backend (cuda/backend.h), with the CUDA kernels. Built wherever the CUDA toolkit exists, with or
+ * without a GPU, so it cannot rot.
  *
- * The backend implements struct wf_device_ops (device/device.h) with the CUDA runtime: memory,
- * streams, events, host work in stream order (cudaLaunchHostFunc) and the native stream for
- * kernels (the cudaStream_t). The kernels (.cu files here) launch on that stream, and their
- * table is registered for WF_DEVICE_KIND_CUDA with wf_device_kernels_register(), the same way
- * the backend is registered below; CPU kernels register for WF_DEVICE_KIND_HOST. libwfdevice
- * does not know about cuda/; an executable built with CUDA makes the backend available once,
- * in main():
+ * The device backend implements struct wf_device_ops (device/device.h) with the CUDA runtime:
+ * memory, streams, events, host work in stream order (cudaLaunchHostFunc) and the native stream
+ * for kernels (the cudaStream_t). libwfdevice does not know about cuda/; an executable built with
+ * CUDA makes the backends available once, in main():
  *     #ifdef WF_HAVE_CUDA
  *     wf_device_backend_register(wf_cuda_device_ops());
+ *     wf_cuda_backend_register();
  *     #endif
  * after which "cuda:N" and "auto" specs can open it. Only cuda/ includes CUDA headers: this
  * header does not, so any module may include it. */

@@ -1,5 +1,5 @@
-/* The engine's MoE ops on CUDA (engine/devops.h route, gather, swiglu, add, moe_sum; numerics of
- * engine/ops.c wf__route and wf__swiglu and of forward.c's weighted sum).
+/* The MoE and element-wise ops of the CUDA backend (moe.h: route, copy_rows, swiglu, add,
+ * moe_sum; numerics of kernels/cpu_ops.c wf_cpu_route, wf_cpu_swiglu and wf_cpu_moe_sum).
  *
  * Route: one block per token. The softmax takes the CPU's steps (maximum, expf of the
  * difference, the sum in double, one float reciprocal, products rounded as written), so the
@@ -10,7 +10,7 @@
  * model) leave no comparable probability: a round then takes the lowest untaken id, as the CPU
  * does, so ids stay in bounds. The rest are grid-stride element-wise kernels; moe_sum rounds
  * each product and sum as written, so it is the CPU's sum bit for bit. */
-#include "cuda/engine_ctx.h"
+#include "cuda/backend_ctx.h"
 #include "cuda/moe.h"
 #include "cuda/rn.cuh"
 
@@ -20,8 +20,8 @@
 
 #define ROUTE_THREADS    256
 #define ROUTE_WARPS      (ROUTE_THREADS / 32)
-#define ROUTE_MAX_EXPERT 4096u
-#define ROUTE_MAX_K      64u
+#define ROUTE_MAX_EXPERT WF_CUDA_ROUTE_MAX_EXPERT
+#define ROUTE_MAX_K      WF_CUDA_ROUTE_MAX_K
 /* Below every probability (they are >= 0): what a taken expert's slot holds. */
 #define ROUTE_TAKEN   (-1.0f)
 #define EW_THREADS    256
@@ -172,10 +172,10 @@ static int route_check(uint32_t n_expert, uint32_t k, struct wf_diag *diag)
 	return 0;
 }
 
-extern "C" int wf__cuda_route(void *ctx, const float *logits, uint32_t n, uint32_t n_expert,
-                              uint32_t k, int32_t *ids, float *weights, struct wf_diag *diag)
+extern "C" int wf__cuda_route(struct wf_backend_ctx *c, const float *logits, uint32_t n,
+                              uint32_t n_expert, uint32_t k, int32_t *ids, float *weights,
+                              struct wf_diag *diag)
 {
-	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
 	int rc = route_check(n_expert, k, diag);
 
 	if (rc < 0 || n == 0)
@@ -237,23 +237,30 @@ static unsigned ew_blocks(size_t count)
 	for (size_t e = (size_t)blockIdx.x * EW_THREADS + threadIdx.x; e < (count);                \
 	     e += (size_t)gridDim.x * EW_THREADS)
 
+/* dst row (dst_idx ? dst_idx[r] : r) = src row (src_idx ? src_idx[r] : r), len floats. */
 static __global__ void __launch_bounds__(EW_THREADS)
-    gather_kernel(const float *x, const uint32_t *idx, size_t total, uint32_t len, float *y)
+    copy_rows_kernel(const float *src, size_t ss, const uint32_t *si, size_t total, uint32_t len,
+                     float *dst, size_t ds, const uint32_t *di)
 {
 	EW_FOR(e, total)
-	y[e] = x[(size_t)idx[e / len] * len + e % len];
+	{
+		const size_t r = e / len, i = e % len;
+		dst[(size_t)(di ? di[r] : r) * ds + i] = src[(size_t)(si ? si[r] : r) * ss + i];
+	}
 }
 
-extern "C" int wf__cuda_gather(void *ctx, const float *x, const uint32_t *idx, uint32_t n,
-                               uint32_t len, float *y, struct wf_diag *diag)
+extern "C" int wf__cuda_copy_rows(struct wf_backend_ctx *c, const float *src, size_t src_stride,
+                                  const uint32_t *src_idx, uint32_t n, uint32_t len, float *dst,
+                                  size_t dst_stride, const uint32_t *dst_idx, struct wf_diag *diag)
 {
-	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
 	const size_t total = (size_t)n * len;
-
 	if (total == 0)
 		return 0;
-	gather_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(x, idx, total, len, y);
-	return wf__cuda_launched(diag, "gather");
+	if (!src || !dst)
+		return wf_diag_set(diag, WF_EINVAL, "copy_rows: no source or destination");
+	copy_rows_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(
+	    src, src_stride, src_idx, total, len, dst, dst_stride, dst_idx);
+	return wf__cuda_launched(diag, "copy_rows");
 }
 
 /* y may alias g: each element is read, then written, by one thread. */
@@ -267,11 +274,9 @@ static __global__ void __launch_bounds__(EW_THREADS)
 	}
 }
 
-extern "C" int wf__cuda_swiglu(void *ctx, const float *g, const float *u, float *y, size_t count,
-                               struct wf_diag *diag)
+extern "C" int wf__cuda_swiglu(struct wf_backend_ctx *c, const float *g, const float *u, float *y,
+                               size_t count, struct wf_diag *diag)
 {
-	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
-
 	if (count == 0)
 		return 0;
 	swiglu_kernel<<<ew_blocks(count), EW_THREADS, 0, c->stream>>>(g, u, y, count);
@@ -285,19 +290,19 @@ static __global__ void __launch_bounds__(EW_THREADS)
 	y[i] = add_rn(y[i], x[i]);
 }
 
-extern "C" int wf__cuda_add(void *ctx, float *y, const float *x, size_t count, struct wf_diag *diag)
+extern "C" int wf__cuda_add(struct wf_backend_ctx *c, float *y, const float *x, size_t count,
+                            struct wf_diag *diag)
 {
-	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
-
 	if (count == 0)
 		return 0;
 	add_kernel<<<ew_blocks(count), EW_THREADS, 0, c->stream>>>(y, x, count);
 	return wf__cuda_launched(diag, "add");
 }
 
+/* y[t][i] = ((d[t k] w[t k] + d[t k + 1] w[t k + 1]) + ...)[i], d's rows token-major. */
 static __global__ void __launch_bounds__(EW_THREADS)
-    moe_sum_kernel(const float *down, const uint32_t *slot_of, const float *weights, size_t total,
-                   uint32_t k, uint32_t len, float *y)
+    moe_sum_kernel(const float *d, const float *weights, size_t total, uint32_t k, uint32_t len,
+                   float *y)
 {
 	EW_FOR(e, total)
 	{
@@ -305,25 +310,38 @@ static __global__ void __launch_bounds__(EW_THREADS)
 		float acc = 0.0f;
 		for (uint32_t j = 0; j < k; j++) {
 			const float p =
-			    mul_rn(down[(size_t)slot_of[t * k + j] * len + i], weights[t * k + j]);
+			    mul_rn(d[((size_t)t * k + j) * len + i], weights[t * k + j]);
 			acc = j == 0 ? p : add_rn(acc, p);
 		}
 		y[e] = acc;
 	}
 }
 
-extern "C" int wf__cuda_moe_sum(void *ctx, const float *down, const uint32_t *slot_of,
-                                const float *weights, uint32_t n, uint32_t k, uint32_t len,
-                                float *y, struct wf_diag *diag)
+extern "C" int wf__cuda_moe_sum(struct wf_backend_ctx *c, const float *d, const float *weights,
+                                uint32_t n, uint32_t k, uint32_t len, float *y,
+                                struct wf_diag *diag)
 {
-	struct wf__cuda_engine_ctx *c = (struct wf__cuda_engine_ctx *)ctx;
 	const size_t total = (size_t)n * len;
 
 	if (k == 0)
 		return wf_diag_set(diag, WF_EINVAL, "moe_sum: no expert per token");
 	if (total == 0)
 		return 0;
-	moe_sum_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(down, slot_of, weights,
-	                                                               total, k, len, y);
+	moe_sum_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(d, weights, total, k, len,
+	                                                               y);
 	return wf__cuda_launched(diag, "moe_sum");
+}
+
+extern "C" int wf__cuda_moe_preload(struct wf_diag *diag)
+{
+	cudaFuncAttributes attr;
+	const void *kernels[] = {(const void *)route_kernel, (const void *)copy_rows_kernel,
+	                         (const void *)swiglu_kernel, (const void *)add_kernel,
+	                         (const void *)moe_sum_kernel};
+	for (const void *k : kernels) {
+		const cudaError_t e = cudaFuncGetAttributes(&attr, k);
+		if (e != cudaSuccess)
+			return wf__cuda_fail(e, diag, "loading the MoE kernels");
+	}
+	return 0;
 }

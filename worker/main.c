@@ -21,8 +21,8 @@
 #include "worker/refresh.h"
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
+#include "cuda/backend.h"
 #include "cuda/device_cuda.h"
-#include "cuda/engine_ops.h"
 #endif
 
 #include <errno.h>
@@ -1012,7 +1012,7 @@ int main(int argc, char **argv)
 	if (argc > 1 && strcmp(argv[1], "eval") == 0) {
 #ifdef WF_HAVE_CUDA
 		wf_device_backend_register(wf_cuda_device_ops());
-		wf_cuda_engine_ops_register();
+		wf_cuda_backend_register();
 #endif
 		return wf_worker_eval_main(argc - 1, argv + 1);
 	}
@@ -1059,7 +1059,7 @@ int main(int argc, char **argv)
 
 #ifdef WF_HAVE_CUDA
 	wf_device_backend_register(wf_cuda_device_ops());
-	wf_cuda_engine_ops_register();
+	wf_cuda_backend_register();
 #endif
 	int exit_code = 1;
 	struct wf_diag d = {{0}};

@@ -1,17 +1,13 @@
-/* What the GPU suites of cuda/'s engine ops share: the CUDA device, a stream and an engine-ops
- * context built by hand around it (so one family of ops is tested without the others), and
- * buffers moved to and from the device. Each Criterion test opens its own (CUDA is not
- * fork-safe: nothing touches it in the runner's parent). */
+/* What the GPU suites of the CUDA backend share: cuda:0, a stream, a backend context made by the
+ * real table (wf_cuda_backend()->ctx_create), and buffers moved to and from the device. Each
+ * Criterion test opens its own (CUDA is not fork-safe: nothing touches it in the runner's
+ * parent). */
 #ifndef WFT_CUDA_GPUENV_H
 #define WFT_CUDA_GPUENV_H
 
 #include "base/error.h"
-#include "cuda/attention.h"
+#include "cuda/backend.h"
 #include "cuda/device_cuda.h"
-#include "cuda/engine_ctx.h"
-#include "cuda/matmul.h"
-#include "cuda/moe.h"
-#include "cuda/norm_rope.h"
 #include "device/device.h"
 
 #include <criterion/criterion.h>
@@ -21,7 +17,7 @@
 /* Asserts a call that takes `&diag` succeeded, printing the call and the diag. */
 #define OKD(call_with_diag)                                                                        \
 	do {                                                                                       \
-		struct wf_diag diag = {0};                                                         \
+		struct wf_diag diag = {{0}};                                                       \
 		int r_ = (call_with_diag);                                                         \
 		cr_assert_eq(r_, 0, "%s: %s", #call_with_diag, wf_diag_str(&diag, r_));            \
 	} while (0)
@@ -29,35 +25,33 @@
 struct wft_gpu {
 	struct wf_device *dev;
 	struct wf_device_stream *s;
-	struct wf__cuda_engine_ctx c;
+	const struct wf_backend_ops *ops;
+	struct wf_backend_ctx *c; /* NULL until wft_gpu_ctx */
 };
 
-/* cuda:0, a stream, and a context with lim; with_mm: matmul.cu's workspace too. */
-static inline void wft_gpu_open(struct wft_gpu *g, struct wf_engine_dev_limits lim, bool with_mm)
+/* cuda:0 and a stream. */
+static inline void wft_gpu_open(struct wft_gpu *g)
 {
 	memset(g, 0, sizeof(*g));
 	cr_assert_eq(wf_device_backend_register(wf_cuda_device_ops()), 0);
+	cr_assert_eq(wf_cuda_backend_register(), 0);
+	g->ops = wf_cuda_backend();
+	cr_assert_eq(wf_backend_for_kind(WF_DEVICE_KIND_CUDA), g->ops);
 	OKD(wf_device_open("cuda:0", &g->dev, &diag));
 	OKD(wf_device_stream_create(g->dev, &g->s, &diag));
-	g->c.dev = g->dev;
-	g->c.wstream = g->s;
-	g->c.stream = (cudaStream_t)wf_device_stream_native(g->s);
-	cr_assert_not_null(g->c.stream);
-	cr_assert_eq(cudaGetDevice(&g->c.device), cudaSuccess);
-	cr_assert_eq(
-	    cudaDeviceGetAttribute(&g->c.sm_count, cudaDevAttrMultiProcessorCount, g->c.device),
-	    cudaSuccess);
-	g->c.lim = lim;
-	if (with_mm) {
-		OKD(wf__cuda_mm_create(&g->c, &diag));
-		cr_assert_not_null(g->c.mm);
-	}
+}
+
+/* A backend context on the stream with lim. */
+static inline void wft_gpu_ctx(struct wft_gpu *g, struct wf_backend_limits lim)
+{
+	OKD(g->ops->ctx_create(g->dev, g->s, &lim, &g->c, &diag));
+	cr_assert_not_null(g->c);
 }
 
 static inline void wft_gpu_close(struct wft_gpu *g)
 {
 	OKD(wf_device_stream_synchronize(g->s, &diag));
-	wf__cuda_mm_destroy(g->c.mm);
+	g->ops->ctx_destroy(g->c);
 	wf_device_stream_destroy(g->s);
 	wf_device_close(g->dev);
 }
@@ -65,7 +59,7 @@ static inline void wft_gpu_close(struct wft_gpu *g)
 static inline void *wft_gpu_alloc(struct wft_gpu *g, size_t size)
 {
 	void *d;
-	OKD(wf_device_mem_alloc(g->dev, size, &d, &diag));
+	OKD(wf_device_mem_alloc(g->dev, size ? size : 1, &d, &diag));
 	return d;
 }
 
@@ -73,14 +67,16 @@ static inline void *wft_gpu_alloc(struct wft_gpu *g, size_t size)
 static inline void *wft_gpu_up(struct wft_gpu *g, const void *h, size_t size)
 {
 	void *d = wft_gpu_alloc(g, size);
-	OKD(wf_device_memcpy_async(g->s, d, h, size, WF_DEVICE_COPY_H2D, &diag));
+	if (size)
+		OKD(wf_device_memcpy_async(g->s, d, h, size, WF_DEVICE_COPY_H2D, &diag));
 	return d;
 }
 
 /* size bytes of d into h, after the stream's work. */
 static inline void wft_gpu_down(struct wft_gpu *g, void *h, const void *d, size_t size)
 {
-	OKD(wf_device_memcpy_async(g->s, h, d, size, WF_DEVICE_COPY_D2H, &diag));
+	if (size)
+		OKD(wf_device_memcpy_async(g->s, h, d, size, WF_DEVICE_COPY_D2H, &diag));
 	OKD(wf_device_stream_synchronize(g->s, &diag));
 }
 

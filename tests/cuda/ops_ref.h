@@ -1,13 +1,15 @@
-/* Shared by the CUDA engine-op tests (test_cuda_ops.c on a GPU, test_cuda_ops_host.c on the
- * CPU): random inputs, error measures, a KV cache filled the way the engine fills it, and the
- * CPU reference attention (engine/ops.c wf__attend) over that cache's bytes. */
+/* Shared by the CUDA backend's tests (test_cuda_backend.c on a GPU, test_cuda_ops_host.c and
+ * test_cuda_dequant.c on the CPU): random inputs, the error measures, the host backend as the
+ * reference, and attention cases over a KV cache filled the way the engine fills it. */
 #ifndef WF_TESTS_CUDA_OPS_REF_H
 #define WF_TESTS_CUDA_OPS_REF_H
 
-#include "engine/devops.h"
-#include "engine/engine_internal.h"
+#include "base/error.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/ref.h"
 
+#include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,13 +39,16 @@ static inline void opsr_fill(struct opsr_rng *r, float *x, size_t n, float amp)
 		x[i] = opsr_f(r, amp);
 }
 
-/* Normalized mean squared error of got against want: sum (g - w)^2 / sum w^2. */
+/* Normalized mean squared error of got against want: sum (g - w)^2 / sum w^2; NaN where one is
+ * NaN and the other is not counts as infinitely wrong, NaN in both as equal. */
 static inline double opsr_nmse(const float *got, const float *want, size_t n)
 {
 	double num = 0.0, den = 0.0;
 	for (size_t i = 0; i < n; i++) {
+		if (isnan(got[i]) && isnan(want[i]))
+			continue;
 		const double d = (double)got[i] - (double)want[i];
-		num += d * d;
+		num += isnan(d) ? INFINITY : d * d;
 		den += (double)want[i] * (double)want[i];
 	}
 	return den > 0.0 ? num / den : num;
@@ -53,6 +58,8 @@ static inline double opsr_max_abs(const float *got, const float *want, size_t n)
 {
 	double m = 0.0;
 	for (size_t i = 0; i < n; i++) {
+		if (isnan(got[i]) && isnan(want[i]))
+			continue;
 		const double d = fabs((double)got[i] - (double)want[i]);
 		if (!(d <= m)) /* NaN counts as infinitely wrong */
 			m = isnan(d) ? INFINITY : d;
@@ -60,11 +67,34 @@ static inline double opsr_max_abs(const float *got, const float *want, size_t n)
 	return m;
 }
 
-/* An attention case: n tokens, each of its own sequence, reading a window of one layer's cache
- * (rows of n_head_kv * head_dim elements). */
+static inline double opsr_rms(const float *x, size_t n)
+{
+	double s = 0.0;
+	for (size_t i = 0; i < n; i++)
+		s += isnan(x[i]) ? 0.0 : (double)x[i] * x[i];
+	return n ? sqrt(s / (double)n) : 0.0;
+}
+
+#define OPSR_OK(call_with_diag)                                                                    \
+	do {                                                                                       \
+		struct wf_diag diag = {{0}};                                                       \
+		int r_ = (call_with_diag);                                                         \
+		cr_assert_eq(r_, 0, "%s: %s", #call_with_diag, wf_diag_str(&diag, r_));            \
+	} while (0)
+
+/* A host-backend context (the reference) with lim; n_threads from lim (0: 1). */
+static inline struct wf_backend_ctx *opsr_host_ctx(struct wf_backend_limits lim)
+{
+	struct wf_backend_ctx *c = NULL;
+	OPSR_OK(wf_backend_host()->ctx_create(NULL, NULL, &lim, &c, &diag));
+	return c;
+}
+
+/* An attention case: n tokens, each reading its own window of one layer's cache (rows of
+ * n_head_kv * head_dim elements). */
 struct opsr_att {
 	uint32_t n, n_head, n_head_kv, head_dim, rows;
-	enum wf_engine_dev_kv type;
+	enum wf_backend_kv type;
 	float scale;
 	float *q;         /* n * n_head * head_dim */
 	uint8_t *kc, *vc; /* rows * row elements of the cache type */
@@ -78,10 +108,11 @@ static inline size_t opsr_att_row(const struct opsr_att *a)
 
 static inline size_t opsr_att_elem(const struct opsr_att *a)
 {
-	return a->type == WF_ENGINE_DEV_KV_F16 ? 2 : 4;
+	return a->type == WF_BACKEND_KV_F16 ? 2 : 4;
 }
 
-/* The CPU reference over the case's cache bytes (whoever wrote them): out, as the op lays it. */
+/* The CPU's attention (kernels/cpu_ops.c, what the host backend runs) over the case's cache
+ * bytes, whoever wrote them: out, as the op lays it. */
 static inline void opsr_att_ref(const struct opsr_att *a, float *out)
 {
 	const size_t row = opsr_att_row(a), elem = opsr_att_elem(a);
@@ -89,26 +120,25 @@ static inline void opsr_att_ref(const struct opsr_att *a, float *out)
 	uint32_t most = 0;
 	for (uint32_t t = 0; t < a->n; t++)
 		most = a->n_kv[t] > most ? a->n_kv[t] : most;
-	float *scratch = malloc(sizeof(float) * (most + 2 * a->head_dim));
+	float *scratch = malloc(sizeof(float) * (most + 2 * a->head_dim + 16));
 	for (uint32_t t = 0; t < a->n; t++) {
 		for (uint32_t h = 0; h < a->n_head; h++) {
 			const size_t off =
 			    ((size_t)a->kv_first[t] * row + (size_t)(h / group) * a->head_dim) *
 			    elem;
 			const size_t qo = ((size_t)t * a->n_head + h) * a->head_dim;
-			wf__attend(a->q + qo, a->kc + off, a->vc + off, row * elem, a->n_kv[t],
-			           a->head_dim, a->scale, (enum wf_engine_kv_type)a->type, scratch,
-			           out + qo);
+			wf_cpu_attend(a->q + qo, a->kc + off, a->vc + off, row * elem, a->n_kv[t],
+			              a->head_dim, a->scale, a->type, scratch, out + qo);
 		}
 	}
 	free(scratch);
 }
 
-/* Random queries, a cache of rows positions written through the CPU's conversion, and token
- * t's window: n_kv[t] positions from a random first row. qamp: the queries' amplitude (the
- * spread of the scores, flat or peaked softmax). */
+/* Random queries (amplitude qamp: the spread of the scores, a flat or peaked softmax), a cache of
+ * rows positions written through the CPU's conversion, and token t's window: n_kv[t] positions
+ * from a random first row, or causal (first 0). */
 static inline void opsr_att_make(struct opsr_att *a, struct opsr_rng *r, const uint32_t *n_kv,
-                                 float qamp)
+                                 float qamp, bool from_zero)
 {
 	const size_t row = opsr_att_row(a), elem = opsr_att_elem(a);
 	a->q = malloc(sizeof(float) * a->n * a->n_head * a->head_dim);
@@ -119,7 +149,7 @@ static inline void opsr_att_make(struct opsr_att *a, struct opsr_rng *r, const u
 	opsr_fill(r, a->q, (size_t)a->n * a->n_head * a->head_dim, qamp);
 	for (size_t i = 0; i < a->rows * row; i++) {
 		const float k = opsr_f(r, 1.0f), v = opsr_f(r, 1.0f);
-		if (a->type == WF_ENGINE_DEV_KV_F16) {
+		if (a->type == WF_BACKEND_KV_F16) {
 			((uint16_t *)a->kc)[i] = wf_kernels_fp32_to_fp16(k);
 			((uint16_t *)a->vc)[i] = wf_kernels_fp32_to_fp16(v);
 		} else {
@@ -129,7 +159,8 @@ static inline void opsr_att_make(struct opsr_att *a, struct opsr_rng *r, const u
 	}
 	for (uint32_t t = 0; t < a->n; t++) {
 		a->n_kv[t] = n_kv[t];
-		a->kv_first[t] = n_kv[t] >= a->rows ? 0 : opsr_u32(r) % (a->rows - n_kv[t] + 1);
+		a->kv_first[t] =
+		    from_zero || n_kv[t] >= a->rows ? 0 : opsr_u32(r) % (a->rows - n_kv[t] + 1);
 	}
 	a->scale = 1.0f / sqrtf((float)a->head_dim);
 }

@@ -5,12 +5,10 @@
  *    valid blocks (real-model scales) and blocks of raw random bytes (every packed scale
  *    pattern, F16 scales that are subnormal, infinite or NaN), one to several blocks, plain
  *    types of lengths that leave a tail after the 8-element groups, matrices of odd row counts;
- *  - wf__cuda_matvec_host, the mat-vec kernel's per-lane work and shuffle order, against a
- *    double-precision matmul of the reference rows, with strided x and y whose gaps stay
- *    untouched;
- *  - the types refused. */
+ *  - the types refused; cuBLAS loaded on demand.
+ * The activation conversions and the mat-vec and mul_mat_id lane arithmetic are checked against
+ * the host backend in test_cuda_matvec_host.c. */
 #include "base/error.h"
-#include "cuda/engine_ctx.h"
 #include "cuda/matmul.h"
 #include "tests/cuda/mmref.h"
 #include "tests/kernels/kgen.h"
@@ -100,56 +98,6 @@ Test(cuda_dequant, refuses_other_types)
 	cr_assert_eq(wf__cuda_dequantize_host(WF_DTYPE_Q8_0, blk, y, 33), WF_EINVAL);
 }
 
-/* The mat-vec path's arithmetic: which lane decodes which group and dots it with which x. */
-Test(cuda_dequant, matvec_lanes_match_reference)
-{
-	kgen_seed(13);
-	for (int ti = 0; ti < MMREF_N_TYPES; ti++) {
-		enum wf_dtype t = mmref_types[ti];
-		/* quantized: 3 and 41 blocks of 256 (groups left over after whole warps); plain:
-		 * also a length with a tail */
-		int64_t lens[3] = {768, 256 * 41, mmref_block(t) == 1 ? 777 : 96 * 32};
-		for (int li = 0; li < 3; li++) {
-			int64_t ne0 = lens[li], ne1 = 5;
-			if (ne0 % mmref_block(t))
-				continue;
-			size_t row, xs = (size_t)ne0 + 3, ys = (size_t)ne1 + 2;
-			unsigned char *w = mmref_matrix(t, ne0, ne1, &row);
-			float *wd = malloc((size_t)(ne0 * ne1) * sizeof(float));
-			float *x = mmref_acts(8, xs);
-			float *y = malloc(8 * ys * sizeof(float));
-			double *ref = malloc(8 * (size_t)ne1 * sizeof(double));
-			cr_assert(wd && y && ref);
-			mmref_dequant(t, w, row, ne0, ne1, wd);
-			for (uint32_t n = 1; n <= 8; n++) {
-				struct wf_engine_dev_matrix m = {w, t, ne0, ne1, row};
-				double nmse, max_rel;
-				for (size_t k = 0; k < 8 * ys; k++)
-					y[k] = 1234.5f;
-				cr_assert_eq(wf__cuda_matvec_host(&m, x, xs, n, y, ys), 0);
-				mmref_matmul(wd, ne0, ne1, x, xs, n, ref);
-				mmref_error(y, ys, ref, ne1, n, &nmse, &max_rel);
-				cr_assert(nmse <= 1e-10 && max_rel <= 1e-4,
-				          "%s ne0 %lld n %u: NMSE %.3g, max-abs/rms %.3g",
-				          mmref_name(t), (long long)ne0, n, nmse, max_rel);
-				for (uint32_t j = 0; j < 8; j++)
-					for (size_t i = j < n ? (size_t)ne1 : 0; i < ys; i++)
-						cr_assert_eq(y[j * ys + i], 1234.5f,
-						             "%s: gap [%u][%zu] written",
-						             mmref_name(t), j, i);
-			}
-			free(w);
-			free(wd);
-			free(x);
-			free(y);
-			free(ref);
-		}
-	}
-	struct wf_engine_dev_matrix bad = {NULL, WF_DTYPE_Q8_K, 256, 1, 292};
-	float x[256] = {0}, y[1];
-	cr_assert_eq(wf__cuda_matvec_host(&bad, x, 256, 1, y, 1), WF_EUNSUPPORTED);
-}
-
 static bool cublas_mapped(void)
 {
 	FILE *f = fopen("/proc/self/maps", "r");
@@ -162,9 +110,9 @@ static bool cublas_mapped(void)
 	return found;
 }
 
-/* cuBLAS is loaded by the first CUDA engine context, not at start: linking it would relocate
- * ~95 MB of private memory into every process (a worker on the host device included). It loads
- * without a GPU, and its functions resolve. */
+/* cuBLAS is loaded by the first CUDA context that can take the GEMM path, not at start: linking
+ * it would relocate ~95 MB of private memory into every process (a worker on the host device
+ * included). It loads without a GPU, and its functions resolve. */
 Test(cuda_blas, loaded_on_demand_only)
 {
 	cr_assert(!cublas_mapped(), "libcublas is mapped before anything asked for it");

@@ -19,8 +19,8 @@
 
 #ifdef WFT_ENGINE_DEVICE
 #ifdef WF_HAVE_CUDA
+#include "cuda/backend.h"
 #include "cuda/device_cuda.h"
-#include "cuda/engine_ops.h"
 #endif
 
 /* The device every engine of this process runs on, opened at the first call. */
@@ -30,7 +30,7 @@ static inline struct wf_device *wft_engine_device(void)
 	if (!dev) {
 #ifdef WF_HAVE_CUDA
 		wf_device_backend_register(wf_cuda_device_ops());
-		wf_cuda_engine_ops_register();
+		wf_cuda_backend_register();
 #endif
 		struct wf_diag d = {{0}};
 		int rc = wf_device_open(WFT_ENGINE_DEVICE, &dev, &d);
