@@ -46,6 +46,9 @@ bool bench_selected(const struct bench_opts *o, const char *name);
 int bench_floor(const struct bench_opts *o);
 int bench_residency(const struct bench_opts *o);
 int bench_engine(const struct bench_opts *o);
+/* The CUDA backend's kernels against the device's measured bandwidth (bench/kernels.c): exits 77
+ * (no figure) without a CUDA device. */
+int bench_kernels(const struct bench_opts *o);
 /* Issue 11's expert-cache policies on routing traces (bench/cachepolicy.c). */
 int bench_cachepolicy(const struct bench_opts *o);
 int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_ctx *ctx);

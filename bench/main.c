@@ -60,6 +60,7 @@ static void usage(FILE *out)
 	    "       wf-bench engine [--json] [--model FILE] [--llama-bench PATH] [--threads N]\n"
 	    "                [--device SPEC [--llama-bench-gpu PATH]] [--dir DIR]\n"
 	    "                [--floor-root DIR] [--iterations N]\n"
+	    "       wf-bench kernels [--json] [--device cuda:N] [--iterations N]\n"
 	    "       wf-bench cachepolicy [--json] [--model FILE] [--tokens N]\n"
 	    "                [--prompt-ids LIST | --prompt TEXT] [--half-life LIST]\n"
 	    "                [--random-tokens]\n"
@@ -72,7 +73,8 @@ static void usage(FILE *out)
 	    "                Q4_K model in --dir, once)\n"
 	    "  --llama-bench engine: a llama-bench (llama.cpp b10573) to compare with\n"
 	    "  --device      residency: the device (default auto); engine: also run the\n"
-	    "                device rows (dev_*) on it (cuda:0, host:bw=16G, ...)\n"
+	    "                device rows (dev_*) on it (cuda:0, host:bw=16G, ...);\n"
+	    "                kernels: the CUDA device (default cuda:0; none: exit 77)\n"
 	    "  --llama-bench-gpu engine: a CUDA llama-bench (b10573) run with -ngl 99 and\n"
 	    "                every layer's experts on the CPU, against the dev cache row\n"
 	    "  --threads     engine: threads for both (default: the CPUs we may run on)\n"
@@ -214,6 +216,8 @@ int main(int argc, char **argv)
 		return bench_engine(&o);
 	if (strcmp(mode, "cachepolicy") == 0)
 		return bench_cachepolicy(&o);
+	if (strcmp(mode, "kernels") == 0)
+		return bench_kernels(&o);
 	fprintf(stderr, "wf-bench: unknown mode '%s'\n", mode);
 	usage(stderr);
 	return 2;
