@@ -1126,6 +1126,11 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 		int64_t chunk = mm->yp_floats / w->ne1;
 		if (chunk > (int64_t)mm->p_rows)
 			chunk = mm->p_rows;
+		if (chunk < 1)
+			return wf_diag_set(diag, WF_EINVAL,
+			                   "mul_mat_id: matrices of %lld rows (the context: at most "
+			                   "%lld)",
+			                   (long long)w->ne1, (long long)c->lim.max_ne1);
 		uint32_t gi = 0;
 		for (uint32_t c0 = 0; c0 < nb; c0 += (uint32_t)chunk) {
 			const uint32_t c1 = nb - c0 < chunk ? nb : c0 + (uint32_t)chunk;
