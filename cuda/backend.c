@@ -241,21 +241,35 @@ static int op_moe_sum(struct wf_backend_ctx *c, const float *d, const float *wei
 	return rc < 0 ? rc : wf__cuda_moe_sum(c, d, weights, n, k, len, y, diag);
 }
 
+/* Where this backend rounds or refuses differently from the host backend (kernels/backend.h asks
+ * each table to say so on the op): */
 static const struct wf_backend_ops cuda_ops = {
     .name = "cuda",
     .version = WF_BACKEND_OPS_VERSION,
     .host_memory = false,
+    /* heads must be a multiple of 8 up to 256, experts at most 4096: WF_EUNSUPPORTED */
     .ctx_create = cuda_ctx_create,
     .ctx_destroy = cuda_ctx_destroy,
     .ctx_device_bytes = cuda_ctx_device_bytes,
     .supports = wf__cuda_supports,
+    /* matmul.h: the mat-vec path (n <= 32) computes the CPU's integer block sums in another
+     * float order; the prompt path (n > 32) takes quantized weights through F16 cuBLAS (NMSE
+     * ~1.5e-5 against the CPU's int8 activations). F16 activations reaching 2^15 are scaled by a
+     * power of two (the host's F16 rounding overflows to inf there). Weight matrices must be
+     * 4-byte (F32, Q4_K, Q5_K) or 2-byte aligned: WF_EINVAL. */
     .matmul = op_matmul,
+    /* as matmul; an id past the stack writes NaN rows on the decode path (the host: WF_EINVAL,
+     * which the prompt path returns too) */
     .mul_mat_id = op_mul_mat_id,
+    /* an id outside [0, ne1): a zero row */
     .get_rows = op_get_rows,
     .copy_rows = op_copy_rows,
     .rms_norm = op_rms_norm,
     .rope = op_rope,
     .kv_store = op_kv_store,
+    /* attention.h: windows of 256 positions or more are split across blocks and merged in
+     * float, which rounds the F16 accumulator differently (as far from the CPU as the CPU's own
+     * F16 accumulation is from exact arithmetic) */
     .attention = op_attention,
     .route = op_route,
     .swiglu = op_swiglu,
