@@ -1127,10 +1127,11 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 		if (chunk > (int64_t)mm->p_rows)
 			chunk = mm->p_rows;
 		if (chunk < 1)
-			return wf_diag_set(diag, WF_EINVAL,
-			                   "mul_mat_id: matrices of %lld rows (the context: at most "
-			                   "%lld)",
-			                   (long long)w->ne1, (long long)c->lim.max_ne1);
+			return wf_diag_set(
+			    diag, WF_EINVAL,
+			    "mul_mat_id: matrices of %lld rows (the context: at most "
+			    "%lld)",
+			    (long long)w->ne1, (long long)c->lim.max_ne1);
 		uint32_t gi = 0;
 		for (uint32_t c0 = 0; c0 < nb; c0 += (uint32_t)chunk) {
 			const uint32_t c1 = nb - c0 < chunk ? nb : c0 + (uint32_t)chunk;
@@ -1273,23 +1274,28 @@ int wf__cuda_mm_warmup(struct wf_backend_ctx *c, struct wf_diag *diag)
 	int64_t n = c->lim.max_rows < mm->p_rows / 2 ? c->lim.max_rows : mm->p_rows / 2;
 	if (n > mm->yp_floats / m)
 		n = mm->yp_floats / m;
-	/* The three GEMM kinds at the context's largest shapes, and at a narrow batch. */
-	for (int64_t nn : {n, (int64_t)WF_CUDA_MV_MAX_ROWS + 1}) {
-		if (nn < 1 || nn > n)
-			continue;
-		const struct {
-			cudaDataType t;
-			cublasComputeType_t ct;
-		} kinds[] = {{CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC},
-		             {CUDA_R_16F, CUBLAS_COMPUTE_32F},
-		             {CUDA_R_16BF, CUBLAS_COMPUTE_32F}};
-		for (const auto &kd : kinds) {
-			cublasStatus_t st = blas.gemm_ex(
-			    mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)nn, (int)kk, &one,
-			    mm->wh, kd.t, (int)kk, mm->p, kd.t, (int)kk, &zero, mm->yp, CUDA_R_32F,
-			    (int)m, kd.ct, CUBLAS_GEMM_DEFAULT);
-			if (st != CUBLAS_STATUS_SUCCESS)
-				return blas_fail(st, diag, "cuBLAS warm-up");
+	/* The three GEMM kinds at the context's largest shapes and at a few narrower ones (cuBLAS
+	 * picks its kernel by shape, and loads each lazily: the shapes a step will use are not
+	 * known here, so this covers the common ones, expert-sized and full). */
+	const struct {
+		cudaDataType t;
+		cublasComputeType_t ct;
+	} kinds[] = {{CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC},
+	             {CUDA_R_16F, CUBLAS_COMPUTE_32F},
+	             {CUDA_R_16BF, CUBLAS_COMPUTE_32F}};
+	for (int64_t mm_ : {m, m < 768 ? m : (int64_t)768}) {
+		for (int64_t nn :
+		     {(int64_t)WF_CUDA_MV_MAX_ROWS + 1, (int64_t)128, (int64_t)512, n}) {
+			if (nn > n)
+				continue;
+			for (const auto &kd : kinds) {
+				cublasStatus_t st = blas.gemm_ex(
+				    mm->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)mm_, (int)nn, (int)kk,
+				    &one, mm->wh, kd.t, (int)kk, mm->p, kd.t, (int)kk, &zero,
+				    mm->yp, CUDA_R_32F, (int)mm_, kd.ct, CUBLAS_GEMM_DEFAULT);
+				if (st != CUBLAS_STATUS_SUCCESS)
+					return blas_fail(st, diag, "cuBLAS warm-up");
+			}
 		}
 	}
 	return wf_device_stream_synchronize(c->wstream, diag);

@@ -51,8 +51,10 @@ int wf__cuda_mm_create(struct wf_backend_ctx *c, struct wf_diag *diag);
 void wf__cuda_mm_destroy(struct wf_backend_ctx *c);
 /* Loads every matmul kernel (cudaFuncGetAttributes), so no launch loads a module later. */
 int wf__cuda_mm_preload(struct wf_diag *diag);
-/* Runs cuBLAS once on each GEMM kind at the context's largest shapes, so that cuBLAS's own
- * lazy loading and setup happen at create. Waits for the stream. */
+/* Runs cuBLAS on each GEMM kind at the context's largest shapes and a few narrower ones (up to
+ * 24 GEMMs), so that cuBLAS's own lazy loading and setup happen at create for the kernels those
+ * shapes pick (another shape may still load one later: tests/cuda's memory test measures it).
+ * Waits for the stream. */
 int wf__cuda_mm_warmup(struct wf_backend_ctx *c, struct wf_diag *diag);
 
 bool wf__cuda_supports(enum wf_dtype type);
