@@ -1008,32 +1008,13 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The prompt path: ids read back (one wait), rows grouped per expert on the host (expert order,
- * row order within, as the host backend walks them). Groups of MMID_GEMM_MIN rows or more go
- * through cuBLAS in chunks of the GEMM workspace (activations gathered and converted in expert
- * order, results scattered back to their rows); smaller groups through the mat-vec kernel over
- * a list of their rows. */
-static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
-                       const struct wf_backend_product *p, const int32_t *ids, uint32_t n,
-                       uint32_t k, const float *x, size_t xs, bool x_per_slot, struct wf_diag *diag)
+/* The prompt path's grouping, on the host, of the ids read back into h_ids: the groups (matrix
+ * g_index[i], g_count[i] rows), sorted by matrix; groups of MMID_GEMM_MIN rows or more (none
+ * when gemm is false) get consecutive places g_first[i] in h_order (row order within), the
+ * other rows go to h_list in row order. WF_EINVAL for an id past the stack. */
+static int mmid_group(struct wf__cuda_mm *mm, uint32_t rows, uint32_t stack, bool gemm,
+                      uint32_t *ret_g, uint32_t *ret_nb, uint32_t *ret_nl, struct wf_diag *diag)
 {
-	struct wf__cuda_mm *mm = c->mm;
-	const uint32_t rows = n * k, xrows = x_per_slot ? rows : n;
-	const uint32_t stack = c->lim.max_stack ? c->lim.max_stack : 1;
-	const int64_t ne0 = p[0].w->ne0;
-	bool any_f32 = false;
-	int rc;
-
-	for (uint32_t i = 0; i < n_products; i++)
-		any_f32 |= p[i].w->type == WF_DTYPE_F32;
-	cudaError_t e =
-	    cudaMemcpyAsync(mm->h_ids, ids, (size_t)rows * 4, cudaMemcpyDeviceToHost, c->stream);
-	if (e != cudaSuccess)
-		return wf__cuda_fail(e, diag, "mul_mat_id: ids to the host");
-	if ((rc = wf_device_stream_synchronize(c->wstream, diag)) < 0)
-		return rc;
-
-	/* Count per matrix, then the groups (each matrix once), sorted by matrix index. */
 	for (uint32_t r = 0; r < rows; r++) {
 		const int32_t id = mm->h_ids[r];
 		if (id < 0)
@@ -1057,13 +1038,12 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 		mm->count_of[id] = 0; /* seen: later rows of this matrix are skipped here */
 	}
 	qsort(mm->g_pairs, g, sizeof(uint64_t), cmp_u64);
-	/* Big groups get consecutive places in h_order, in matrix order; the other rows go to
-	 * h_list. count_of maps a matrix to its group + 1 meanwhile. */
+	/* count_of maps a matrix to its group + 1 meanwhile. */
 	uint32_t nb = 0, nl = 0;
 	for (uint32_t i = 0; i < g; i++) {
 		mm->g_index[i] = (uint32_t)(mm->g_pairs[i] >> 32);
 		mm->g_count[i] = (uint32_t)mm->g_pairs[i];
-		const bool big = !any_f32 && mm->g_count[i] >= MMID_GEMM_MIN;
+		const bool big = gemm && mm->g_count[i] >= MMID_GEMM_MIN;
 		mm->g_first[i] = big ? nb : UINT32_MAX;
 		mm->g_fill[i] = 0;
 		nb += big ? mm->g_count[i] : 0;
@@ -1081,6 +1061,100 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 	}
 	for (uint32_t i = 0; i < g; i++)
 		mm->count_of[mm->g_index[i]] = 0;
+	*ret_g = g;
+	*ret_nb = nb;
+	*ret_nl = nl;
+	return 0;
+}
+
+/* One product's big groups through cuBLAS, in chunks of the GEMM workspace: the chunk's rows of
+ * x gathered and converted in expert order (P), one GEMM per group piece into yp, the chunk's
+ * results scattered back to their rows. *have tracks what P holds (kind and rows) across the
+ * call's products. */
+struct mmid_have {
+	int kind;
+	uint32_t c0, c1;
+};
+
+static int mmid_big(struct wf_backend_ctx *c, const struct wf_backend_product *pr, uint32_t g,
+                    uint32_t nb, uint32_t k, const float *x, size_t xs, bool x_per_slot,
+                    struct mmid_have *have, struct wf_diag *diag)
+{
+	struct wf__cuda_mm *mm = c->mm;
+	const struct wf_backend_matrix *w = pr->w;
+	const enum wf_act pk = w->type == WF_DTYPE_BF16 ? WF_ACT_BF16 : WF_ACT_F16;
+	int64_t chunk = mm->yp_floats / w->ne1;
+	int rc;
+
+	if (chunk > (int64_t)mm->p_rows)
+		chunk = mm->p_rows;
+	if (chunk < 1)
+		return wf_diag_set(diag, WF_EINVAL,
+		                   "mul_mat_id: matrices of %lld rows (the context: at most %lld)",
+		                   (long long)w->ne1, (long long)c->lim.max_ne1);
+	uint32_t gi = 0;
+	for (uint32_t c0 = 0; c0 < nb; c0 += (uint32_t)chunk) {
+		const uint32_t c1 = nb - c0 < chunk ? nb : c0 + (uint32_t)chunk;
+		if ((int)pk != have->kind || have->c0 != c0 || have->c1 != c1) {
+			rc = convert(c, pk, x, xs, mm->d_order + c0, x_per_slot ? 1 : k, c1 - c0,
+			             w->ne0, mm->p, (size_t)mm->p_ld * 2, mm->p_exp, diag);
+			if (rc < 0)
+				return rc;
+			*have = (struct mmid_have){(int)pk, c0, c1};
+		}
+		for (; gi < g; gi++) {
+			if (mm->g_first[gi] == UINT32_MAX)
+				continue;
+			const uint32_t f0 = mm->g_first[gi], f1 = f0 + mm->g_count[gi];
+			if (f0 >= c1)
+				break;
+			const uint32_t a = f0 > c0 ? f0 : c0, b = f1 < c1 ? f1 : c1;
+			struct wf_backend_matrix we = *w;
+			we.data = (const uint8_t *)w->data + (size_t)mm->g_index[gi] * w->stride;
+			rc = gemm(c, &we, mm->p + (size_t)(a - c0) * mm->p_ld, mm->p_ld, b - a,
+			          mm->yp + (size_t)(a - c0) * w->ne1, w->ne1, diag);
+			if (rc < 0)
+				return rc;
+			if (f1 > c1)
+				break; /* the group goes on in the next chunk */
+		}
+		scatter_kernel<<<wf__cuda_grid(c, (uint64_t)(c1 - c0) * w->ne1, EW_THREADS),
+		                 EW_THREADS, 0, c->stream>>>(
+		    mm->yp, w->ne1, c1 - c0, mm->d_order + c0, pk == WF_ACT_F16 ? mm->p_exp : NULL,
+		    pr->y, pr->y_stride);
+		if ((rc = wf__cuda_launched(diag, "mul_mat_id (scatter)")) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* The prompt path: ids read back (one wait), rows grouped per expert on the host (expert order,
+ * row order within, as the host backend walks them, mmid_group). Groups of MMID_GEMM_MIN rows or
+ * more go through cuBLAS (mmid_big); the other rows through the mat-vec kernel over their list.
+ * F32 stacks take the mat-vec for every group (their GEMM would need F32 activations gathered:
+ * not worth a workspace for a type no quantized model's experts have). */
+static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
+                       const struct wf_backend_product *p, const int32_t *ids, uint32_t n,
+                       uint32_t k, const float *x, size_t xs, bool x_per_slot, struct wf_diag *diag)
+{
+	struct wf__cuda_mm *mm = c->mm;
+	const uint32_t rows = n * k, xrows = x_per_slot ? rows : n;
+	const uint32_t stack = c->lim.max_stack ? c->lim.max_stack : 1;
+	const int64_t ne0 = p[0].w->ne0;
+	bool any_f32 = false;
+	uint32_t g = 0, nb = 0, nl = 0;
+	int rc;
+
+	for (uint32_t i = 0; i < n_products; i++)
+		any_f32 |= p[i].w->type == WF_DTYPE_F32;
+	cudaError_t e =
+	    cudaMemcpyAsync(mm->h_ids, ids, (size_t)rows * 4, cudaMemcpyDeviceToHost, c->stream);
+	if (e != cudaSuccess)
+		return wf__cuda_fail(e, diag, "mul_mat_id: ids to the host");
+	/* The wait also completes the previous call's copies out of h_order and h_list. */
+	if ((rc = wf_device_stream_synchronize(c->wstream, diag)) < 0 ||
+	    (rc = mmid_group(mm, rows, stack, !any_f32, &g, &nb, &nl, diag)) < 0)
+		return rc;
 	if (nb && (e = cudaMemcpyAsync(mm->d_order, mm->h_order, (size_t)nb * 4,
 	                               cudaMemcpyHostToDevice, c->stream)) != cudaSuccess)
 		return wf__cuda_fail(e, diag, "mul_mat_id: row order to the device");
@@ -1088,8 +1162,8 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 	                               cudaMemcpyHostToDevice, c->stream)) != cudaSuccess)
 		return wf__cuda_fail(e, diag, "mul_mat_id: row list to the device");
 
-	int have_act = -1, have_p = -1; /* what the workspaces hold: kinds, and P's rows */
-	uint32_t have_c0 = 0, have_c1 = 0;
+	int have_act = -1; /* the kind the activation workspace holds */
+	struct mmid_have have_p = {-1, 0, 0};
 	for (uint32_t i = 0; i < n_products; i++) {
 		const struct wf_backend_matrix *w = p[i].w;
 		const enum wf_act kind = wf_act_of(w->type);
@@ -1120,55 +1194,8 @@ static int mmid_prompt(struct wf_backend_ctx *c, uint32_t n_products,
 			if (rc < 0)
 				return rc;
 		}
-		if (!nb)
-			continue;
-		const enum wf_act pk = w->type == WF_DTYPE_BF16 ? WF_ACT_BF16 : WF_ACT_F16;
-		int64_t chunk = mm->yp_floats / w->ne1;
-		if (chunk > (int64_t)mm->p_rows)
-			chunk = mm->p_rows;
-		if (chunk < 1)
-			return wf_diag_set(
-			    diag, WF_EINVAL,
-			    "mul_mat_id: matrices of %lld rows (the context: at most "
-			    "%lld)",
-			    (long long)w->ne1, (long long)c->lim.max_ne1);
-		uint32_t gi = 0;
-		for (uint32_t c0 = 0; c0 < nb; c0 += (uint32_t)chunk) {
-			const uint32_t c1 = nb - c0 < chunk ? nb : c0 + (uint32_t)chunk;
-			if ((int)pk != have_p || have_c0 != c0 || have_c1 != c1) {
-				rc = convert(c, pk, x, xs, mm->d_order + c0, x_per_slot ? 1 : k,
-				             c1 - c0, ne0, mm->p, (size_t)mm->p_ld * 2, mm->p_exp,
-				             diag);
-				if (rc < 0)
-					return rc;
-				have_p = (int)pk;
-				have_c0 = c0;
-				have_c1 = c1;
-			}
-			for (; gi < g; gi++) {
-				if (mm->g_first[gi] == UINT32_MAX)
-					continue;
-				const uint32_t f0 = mm->g_first[gi], f1 = f0 + mm->g_count[gi];
-				if (f0 >= c1)
-					break;
-				const uint32_t a = f0 > c0 ? f0 : c0, b = f1 < c1 ? f1 : c1;
-				struct wf_backend_matrix we = *w;
-				we.data =
-				    (const uint8_t *)w->data + (size_t)mm->g_index[gi] * w->stride;
-				rc = gemm(c, &we, mm->p + (size_t)(a - c0) * mm->p_ld, mm->p_ld,
-				          b - a, mm->yp + (size_t)(a - c0) * w->ne1, w->ne1, diag);
-				if (rc < 0)
-					return rc;
-				if (f1 > c1)
-					break; /* the group goes on in the next chunk */
-			}
-			scatter_kernel<<<wf__cuda_grid(c, (uint64_t)(c1 - c0) * w->ne1, EW_THREADS),
-			                 EW_THREADS, 0, c->stream>>>(
-			    mm->yp, w->ne1, c1 - c0, mm->d_order + c0,
-			    pk == WF_ACT_F16 ? mm->p_exp : NULL, p[i].y, p[i].y_stride);
-			if ((rc = wf__cuda_launched(diag, "mul_mat_id (scatter)")) < 0)
-				return rc;
-		}
+		if (nb && (rc = mmid_big(c, &p[i], g, nb, k, x, xs, x_per_slot, &have_p, diag)) < 0)
+			return rc;
 	}
 	return 0;
 }
