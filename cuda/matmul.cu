@@ -1641,3 +1641,35 @@ int wf__cuda_gemm_host(const struct wf_backend_matrix *w, const float *x, size_t
 	free(xv), free(wv), free(row), free(ex);
 	return 0;
 }
+
+int wf__cuda_mmid_group_host(const int32_t *ids, uint32_t rows, uint32_t stack, bool gemm,
+                             uint32_t *order, uint32_t *list, uint32_t *g_index, uint32_t *g_first,
+                             uint32_t *g_count, uint32_t *ret_g, uint32_t *ret_nb, uint32_t *ret_nl)
+{
+	struct wf__cuda_mm mm;
+	memset(&mm, 0, sizeof(mm));
+	mm.h_ids = (int32_t *)ids;
+	mm.h_order = order;
+	mm.h_list = list;
+	mm.g_index = g_index;
+	mm.g_first = g_first;
+	mm.g_count = g_count;
+	mm.count_of = (uint32_t *)calloc(stack ? stack : 1, sizeof(uint32_t));
+	mm.g_fill = (uint32_t *)malloc(((size_t)rows + 1) * sizeof(uint32_t));
+	mm.g_pairs = (uint64_t *)malloc(((size_t)rows + 1) * sizeof(uint64_t));
+	int rc = -ENOMEM;
+	if (mm.count_of && mm.g_fill && mm.g_pairs) {
+		rc = mmid_group(&mm, rows, stack, gemm, ret_g, ret_nb, ret_nl, NULL);
+		/* count_of must come back zeroed, whatever happened (the context reuses it) */
+		for (uint32_t e = 0; e < stack && rc == 0; e++)
+			if (mm.count_of[e])
+				rc = WF_EINTERNAL;
+		for (uint32_t e = 0; e < stack && rc == WF_EINVAL; e++)
+			if (mm.count_of[e])
+				rc = WF_EINTERNAL;
+	}
+	free(mm.count_of);
+	free(mm.g_fill);
+	free(mm.g_pairs);
+	return rc;
+}

@@ -100,6 +100,17 @@ int wf__cuda_mul_mat_id_host(const struct wf_backend_matrix *w, const int32_t *i
                              uint32_t k, const float *x, size_t x_stride, bool x_per_slot, float *y,
                              size_t y_stride);
 
+/* mul_mat_id's prompt-path grouping on host memory (the function the op runs on the ids it
+ * reads back): groups (g_index[i] a matrix, g_count[i] its rows, sorted by matrix; *ret_g of
+ * them, up to rows); groups of 16 rows or more (none without gemm) placed consecutively in order
+ * (g_first[i], else UINT32_MAX), rows in row order within (*ret_nb rows); every other row with an
+ * id >= 0 in list, in row order (*ret_nl). WF_EINVAL for an id past stack; WF_EINTERNAL if the
+ * per-matrix counters were not left at zero. order, list: rows entries; g_*: rows entries. */
+int wf__cuda_mmid_group_host(const int32_t *ids, uint32_t rows, uint32_t stack, bool gemm,
+                             uint32_t *order, uint32_t *list, uint32_t *g_index, uint32_t *g_first,
+                             uint32_t *g_count, uint32_t *ret_g, uint32_t *ret_nb,
+                             uint32_t *ret_nl);
+
 /* The prompt path's numerics on host memory (for its tolerance): weights as the GEMM reads them
  * (F32 as they are; F16 and BF16 as stored; quantized ones dequantized by the kernels' decoders
  * and rounded to F16), activations as its conversion rounds them (F32; BF16; F16 with the row's

@@ -302,3 +302,61 @@ Test(cuda_matvec_host, gemm_numerics_within_tolerance)
 		free(w), free(x), free(got), free(want);
 	}
 }
+
+/* mul_mat_id's prompt path groups the ids it reads back on the host: every row with an id >= 0
+ * once, big groups (>= 16 rows) consecutive in matrix order with their rows in row order, the
+ * rest listed in row order, groups sorted; an id past the stack refused with the counters left
+ * clean (the next call works). 512 tokens x 8 of 128 experts, skewed so that both kinds of
+ * groups occur, with a tenth of the ids -1; and without GEMM (F32 stacks): every row listed. */
+Test(cuda_matvec_host, mul_mat_id_prompt_grouping)
+{
+	struct opsr_rng r = {9};
+	const uint32_t rows = 512 * 8, stack = 128;
+	int32_t *ids = malloc(rows * sizeof(int32_t));
+	uint32_t *order = malloc(rows * 4), *list = malloc(rows * 4), *gi = malloc(rows * 4);
+	uint32_t *gf = malloc(rows * 4), *gc = malloc(rows * 4), *seen = calloc(rows, 4);
+	for (uint32_t q = 0; q < rows; q++)
+		ids[q] = opsr_u32(&r) % 10 == 0
+		             ? -1
+		             : (int32_t)(opsr_u32(&r) % ((q / 8) % 2 ? 8 : stack));
+	for (int gemm = 0; gemm < 2; gemm++) {
+		uint32_t g, nb, nl;
+		memset(seen, 0, rows * 4);
+		cr_assert_eq(wf__cuda_mmid_group_host(ids, rows, stack, gemm, order, list, gi, gf,
+		                                      gc, &g, &nb, &nl),
+		             0);
+		uint32_t total = 0, big_rows = 0;
+		for (uint32_t i = 0; i < g; i++) {
+			cr_assert(i == 0 || gi[i] > gi[i - 1], "groups sorted by matrix");
+			const bool big = gemm && gc[i] >= 16;
+			cr_assert_eq(gf[i] != UINT32_MAX, big, "group %u (%u rows)", i, gc[i]);
+			if (big) {
+				cr_assert_eq(gf[i], big_rows, "big groups consecutive");
+				for (uint32_t j = 0; j < gc[i]; j++) {
+					const uint32_t row = order[gf[i] + j];
+					cr_assert_eq(ids[row], (int32_t)gi[i]);
+					cr_assert(j == 0 || row > order[gf[i] + j - 1]);
+					seen[row]++;
+				}
+				big_rows += gc[i];
+			}
+			total += gc[i];
+		}
+		cr_assert_eq(nb, big_rows);
+		for (uint32_t j = 0; j < nl; j++) {
+			cr_assert(j == 0 || list[j] > list[j - 1], "list in row order");
+			seen[list[j]]++;
+		}
+		cr_assert_eq(nb + nl, total);
+		for (uint32_t q = 0; q < rows; q++)
+			cr_assert_eq(seen[q], ids[q] >= 0 ? 1u : 0u, "row %u (id %d)", q, ids[q]);
+		cr_assert(gemm == 0 || (nb > 0 && nl > 0), "both kinds of groups: %u %u", nb, nl);
+		cr_assert(gemm == 1 || nb == 0);
+	}
+	ids[rows / 2] = (int32_t)stack;
+	uint32_t g, nb, nl;
+	cr_assert_eq(
+	    wf__cuda_mmid_group_host(ids, rows, stack, true, order, list, gi, gf, gc, &g, &nb, &nl),
+	    WF_EINVAL);
+	free(ids), free(order), free(list), free(gi), free(gf), free(gc), free(seen);
+}
