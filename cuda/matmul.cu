@@ -5,8 +5,11 @@
  *                     vec_dot_type (quant.cuh), into the activation workspace.
  *  mv_kernel<T,N,V>   the mat-vec (mmv.cuh): 4 warps per block, one weight row per warp, N (1, 2,
  *                     4, 8, 16 or 32) activation rows in registers, the warp's lanes added by xor
- *                     shuffles, lane 0 writing. 128 threads and at most ~80 registers (N = 32):
- *                     up to 16 blocks per SM, enough warps in flight to hide memory latency.
+ *                     shuffles, lane 0 writing. 128 threads; ptxas (sm_90): 24-44 registers at
+ *                     N = 1 (16 blocks, 64 warps per SM: the bytes in flight decode needs), at
+ *                     most 70 for the quantized types at N = 32; the float types' 16-byte path
+ *                     takes 160-168 at N = 32 (3 blocks per SM: batches of 17-32 rows only).
+ *                     No kernel spills. V: the float types' 16-byte path.
  *  mv_id_kernel<T,V>  mul_mat_id's decode path: grid (pairs, row blocks); a pair (token t, choice
  *                     j) reads its expert id on the device, so a decode step needs no host wait.
  *  dq_f16_kernel<T>   weight rows to F16 for cuBLAS, one thread per 8 elements, one 16-byte
@@ -463,12 +466,16 @@ struct mv_launch_fn {
 	{
 		const unsigned blocks = (unsigned)((w->ne1 + MV_WARPS - 1) / MV_WARPS);
 		const uint8_t *wd = (const uint8_t *)w->data;
-		if (vec)
-			mv_kernel<T, N, true><<<blocks, MV_THREADS, 0, s>>>(
-			    wd, w->row_size, w->ne0, w->ne1, a, (int)n, exps, y, ys);
-		else
-			mv_kernel<T, N, false><<<blocks, MV_THREADS, 0, s>>>(
-			    wd, w->row_size, w->ne0, w->ne1, a, (int)n, exps, y, ys);
+		/* the 16-byte path exists for the float types only (mv_vec) */
+		if constexpr (wf_dq<T>::BLOCK == 1) {
+			if (vec) {
+				mv_kernel<T, N, true><<<blocks, MV_THREADS, 0, s>>>(
+				    wd, w->row_size, w->ne0, w->ne1, a, (int)n, exps, y, ys);
+				return;
+			}
+		}
+		mv_kernel<T, N, false><<<blocks, MV_THREADS, 0, s>>>(
+		    wd, w->row_size, w->ne0, w->ne1, a, (int)n, exps, y, ys);
 	}
 	template <enum wf_dtype T> int operator()()
 	{
@@ -494,14 +501,17 @@ struct mv_id_launch_fn {
 	{
 		const dim3 grid(pairs, (unsigned)((w->ne1 + MV_WARPS - 1) / MV_WARPS));
 		const uint8_t *wd = (const uint8_t *)w->data;
-		if (vec)
-			mv_id_kernel<T, true><<<grid, MV_THREADS, 0, s>>>(
-			    wd, w->row_size, w->stride, w->ne0, w->ne1, a, ids, list, k, per_slot,
-			    max_stack, exps, y, ys);
-		else
-			mv_id_kernel<T, false><<<grid, MV_THREADS, 0, s>>>(
-			    wd, w->row_size, w->stride, w->ne0, w->ne1, a, ids, list, k, per_slot,
-			    max_stack, exps, y, ys);
+		if constexpr (wf_dq<T>::BLOCK == 1) {
+			if (vec) {
+				mv_id_kernel<T, true><<<grid, MV_THREADS, 0, s>>>(
+				    wd, w->row_size, w->stride, w->ne0, w->ne1, a, ids, list, k,
+				    per_slot, max_stack, exps, y, ys);
+				return 0;
+			}
+		}
+		mv_id_kernel<T, false>
+		    <<<grid, MV_THREADS, 0, s>>>(wd, w->row_size, w->stride, w->ne0, w->ne1, a, ids,
+		                                 list, k, per_slot, max_stack, exps, y, ys);
 		return 0;
 	}
 };
