@@ -565,10 +565,10 @@ static void *stop_deadline(void *arg)
 }
 
 /* Concurrent requests. Relays to workers may take half (agent/workers.h), so a hung worker
- * never takes the threads that status, listing and EnsureFloor need. Generations followed
+ * never takes the threads that status, listing and EnsureFloor need. Completions followed
  * through the agent (one long poll each) get threads of their own on top. */
 #define AGENT_REQUEST_THREADS    8
-#define AGENT_GENERATION_THREADS 32
+#define AGENT_COMPLETION_THREADS 32
 
 /* One line per failed request, with its id, client, kind, model and worker, so that a client's
  * error can be found in the agent's log (the request id is the one the client chose). Relays
@@ -624,7 +624,7 @@ static int start_services(struct agent *a)
 	    .max_request_size = a->cfg.max_message,
 	    .handle = a->metrics ? wf_agent_metrics_handle : handle_logged,
 	    .ctx = a->metrics ? (void *)a->metrics : (void *)&a->svc,
-	    .nworkers = AGENT_REQUEST_THREADS + AGENT_GENERATION_THREADS,
+	    .nworkers = AGENT_REQUEST_THREADS + AGENT_COMPLETION_THREADS,
 	};
 	so.listen.url = a->cfg.socket_url;
 	if ((rc = wf_ctl_server_create(&so, &a->srv, &d)) < 0) {
@@ -778,7 +778,7 @@ int main(int argc, char **argv)
 		wf_log_error("worker registry: %s", wf_strerror(rc));
 		goto out;
 	}
-	wf_workers_set_generation_relays(a.workers, AGENT_GENERATION_THREADS);
+	wf_workers_set_completion_relays(a.workers, AGENT_COMPLETION_THREADS);
 	wf_workers_set_residency_fn(a.workers, on_worker_residency, &a);
 	a.svc.worker_count = wf_workers_count;
 	a.svc.worker_ctx = a.workers;

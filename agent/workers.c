@@ -22,8 +22,8 @@ struct worker {
 	int mode; /* Weightfloor__V1__ResidencyMode, as the worker said (open enum) */
 	uint64_t device_total, device_budget, pinned_host_budget;
 	int64_t registered_ms, last_seen_ms;
-	unsigned relays;     /* residency relays in flight to it */
-	unsigned gen_relays; /* Generate / GenerateRead relays in flight to it */
+	unsigned relays;            /* residency relays in flight to it */
+	unsigned completion_relays; /* Generate / GenerateRead relays in flight to it */
 	/* What the worker last reported per model (ReportResidency), for choosing the worker of a
 	 * Generate that names none. Models past the table are simply not known here. */
 	struct {
@@ -42,10 +42,10 @@ struct wf_workers {
 	void *ctx;
 	wf_workers_residency_fn on_residency;
 	void *residency_ctx;
-	char *self[2];                      /* the agent's request and events urls */
-	unsigned relays;                    /* in flight, all workers */
-	unsigned relay_max;                 /* half the server's request threads */
-	unsigned gen_relays, gen_relay_max; /* generation relays: their own threads */
+	char *self[2];                                    /* the agent's request and events urls */
+	unsigned relays;                                  /* in flight, all workers */
+	unsigned relay_max;                               /* half the server's request threads */
+	unsigned completion_relays, completion_relay_max; /* completion relays: their own threads */
 };
 
 static int64_t unix_ms(void)
@@ -72,8 +72,8 @@ int wf_workers_create(wf_workers_event_fn on_change, void *ctx, struct wf_worker
 	w->on_change = on_change;
 	w->ctx = ctx;
 	w->next_id = 1;
-	w->relay_max = 2;     /* half the server's default 4 threads, until told */
-	w->gen_relay_max = 0; /* none until the agent gives generation relays threads */
+	w->relay_max = 2;            /* half the server's default 4 threads, until told */
+	w->completion_relay_max = 0; /* none until the agent gives completion relays threads */
 	*ret = w;
 	return 0;
 }
@@ -104,9 +104,9 @@ int wf_workers_set_self(struct wf_workers *w, const char *request_url, const cha
 	return 0;
 }
 
-void wf_workers_set_generation_relays(struct wf_workers *w, unsigned max)
+void wf_workers_set_completion_relays(struct wf_workers *w, unsigned max)
 {
-	w->gen_relay_max = max;
+	w->completion_relay_max = max;
 }
 
 /* Drops workers not heard from in time or whose process is gone (pid checks work in the agent's
@@ -431,12 +431,12 @@ static void arena_free(void *ctx, void *p)
 }
 
 /* Gives back the relay slots taken for worker id (which may have gone meanwhile). */
-static void relay_done(struct wf_workers *w, const char *id, bool gen)
+static void relay_done(struct wf_workers *w, const char *id, bool completion)
 {
 	pthread_mutex_lock(&w->mu);
 	struct worker *k = find_locked(w, id);
-	unsigned *mine = k ? (gen ? &k->gen_relays : &k->relays) : NULL;
-	unsigned *all = gen ? &w->gen_relays : &w->relays;
+	unsigned *mine = k ? (completion ? &k->completion_relays : &k->relays) : NULL;
+	unsigned *all = completion ? &w->completion_relays : &w->relays;
 	if (mine && *mine)
 		(*mine)--;
 	if (*all)
@@ -444,17 +444,17 @@ static void relay_done(struct wf_workers *w, const char *id, bool gen)
 	pthread_mutex_unlock(&w->mu);
 }
 
-static bool is_generation(const Weightfloor__V1__Request *req)
+static bool is_completion(const Weightfloor__V1__Request *req)
 {
 	return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
 	       req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
 }
 
 /* The worker for a Generate that names none: the one whose reported residency of the model is
- * highest (pinned, device, host), then the least busy with generations; a model no worker has
+ * highest (pinned, device, host), then the least busy with completions; a model no worker has
  * reported goes to the least busy self-managed worker (it loads models on demand). NULL if
  * none fits. */
-static struct worker *choose_generation_worker_locked(struct wf_workers *w, const char *model)
+static struct worker *choose_completion_worker_locked(struct wf_workers *w, const char *model)
 {
 	struct worker *best = NULL;
 	int best_state = -1;
@@ -470,7 +470,7 @@ static struct worker *choose_generation_worker_locked(struct wf_workers *w, cons
 			state = WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
 		}
 		if (!best || state > best_state ||
-		    (state == best_state && k->gen_relays < best->gen_relays)) {
+		    (state == best_state && k->completion_relays < best->completion_relays)) {
 			best = k;
 			best_state = state;
 		}
@@ -491,27 +491,27 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 	char dropped[8][64];
 	size_t nd = expire_locked(w, dropped, 8);
 	struct worker *k = NULL;
-	const bool gen = is_generation(req);
+	const bool completion = is_completion(req);
 	if (id && *id)
 		k = find_locked(w, id);
 	else if (w->n == 1)
 		k = &w->v[0];
 	else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE && req->generate->model)
-		k = choose_generation_worker_locked(w, req->generate->model);
+		k = choose_completion_worker_locked(w, req->generate->model);
 	int busy = 0;
 	unsigned in_flight = 0;
 	if (k) {
 		snprintf(endpoint, sizeof endpoint, "%s", k->endpoint);
 		memcpy(wid, k->id, sizeof wid);
-		/* Generations are followed by long polls, one per generation in progress, so they
+		/* Completions are followed by long polls, one per completion in progress, so they
 		 * have their own, larger budget of threads; residency relays keep theirs. Refused
 		 * at once rather than queued: a waiting relay would hold a request thread as surely
 		 * as a running one. */
-		unsigned *mine = gen ? &k->gen_relays : &k->relays;
-		unsigned *all = gen ? &w->gen_relays : &w->relays;
-		const unsigned per_worker =
-		    gen ? WF_WORKERS_GEN_RELAY_PER_WORKER : WF_WORKERS_RELAY_PER_WORKER;
-		const unsigned total = gen ? w->gen_relay_max : w->relay_max;
+		unsigned *mine = completion ? &k->completion_relays : &k->relays;
+		unsigned *all = completion ? &w->completion_relays : &w->relays;
+		const unsigned per_worker = completion ? WF_WORKERS_COMPLETION_RELAY_PER_WORKER
+		                                       : WF_WORKERS_RELAY_PER_WORKER;
+		const unsigned total = completion ? w->completion_relay_max : w->relay_max;
 		in_flight = *mine;
 		if (*mine >= per_worker) {
 			busy = WF_EUNAVAILABLE;
@@ -629,7 +629,7 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 out:
 	wf_ctl_reply_free(wr);
 	wf_ctl_client_close(c);
-	relay_done(w, wid, gen);
+	relay_done(w, wid, completion);
 	return rc;
 }
 

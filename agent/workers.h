@@ -9,16 +9,16 @@
  * naming none when exactly one worker is registered, are forwarded to that worker's endpoint and
  * its reply is returned as the agent's. A Generate naming no worker when several are registered
  * goes to the worker that reported the model most resident (pinned, device, host), the least busy
- * with generations among equals, or else to the least busy self-managed worker; its reply names
+ * with completions among equals, or else to the least busy self-managed worker; its reply names
  * the worker, which the GenerateReads that follow it must name.
  *
  * Relays never take the agent down with a worker. Each is bounded by the client's deadline
  * (Request.deadline_ms, what is left of it when the relay starts, at most WF_WORKERS_RELAY_MAX_MS);
  * at most WF_WORKERS_RELAY_PER_WORKER run at once per worker (more: UNAVAILABLE at once) and at
  * most half the server's request threads in all (more: RESOURCE_EXHAUSTED at once), so a hung
- * worker, or a relay loop, always leaves threads for the agent's own requests. Generations have a
+ * worker, or a relay loop, always leaves threads for the agent's own requests. Completions have a
  * budget of their own (each one being followed holds a long poll): at most
- * WF_WORKERS_GEN_RELAY_PER_WORKER per worker and wf_workers_set_generation_relays() in all.
+ * WF_WORKERS_COMPLETION_RELAY_PER_WORKER per worker and wf_workers_set_completion_relays() in all.
  * RegisterWorker refuses (INVALID_ARGUMENT) an endpoint that is not ipc:///absolute/path or
  * tls+tcp://host:port, or that is one of the agent's own sockets.
  *
@@ -30,12 +30,12 @@
 
 #include <stdint.h>
 
-#define WF_WORKERS_EXPIRE_MS            15000
-#define WF_WORKERS_MAX                  256
-#define WF_WORKERS_RELAY_MAX_MS         (10 * 60 * 1000)
-#define WF_WORKERS_RELAY_PER_WORKER     2
-#define WF_WORKERS_GEN_RELAY_PER_WORKER 16
-#define WF_WORKERS_RES_MAX              32 /* models per worker whose residency the registry remembers */
+#define WF_WORKERS_EXPIRE_MS                   15000
+#define WF_WORKERS_MAX                         256
+#define WF_WORKERS_RELAY_MAX_MS                (10 * 60 * 1000)
+#define WF_WORKERS_RELAY_PER_WORKER            2
+#define WF_WORKERS_COMPLETION_RELAY_PER_WORKER 16
+#define WF_WORKERS_RES_MAX                     32 /* models per worker whose residency the registry remembers */
 /* Connecting to a worker: one that does not complete the handshake in this time is not there. */
 #define WF_WORKERS_CONNECT_MS 2000
 
@@ -64,7 +64,7 @@ int wf_workers_set_self(struct wf_workers *w, const char *request_url, const cha
 
 /* Generate and GenerateRead relays at once, all workers (default 0: refused). The agent gives
  * them request threads of their own. Call before the server starts. */
-void wf_workers_set_generation_relays(struct wf_workers *w, unsigned max);
+void wf_workers_set_completion_relays(struct wf_workers *w, unsigned max);
 
 /* Where ReportResidency changes go (NULL: accepted and dropped). Call before the server
  * starts. */

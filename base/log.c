@@ -193,9 +193,9 @@ static void render_json(struct buf *b, enum wf_log_level level, const struct wf_
 			json_object_object_add(o, "request_id",
 			                       json_object_new_uint64(f->request_id));
 		add_str(o, "client", f->client);
-		if (f->generation)
-			json_object_object_add(o, "generation",
-			                       json_object_new_uint64(f->generation));
+		if (f->completion)
+			json_object_object_add(o, "completion",
+			                       json_object_new_uint64(f->completion));
 		add_str(o, "event", f->event);
 		if (f->code)
 			add_str(o, "error", wf_err_name(f->code));

@@ -9,7 +9,7 @@
  *         Under systemd (JOURNAL_STREAM names our stderr) the timestamp is left out and the level
  *         is given as an sd-daemon "<N>" prefix so the journal records it.
  *   json  one object per line: {"ts","level","prog","pid","msg", then the fields that are set:
- *         "model","worker","request_id","client","generation","event","error"}. Strings are
+ *         "model","worker","request_id","client","completion","event","error"}. Strings are
  *         escaped by json-c; bytes that are not UTF-8 become U+FFFD, so every line parses as
  *         strict JSON. Under systemd the "<N>" prefix is kept (the journal strips it and stores
  *         the object as MESSAGE with the right priority).
@@ -45,7 +45,7 @@ struct wf_log_fields {
 	const char *worker;
 	uint64_t request_id; /* the protocol's Request.request_id (never 0 when set) */
 	const char *client;  /* Request.client */
-	uint64_t generation; /* a Generate's generation id */
+	uint64_t completion; /* a completion's id (GenerateReply.completion_id) */
 	const char *event;   /* a stable event name for filters: "floor_state", "evicted", ... */
 	int code;            /* a return code (-errno or WF_E*): json "error": its symbolic name */
 };

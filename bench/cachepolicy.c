@@ -2,7 +2,7 @@
  * on routing traces rather than by taste (issue 11).
  *
  * 1. Trace. The engine runs the model on the CPU with a host device, post-fetch and an expert
- *    cache; every token (prompt, then greedy generation, or with --random-tokens a fixed
+ *    cache; every token (prompt, then greedy decoding, or with --random-tokens a fixed
  *    pseudo-random stream) is decoded as a one-token step, and the
  *    router hook gives each layer's logits, to which the engine's own wf__route picks the top k.
  *    A trace is, per step and layer, the k selected expert ids in the order wf__moe_fetch hands
@@ -477,11 +477,11 @@ int bench_cachepolicy(const struct bench_opts *o)
 	wf_engine_set_router_hook(r.e, on_router, t);
 	wf_engine_reset_stats(r.e);
 
-	/* One token a step: the prompt, then greedy generation (ties to the lowest id). */
+	/* One token a step: the prompt, then greedy decoding (ties to the lowest id). */
 	int32_t token = r.prompt[0];
 	uint32_t pos = 0, restarts = 0, n_distinct_gen = 0;
 	uint64_t rng = 2;
-	/* how varied the generation is: a random model's greedy output tends to loop */
+	/* how varied the output is: a random model's greedy output tends to loop */
 	uint8_t *generated = calloc(info.n_vocab, 1);
 	if (!generated)
 		goto out;

@@ -175,7 +175,7 @@ static double measure_one(void *arg, struct wf_engine *e, const struct wf_engine
 
 struct llama_figures {
 	double pp, tg;     /* tokens/s of the pp and tg tests, negative when not run */
-	double pg_seconds; /* mean seconds of a pg (prompt + generation) test, negative if none */
+	double pg_seconds; /* mean seconds of a pg (prompt + decode) test, negative if none */
 	char build[64];    /* build_commit */
 	char cpu[128];     /* cpu_info */
 	char gpu[128];     /* gpu_info (empty for a CPU build) */

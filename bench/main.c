@@ -84,7 +84,7 @@ static void usage(FILE *out)
 	    "  --half-life   cachepolicy: LRFU half-lives in tokens, comma-separated (16;\n"
 	    "                0: no decay, LFU)\n"
 	    "  --random-tokens cachepolicy: after the prompt, a fixed pseudo-random token\n"
-	    "                stream instead of greedy generation\n"
+	    "                stream instead of greedy decoding\n"
 	    "  --iterations  repetitions of each figure; engine: 1 also shortens the runs\n"
 	    "  wf-bench --version prints \"wf-bench VERSION\".\n");
 }

@@ -101,7 +101,7 @@ static int connect_worker(pid_t pid, const char *url, struct wf_ctl_client **ret
 }
 
 /* Generates up to max_tokens from PROMPT_TOKENS fixed ids on the worker behind c and returns
- * once the first token is there (first_only) or the generation is done. */
+ * once the first token is there (first_only) or the completion is done. */
 static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_tokens, bool first_only)
 {
 	int32_t ids[PROMPT_TOKENS];
@@ -122,7 +122,7 @@ static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_toke
 	int rc = call(c, &req, 60000, &r, "Generate");
 	if (rc < 0)
 		return rc;
-	uint64_t id = r->generate ? r->generate->generation_id : 0;
+	uint64_t id = r->generate ? r->generate->completion_id : 0;
 	for (;;) {
 		const Weightfloor__V1__GenerateReply *gr = r->generate;
 		if (!gr) {
@@ -138,7 +138,7 @@ static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_toke
 		if ((first_only && gr->first + gr->n_tokens > 0) || gr->done)
 			break;
 		Weightfloor__V1__GenerateRead rd = WEIGHTFLOOR__V1__GENERATE_READ__INIT;
-		rd.generation_id = id;
+		rd.completion_id = id;
 		rd.after = gr->first + (uint32_t)gr->n_tokens;
 		rd.wait_ms = 10000;
 		req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;

@@ -260,7 +260,7 @@ int wf_cache_wset_evict(struct wf_cache *cache, uint32_t id, uint32_t set, struc
 
 /* ---- reservations ------------------------------------------------------------------------------
  *
- * Device memory that its owner, not the cache, allocated and frees: a generation engine's post-
+ * Device memory that its owner, not the cache, allocated and frees: a completion engine's post-
  * fetch scratchpad, expert cache slots and resident experts (and, on CUDA, its dense weights
  * and KV cache). A reservation counts against the on-demand budget exactly as a model's unpinned
  * sets do, and it is an item of the same LRU planner: a load, a budget change or another
@@ -286,7 +286,7 @@ typedef void wf_cache_resv_evict_fn(void *ctx, uint32_t resv, const char *why);
 int wf_cache_resv_create(struct wf_cache *cache, const char *name, uint64_t bytes,
                          wf_cache_resv_evict_fn *evict, void *ctx, uint32_t *ret_resv,
                          struct wf_diag *diag);
-/* Holds it for a use (a generation): it is not evicted until the matching release, which also
+/* Holds it for a use (a completion): it is not evicted until the matching release, which also
  * makes it the most recently used. Thread-safe, do not wait for the manager. acquire: 0, or
  * WF_ENOT_FOUND when it was evicted or dropped; release: 0, WF_ENOT_FOUND, WF_ESTATE when not
  * acquired. */

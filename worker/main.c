@@ -15,8 +15,8 @@
 #include "proto/request.h"
 #include "proto/status.h"
 #include "worker/cache.h"
+#include "worker/completion.h"
 #include "worker/eval.h"
-#include "worker/generate.h"
 #include "worker/metrics.h"
 #include "worker/refresh.h"
 #include "worker/service.h"
@@ -58,7 +58,7 @@ struct opts {
 	gid_t gids[64]; /* --allow-gid: peers whose primary group is one of these */
 	size_t n_gids;
 	struct wf_ctl_tls_opts tls;             /* tls+tcp:// endpoint and agent */
-	struct wf_gen_opts gen;                 /* Generate's engines */
+	struct wf_completion_opts completion;   /* Generate's engines */
 	struct wf_postfetch_settings postfetch; /* the environment's, then --postfetch's */
 	bool postfetch_asked; /* a WF_POSTFETCH_* variable, --postfetch or --expert-cache-mb */
 	uint32_t expert_cache_mb;
@@ -101,21 +101,21 @@ static void usage(FILE *out)
 	    "  --tls-cert FILE       certificate (PEM) for a tls+tcp:// endpoint, also presented\n"
 	    "                        to a tls+tcp:// agent\n"
 	    "  --tls-key FILE        its private key (PEM; default: in --tls-cert)\n"
-	    "  --ctx N               generation: KV positions per sequence (default: the\n"
+	    "  --ctx N               completions: KV positions per sequence (default: the\n"
 	    "                        model's context, at most 4096)\n"
-	    "  --seqs N              generation: concurrent sequences per model (default 8)\n"
-	    "  --threads N           generation: engine threads (default: every CPU allowed)\n"
+	    "  --seqs N              completions: concurrent sequences per model (default 8)\n"
+	    "  --threads N           completions: engine threads (default: every CPU allowed)\n"
 	    "  --postfetch NAME=VALUE\n"
-	    "                        generation: an expert post-fetch setting (repeatable; names\n"
+	    "                        completions: an expert post-fetch setting (repeatable; names\n"
 	    "                        as the WF_POSTFETCH_* variables, which apply first: enable,\n"
 	    "                        force_cpu, block_on_miss, max_transfers, scratchpad_mb,\n"
 	    "                        dedicated_streams, debug)\n"
-	    "  --expert-cache-mb N   generation: a device expert cache of N MiB (default 0)\n"
-	    "  --n-cpu-moe N         generation: experts of layers N and up resident on the "
+	    "  --expert-cache-mb N   completions: a device expert cache of N MiB (default 0)\n"
+	    "  --n-cpu-moe N         completions: experts of layers N and up resident on the "
 	    "device,\n"
 	    "                        the first N host-side\n"
-	    "  --cpu-moe             generation: every layer's experts host-side (the default)\n"
-	    "  --dense-on-device     generation on the host device: the device forward pass "
+	    "  --cpu-moe             completions: every layer's experts host-side (the default)\n"
+	    "  --dense-on-device     completions on the host device: the device forward pass "
 	    "(dense\n"
 	    "                        weights and KV cache in device memory), as on a GPU, where "
 	    "it\n"
@@ -382,17 +382,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_CTX:
 			if ((rc = parse_uint_flag("--ctx", optarg, 1, 1u << 20, &v)))
 				return rc;
-			o->gen.n_ctx = (uint32_t)v;
+			o->completion.n_ctx = (uint32_t)v;
 			break;
 		case O_SEQS:
 			if ((rc = parse_uint_flag("--seqs", optarg, 1, 256, &v)))
 				return rc;
-			o->gen.n_seq = (uint32_t)v;
+			o->completion.n_seq = (uint32_t)v;
 			break;
 		case O_THREADS:
 			if ((rc = parse_uint_flag("--threads", optarg, 1, 256, &v)))
 				return rc;
-			o->gen.n_threads = (uint32_t)v;
+			o->completion.n_threads = (uint32_t)v;
 			break;
 		case O_POSTFETCH: {
 			const char *eq = strchr(optarg, '=');
@@ -916,8 +916,8 @@ static bool worker_live(void *ctx, char *reason, size_t len)
 	return true;
 }
 
-/* One line per failed request (id, client, kind, model) and one per generation started (its id
- * next to the request's, so the "generation N done" line can be traced to the request). */
+/* One line per failed request (id, client, kind, model) and one per completion started (its id
+ * next to the request's, so the "completion N done" line can be traced to the request). */
 static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
                          Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -938,9 +938,9 @@ static int handle_logged(void *ctx, const Weightfloor__V1__Request *req,
 		wf_log_event(WF_LOG_INFO,
 		             WF_LOG_F(.worker = log_worker, .model = rd.model,
 		                      .request_id = req->request_id, .client = req->client,
-		                      .generation = reply->generate->generation_id,
-		                      .event = "generation_started"),
-		             "generation %" PRIu64 " started", reply->generate->generation_id);
+		                      .completion = reply->generate->completion_id,
+		                      .event = "completion_started"),
+		             "completion %" PRIu64 " started", reply->generate->completion_id);
 	}
 	return rv;
 }
@@ -1178,19 +1178,19 @@ int main(int argc, char **argv)
 		}
 	}
 
-	/* Generation engines and the worker's device. A GPU runs them (the device forward pass:
+	/* Completion engines and the worker's device. A GPU runs them (the device forward pass:
 	 * dense weights and the KV cache on it, experts resident, post-fetched, cached or on the
 	 * CPU as the flags say). On the host device post-fetch only models a GPU's copies (the
 	 * same CPU computes either way, after waiting for them), so engines use it only when
 	 * asked; otherwise they are CPU engines reading the floor. */
 	if (wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.postfetch_asked) {
-		o.gen.device = dev;
-		o.gen.postfetch = &o.postfetch;
-		o.gen.expert_cache_mb = o.expert_cache_mb;
-		o.gen.experts_on_device = o.experts_on_device;
-		o.gen.n_cpu_moe = o.n_cpu_moe;
-		o.gen.dense_on_device = o.dense_on_device;
-		wf_log_info("generation: engines on %s%s (expert post-fetch %s, block_on_miss %d, "
+		o.completion.device = dev;
+		o.completion.postfetch = &o.postfetch;
+		o.completion.expert_cache_mb = o.expert_cache_mb;
+		o.completion.experts_on_device = o.experts_on_device;
+		o.completion.n_cpu_moe = o.n_cpu_moe;
+		o.completion.dense_on_device = o.dense_on_device;
+		wf_log_info("completions: engines on %s%s (expert post-fetch %s, block_on_miss %d, "
 		            "expert cache %u MiB, %s)",
 		            wf_device_name(dev),
 		            wf_device_kind(dev) != WF_DEVICE_KIND_HOST || o.dense_on_device
@@ -1201,8 +1201,8 @@ int main(int argc, char **argv)
 		            o.experts_on_device ? "resident experts from --n-cpu-moe"
 		                                : "experts host-side");
 	}
-	if ((rc = wf_gen_create(&svc, &o.gen, &svc.gen)) < 0) {
-		wf_log_error("generation: %s", wf_strerror(rc));
+	if ((rc = wf_completion_create(&svc, &o.completion, &svc.completions)) < 0) {
+		wf_log_error("completions: %s", wf_strerror(rc));
 		goto out;
 	}
 	struct wf_ctl_server_opts so = {
@@ -1306,7 +1306,8 @@ out:
 	}
 	/* The endpoint's collector reads the cache and the engines: it goes before them. */
 	wf_http_server_destroy(http);
-	wf_gen_close(svc.gen); /* wakes the long polls, so the server stops at once */
+	wf_completion_close(
+	    svc.completions); /* wakes the long polls, so the server stops at once */
 	if (srv) {
 		wf_ctl_server_close(srv);
 		wf_ctl_server_stop(srv);
@@ -1316,8 +1317,8 @@ out:
 	 * gone before they are. */
 	wf_cache_close(cache);
 	wf_cache_stop(cache);
-	wf_gen_destroy(svc.gen);
-	svc.gen = NULL;
+	wf_completion_destroy(svc.completions);
+	svc.completions = NULL;
 	wf_cache_destroy(cache);
 	wf_worker_refresh_destroy(refresh); /* its ear uses the agent client */
 	wf_ctl_client_close(svc.agent);

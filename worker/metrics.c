@@ -4,7 +4,7 @@
 #include "control/reqmetrics.h"
 #include "device/device.h"
 #include "proto/status.h"
-#include "worker/generate.h"
+#include "worker/completion.h"
 #include "worker/service.h"
 
 #include <errno.h>
@@ -26,17 +26,18 @@ struct wf_worker_metrics {
 	/* per model */
 	struct wf_metric *residency, *model_bytes, *model_device_bytes, *load_rate;
 	/* engines */
-	struct wf_metric *gens, *tokens, *tps, *pf_bytes, *pf_bpt, *pf_overlap, *pf_fallbacks,
-	    *pf_fallback_ratio, *hits, *misses, *hit_ratio;
+	struct wf_metric *completions, *tokens, *tps, *pf_bytes, *pf_bpt, *pf_overlap,
+	    *pf_fallbacks, *pf_fallback_ratio, *hits, *misses, *hit_ratio;
 };
 
-static void collect_engine(struct wf_worker_metrics *wm, struct wf_gen *gen, const char *name)
+static void collect_engine(struct wf_worker_metrics *wm, struct wf_completions *cs,
+                           const char *name)
 {
-	struct wf_gen_metrics g;
-	if (!gen || wf_gen_model_metrics(gen, name, &g) < 0)
+	struct wf_completion_metrics g;
+	if (!cs || wf_completion_model_metrics(cs, name, &g) < 0)
 		return;
 	const char *m[] = {name};
-	wf_metric_set(wm->gens, m, (double)g.generations);
+	wf_metric_set(wm->completions, m, (double)g.completions);
 	wf_metric_set(wm->tokens, m, (double)g.tokens);
 	wf_metric_set(wm->pf_bytes, m, (double)g.fetch_bytes);
 	wf_metric_set(wm->pf_fallbacks, m, (double)g.fetch_fallbacks);
@@ -85,7 +86,7 @@ static void collect(void *ctx)
 	wf_metric_set(wm->overcommit, NULL, st->budget.pinned_overcommit ? 1 : 0);
 	wf_metric_set(wm->over_budget, NULL, st->over_budget ? 1 : 0);
 	struct wf_metric *per_model[] = {wm->residency,  wm->model_bytes,  wm->model_device_bytes,
-	                                 wm->load_rate,  wm->gens,         wm->tokens,
+	                                 wm->load_rate,  wm->completions,  wm->tokens,
 	                                 wm->tps,        wm->pf_bytes,     wm->pf_bpt,
 	                                 wm->pf_overlap, wm->pf_fallbacks, wm->pf_fallback_ratio,
 	                                 wm->hits,       wm->misses,       wm->hit_ratio};
@@ -102,7 +103,7 @@ static void collect(void *ctx)
 		wf_metric_set(wm->model_device_bytes, m, (double)ms->device_bytes);
 		if (ms->loads)
 			wf_metric_set(wm->load_rate, m, ms->last_load_gbps * 1e9);
-		collect_engine(wm, svc->gen, ms->name);
+		collect_engine(wm, svc->completions, ms->name);
 	}
 	wf_cache_status_free(st);
 }
@@ -169,12 +170,12 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 	    {&wm->model_bytes, G, "weightfloor_model_bytes", "A model's tensor bytes.", L_model},
 	    {&wm->model_device_bytes, G, "weightfloor_model_device_bytes",
 	     "Device memory a model's weights hold now.", L_model},
-	    {&wm->gens, C, "weightfloor_engine_generations_total",
-	     "Generations finished on a model's engine.", L_model},
+	    {&wm->completions, C, "weightfloor_engine_completions_total",
+	     "Completions finished on a model's engine.", L_model},
 	    {&wm->tokens, C, "weightfloor_engine_tokens_total",
 	     "Tokens a model's engine computed (prompts and generated).", L_model},
 	    {&wm->tps, G, "weightfloor_engine_decode_tokens_per_second",
-	     "Decode rate of the last finished generation of a model.", L_model},
+	     "Decode rate of the last finished completion of a model.", L_model},
 	    {&wm->pf_bytes, C, "weightfloor_postfetch_bytes_total",
 	     "Expert bytes post-fetched to the device for a model's engine.", L_model},
 	    {&wm->pf_bpt, G, "weightfloor_postfetch_bytes_per_token",

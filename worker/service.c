@@ -2,7 +2,7 @@
 
 #include "base/error.h"
 #include "proto/status.h"
-#include "worker/generate.h"
+#include "worker/completion.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -260,9 +260,10 @@ Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 	}
 }
 
-/* gen: the worker's generation engines, whose metrics ride along (NULL: none). */
+/* cs: the worker's completion engines, whose metrics ride along (NULL: none). */
 static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
-                                                     const char *worker_id, struct wf_gen *gen,
+                                                     const char *worker_id,
+                                                     struct wf_completions *cs,
                                                      const struct wf_cache_model_status *ms)
 {
 	Weightfloor__V1__ModelResidency *r = wf_ctl_call_alloc(call, sizeof(*r));
@@ -277,10 +278,10 @@ static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
 	r->device_bytes = ms->device_bytes;
 	r->bytes_done = ms->loading ? ms->load_done : (ms->device_bytes ? ms->bytes : 0);
 	r->bytes_total = ms->loading ? ms->load_total : ms->bytes;
-	struct wf_gen_metrics gm;
-	if (gen && wf_gen_model_metrics(gen, ms->name, &gm) == 0) {
+	struct wf_completion_metrics gm;
+	if (cs && wf_completion_model_metrics(cs, ms->name, &gm) == 0) {
 		r->engine = true;
-		r->engine_generations = gm.generations;
+		r->engine_completions = gm.completions;
 		r->engine_tokens = gm.tokens;
 		r->decode_tokens_per_s = gm.decode_tokens_per_s;
 		r->fetch_bytes = gm.fetch_bytes;
@@ -309,7 +310,7 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 		if (st->models[i].id != id)
 			continue;
 		Weightfloor__V1__ModelResidency *r =
-		    residency_pb(call, s->worker_id, s->gen, &st->models[i]);
+		    residency_pb(call, s->worker_id, s->completions, &st->models[i]);
 		rc = r ? 0 : -ENOMEM;
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY;
 		reply->residency = r;
@@ -342,7 +343,7 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 	    wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
 	rc = wi && ms ? 0 : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < st->n_models; i++)
-		if (!(ms[i] = residency_pb(call, s->worker_id, s->gen, &st->models[i])))
+		if (!(ms[i] = residency_pb(call, s->worker_id, s->completions, &st->models[i])))
 			rc = -ENOMEM;
 	if (rc == 0) {
 		weightfloor__v1__worker_info__init(wi);
@@ -471,13 +472,15 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	agent_ms -= agent_ms / 10;
 	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
 	    req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ) {
-		if (!s->gen) {
+		if (!s->completions) {
 			reply->message = "this worker does not generate";
 			return WF_EUNSUPPORTED;
 		}
 		return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE
-		           ? wf_gen_handle_start(s->gen, req->generate, agent_ms, reply, call)
-		           : wf_gen_handle_read(s->gen, req->generate_read, reply, call);
+		           ? wf_completion_handle_start(s->completions, req->generate, agent_ms,
+		                                        reply, call)
+		           : wf_completion_handle_read(s->completions, req->generate_read, reply,
+		                                       call);
 	}
 	if (model &&
 	    (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
@@ -492,8 +495,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			return WF_EINVAL;
 		}
 		rc = wf_cache_set_residency(s->cache, id, target, &d);
-		if (rc == 0 && target == WF_RESIDENCY_DISK && s->gen)
-			wf_gen_retire(s->gen, model);
+		if (rc == 0 && target == WF_RESIDENCY_DISK && s->completions)
+			wf_completion_retire(s->completions, model);
 		break;
 	}
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:

@@ -31,10 +31,10 @@ struct wf_worker_svc {
 	const char *endpoint;
 	struct wf_device *dev;
 	struct wf_cache *cache;
-	struct wf_ctl_client *agent;     /* NULL without an agent */
-	struct wf_gen *gen;              /* Generate (worker/generate.h); NULL: not served */
-	const struct wf_shm_config *shm; /* the floor directory; NULL: models from files only */
-	pthread_mutex_t mu;              /* guards models; never held across a call to the agent */
+	struct wf_ctl_client *agent;        /* NULL without an agent */
+	struct wf_completions *completions; /* Generate (worker/completion.h); NULL: not served */
+	const struct wf_shm_config *shm;    /* the floor directory; NULL: models from files only */
+	pthread_mutex_t mu; /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
 	size_t n_models;
 	int64_t started_unix_ms;

@@ -1,9 +1,9 @@
-/* agentctl generate: text from a model on a worker, printed as it is made.
+/* agentctl generate: a completion of a model on a worker, printed as it is made.
  *
- * Generate starts the generation (through the agent's relay), then GenerateRead long polls it
- * until done (docs/PROTOCOL.md "Generation"). An interrupt (SIGINT, SIGTERM) cancels the
- * generation on the worker before exiting; a client killed outright stops reading, and the
- * worker cancels the generation after its idle time-out. */
+ * Generate starts the completion (through the agent's relay), then GenerateRead long polls it
+ * until done (docs/PROTOCOL.md "Completions"). An interrupt (SIGINT, SIGTERM) cancels the
+ * completion on the worker before exiting; a client killed outright stops reading, and the
+ * worker cancels the completion after its idle time-out. */
 #include "cli.h"
 
 #include "base/error.h"
@@ -143,8 +143,8 @@ static int print_end(struct cli *cli, const Weightfloor__V1__GenerateReply *g, b
 		json_object_object_add(o, "finish", json_object_new_string(finish_name(g->finish)));
 		if (g->error && *g->error)
 			json_object_object_add(o, "error", json_object_new_string(g->error));
-		json_object_object_add(o, "generation_id",
-		                       json_object_new_uint64(g->generation_id));
+		json_object_object_add(o, "completion_id",
+		                       json_object_new_uint64(g->completion_id));
 		json_object_object_add(o, "worker_id", json_object_new_string(g->worker_id));
 		json_object_object_add(o, "model", json_object_new_string(g->model));
 		json_object_object_add(o, "seed", json_object_new_uint64(g->seed));
@@ -328,7 +328,7 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 		return rc;
 	if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_GENERATE) {
 		wf_ctl_reply_free(rep);
-		return cli_fail(cli, CLI_EXIT_FAIL, "generate: the reply has no generation");
+		return cli_fail(cli, CLI_EXIT_FAIL, "generate: the reply has no completion");
 	}
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigemptyset(&sa.sa_mask);
@@ -336,13 +336,13 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 
 	bool ended_nl = true;
-	uint64_t gid = rep->generate->generation_id;
+	uint64_t gid = rep->generate->completion_id;
 	char worker[128];
 	snprintf(worker, sizeof worker, "%s", rep->generate->worker_id);
 	uint32_t have = print_tokens(cli, rep->generate, &ended_nl);
 	while (!rep->generate->done) {
 		Weightfloor__V1__GenerateRead rd = WEIGHTFLOOR__V1__GENERATE_READ__INIT;
-		rd.generation_id = gid;
+		rd.completion_id = gid;
 		rd.after = have;
 		rd.wait_ms = GEN_POLL_MS;
 		rd.worker_id = worker; /* the relay must reach the worker that holds it */
@@ -361,7 +361,7 @@ int cmd_generate(struct cli *cli, int argc, char **argv)
 		if (rep->body_case != WEIGHTFLOOR__V1__REPLY__BODY_GENERATE) {
 			wf_ctl_reply_free(rep);
 			return cli_fail(cli, CLI_EXIT_FAIL,
-			                "generate: the reply has no generation");
+			                "generate: the reply has no completion");
 		}
 		have += print_tokens(cli, rep->generate, &ended_nl);
 	}

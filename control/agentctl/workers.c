@@ -108,7 +108,7 @@ static const char *fmt_pct(double v, char *buf, size_t len)
 	return buf;
 }
 
-/* The model's generation engine, as of its last finished generation (docs/PROTOCOL.md). */
+/* The model's completion engine, as of its last finished completion (docs/PROTOCOL.md). */
 static void engine_note(struct cli_table *t, const Weightfloor__V1__ModelResidency *m)
 {
 	char tps[32], fpt[32], ov[16], fb[16], hit[16], sp[32];
@@ -122,9 +122,9 @@ static void engine_note(struct cli_table *t, const Weightfloor__V1__ModelResiden
 		snprintf(fpt, sizeof fpt, "-");
 	cli_table_note(
 	    t,
-	    "  engine: %llu generations, %llu tokens, %s tokens/s (last), fetched %s/token, "
+	    "  engine: %llu completions, %llu tokens, %s tokens/s (last), fetched %s/token, "
 	    "overlap %s, fallback %s, scratchpad %s, cache hit %s",
-	    (unsigned long long)m->engine_generations, (unsigned long long)m->engine_tokens, tps,
+	    (unsigned long long)m->engine_completions, (unsigned long long)m->engine_tokens, tps,
 	    fpt, fmt_pct(m->fetch_overlap, ov, sizeof ov),
 	    fmt_pct(m->fetch_fallback_rate, fb, sizeof fb),
 	    cli_fmt_bytes(m->scratchpad_bytes, sp, sizeof sp),
@@ -149,8 +149,8 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 			    "pinned host\n"
 			    "  memory, endpoint; then each model's residency and device bytes, and "
 			    "for\n"
-			    "  a model with a generation engine its metrics (tokens/s of the last\n"
-			    "  generation, post-fetched bytes per token, copy overlap, fallback "
+			    "  a model with a completion engine its metrics (tokens/s of the last\n"
+			    "  completion, post-fetched bytes per token, copy overlap, fallback "
 			    "rate,\n"
 			    "  scratchpad bytes, expert cache hit rate). -o wide\n"
 			    "  adds the device index and uuid and the last heartbeat. --json:\n"

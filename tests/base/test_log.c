@@ -123,16 +123,16 @@ Test(log, json_line_has_every_field)
 	wf_log_set_format(WF_LOG_FORMAT_JSON);
 	wf_log_event(WF_LOG_ERROR,
 	             WF_LOG_F(.worker = "gpu0", .model = "qwen", .request_id = UINT64_MAX,
-	                      .client = "cp-1", .generation = 9, .event = "request_failed",
+	                      .client = "cp-1", .completion = 9, .event = "request_failed",
 	                      .code = WF_ENOT_FOUND),
-	             "generation %d", 9);
+	             "completion %d", 9);
 	wf_log_info("no fields");
 	char *out = captured();
 	cr_assert_eq(count_lines(out), 2, "%s", out);
 	struct json_object *o = parse_line(out);
 	cr_expect_str_eq(get_str(o, "level"), "error");
 	cr_expect_str_eq(get_str(o, "prog"), "wf-test");
-	cr_expect_str_eq(get_str(o, "msg"), "generation 9");
+	cr_expect_str_eq(get_str(o, "msg"), "completion 9");
 	cr_expect_str_eq(get_str(o, "worker"), "gpu0");
 	cr_expect_str_eq(get_str(o, "model"), "qwen");
 	cr_expect_str_eq(get_str(o, "client"), "cp-1");
@@ -145,7 +145,7 @@ Test(log, json_line_has_every_field)
 	cr_expect_eq(json_object_get_int(v), (int)getpid());
 	cr_assert(json_object_object_get_ex(o, "request_id", &v));
 	cr_expect_eq(json_object_get_uint64(v), UINT64_MAX);
-	cr_assert(json_object_object_get_ex(o, "generation", &v));
+	cr_assert(json_object_object_get_ex(o, "completion", &v));
 	cr_expect_eq(json_object_get_uint64(v), 9);
 	json_object_put(o);
 

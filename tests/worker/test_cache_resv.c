@@ -1,5 +1,5 @@
 /* Reservations in the device weight cache (worker/cache.h): bytes an owner holds on the device
- * (a generation engine's), counted against the on-demand budget and evicted by the same LRU as
+ * (a completion engine's), counted against the on-demand budget and evicted by the same LRU as
  * the models' unpinned sets. An idle one goes for a load that needs the room (its owner called
  * back, once, on the manager thread); an acquired one never; one that cannot fit evicts nothing;
  * external mode evicts nothing for one; a budget change evicts an idle one; a drop forgets it

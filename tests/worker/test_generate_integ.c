@@ -1,7 +1,7 @@
-/* Generation through the control plane: a real wf-agent and wf-worker on ipc:// sockets, the
+/* Completions through the control plane: a real wf-agent and wf-worker on ipc:// sockets, the
  * strict F32 reference model registered with the agent, and `agentctl generate` giving
  * llama.cpp's greedy ids; refused input that leaves the worker serving; and a client that stops
- * reading, whose generation the worker cancels. */
+ * reading, whose completion the worker cancels. */
 #include "base/error.h"
 #include "common/wftest.h"
 #include "tests/agent/agt.h"
@@ -173,7 +173,7 @@ Test(generate_integ, bad_input_refused_worker_keeps_serving)
 static Weightfloor__V1__Reply *read_gen(const char *url, uint64_t id, uint32_t after)
 {
 	Weightfloor__V1__GenerateRead rd = WEIGHTFLOOR__V1__GENERATE_READ__INIT;
-	rd.generation_id = id;
+	rd.completion_id = id;
 	rd.after = after;
 	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
@@ -185,8 +185,8 @@ static Weightfloor__V1__Reply *read_gen(const char *url, uint64_t id, uint32_t a
 	return r;
 }
 
-/* A client that starts a long generation and stops reading: after its idle time-out the worker
- * cancels it, and the generation stays readable to say so. The model is a wf-gen one with a
+/* A client that starts a long completion and stops reading: after its idle time-out the worker
+ * cancels it, and the completion stays readable to say so. The model is a wf-gen one with a
  * 2048-token context on one thread, so 2000 tokens take far longer than the time-out. */
 Test(generate_integ, client_gone_cancels)
 {
@@ -212,9 +212,9 @@ Test(generate_integ, client_gone_cancels)
 	int rc = agt_call_url(w.url, &req, 60000, &r, &d);
 	cr_assert_eq(rc, 0, "generate: %s", wf_diag_str(&d, rc));
 	cr_assert_eq(r->code, AGT_ST(OK), "%s\n%s", r->message, agt_worker_log(&w));
-	uint64_t id = r->generate->generation_id;
+	uint64_t id = r->generate->completion_id;
 	wf_ctl_reply_free(r);
-	/* Stop reading. Each look below is itself a read (it would keep the generation alive), so
+	/* Stop reading. Each look below is itself a read (it would keep the completion alive), so
 	 * wait longer before each one: the worker's reaper ticks every 250 ms. */
 	bool canceled = false;
 	for (int wait = 800; wait <= 6400 && !canceled; wait *= 2) {

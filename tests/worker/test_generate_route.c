@@ -1,5 +1,5 @@
-/* Generations through the agent with several workers: a Generate naming no worker goes to the
- * worker that holds the model, and more generations than the residency relays allow (2 per
+/* Completions through the agent with several workers: a Generate naming no worker goes to the
+ * worker that holds the model, and more completions than the residency relays allow (2 per
  * worker) are followed through the agent at once. Real wf-agent and wf-worker processes on ipc://
  * sockets; the strict F32 reference model. */
 #include "common/wftest.h"
@@ -65,7 +65,7 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 	free(out);
 	free(err);
 
-	/* Load it on the other worker, and evict it from the first: generations follow it. */
+	/* Load it on the other worker, and evict it from the first: completions follow it. */
 	const char *other = strcmp(first, "w1") == 0 ? "w2" : "w1";
 	rc = agt_ctl(a, &out, &err, (const char *[]){"pin", "tiny", "--worker", other, NULL});
 	cr_assert_eq(rc, 0, "pin: %s %s", out, err);
@@ -91,20 +91,20 @@ Test(generate_route, unnamed_worker_goes_to_the_one_holding_the_model)
 			break;
 		agt_sleep_ms(200);
 	}
-	cr_expect_str_eq(chosen, other, "the generation went to %s, the model is pinned on %s",
+	cr_expect_str_eq(chosen, other, "the completion went to %s, the model is pinned on %s",
 	                 chosen, other);
 	free(chosen);
 	free(first);
 }
 
-Test(generate_route, more_generations_than_residency_relays_at_once)
+Test(generate_route, more_completions_than_residency_relays_at_once)
 {
 	char prompt[1024];
 	struct agt *a = start_agent(prompt, sizeof prompt);
 	struct agt_worker w1;
 	agt_spawn_worker(a, &w1, "w1", NULL, NULL, (const char *[]){"--threads", "1", NULL});
 	agt_wait_worker_registered(a, &w1, "w1");
-	/* Five clients at once, each following a 48-token generation (ignoring EOS) through the
+	/* Five clients at once, each following a 48-token completion (ignoring EOS) through the
 	 * agent: with 2 relays per worker the third would be refused with UNAVAILABLE. */
 	enum { N = 5 };
 	pid_t kids[N];
@@ -129,7 +129,7 @@ Test(generate_route, more_generations_than_residency_relays_at_once)
 		cr_assert_eq(waitpid(kids[i], &st, 0), kids[i]);
 		failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	}
-	cr_expect_eq(failed, 0, "%d of %d concurrent generations failed; worker log:\n%s", failed,
+	cr_expect_eq(failed, 0, "%d of %d concurrent completions failed; worker log:\n%s", failed,
 	             N, agt_worker_log(&w1));
 }
 

@@ -51,7 +51,7 @@ static json_object *find_worker(json_object *list, const char *id)
 	return NULL;
 }
 
-/* Greedy ids of one generation on worker id. */
+/* Greedy ids of one completion on worker id. */
 static void generate(struct agt *a, struct agt_worker *w, const char *id, const char *prompt,
                      int32_t *ids)
 {
@@ -146,7 +146,7 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	struct httpc_reply hr = {0};
 	cr_assert_eq(httpc_request(mport, "GET", "/metrics", 5000, &hr), 0);
 	cr_assert_eq(hr.status, 200);
-	const char *series[] = {"weightfloor_engine_generations_total{model=\"tiny\"} 1",
+	const char *series[] = {"weightfloor_engine_completions_total{model=\"tiny\"} 1",
 	                        "weightfloor_engine_tokens_total{model=\"tiny\"}",
 	                        "weightfloor_postfetch_bytes_total{model=\"tiny\"}",
 	                        "weightfloor_expert_cache_hit_ratio{model=\"tiny\"}",
@@ -155,7 +155,7 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 		cr_expect(strstr(hr.body, series[i]) != NULL, "no %s in:\n%s", series[i], hr.body);
 	httpc_reply_fini(&hr);
 	free(maddr);
-	/* A second generation: the expert cache kept experts across requests. */
+	/* A second completion: the expert cache kept experts across requests. */
 	generate(a, &wpf, "wpf", prompt, ids_pf);
 	for (int i = 0; i < N_GEN; i++)
 		cr_expect_eq(ids_pf[i], ids_cpu[i], "second run, token %d", i);
@@ -166,7 +166,7 @@ Test(postfetch_integ, ids_equal_the_cpu_path_and_metrics_are_reported)
 	json_object *m = model_entry(w), *v = NULL;
 	cr_assert(json_object_object_get_ex(m, "engine", &v) && json_object_get_boolean(v),
 	          "no engine metrics: %s", json_object_to_json_string(m));
-	cr_expect_eq(num(m, "engine_generations"), 2.0);
+	cr_expect_eq(num(m, "engine_completions"), 2.0);
 	const double tokens = num(m, "engine_tokens");
 	cr_expect_geq(tokens, 2.0 * N_GEN, "engine_tokens %g", tokens);
 	cr_expect_gt(num(m, "fetch_bytes"), 0.0, "%s", json_object_to_json_string(m));

@@ -4,7 +4,7 @@
  * Workers get budgets sized from what the engine and "other" measure on a worker with room:
  *   - a Generate charges the engine's bytes: WorkerStatus device_used_bytes rises by exactly
  *     them (the engine's scratchpad; no experts are resident), and the worker logs an engine
- *     event line with the post-fetch figures when the generation ends;
+ *     event line with the post-fetch figures when the completion ends;
  *   - a budget below the engine's bytes refuses the Generate with RESOURCE_EXHAUSTED naming the
  *     budget, evicts nothing, leaves nothing charged, and the worker goes on serving;
  *   - loading "other" into a budget that holds either but not both evicts the idle engine
@@ -97,7 +97,7 @@ static Weightfloor__V1__ModelResidency *entry(Weightfloor__V1__Reply *r, const c
 	return NULL;
 }
 
-/* Runs one greedy generation of N_GEN tokens of tiny to its end. Returns the Generate's status
+/* Runs one greedy completion of N_GEN tokens of tiny to its end. Returns the Generate's status
  * code; on an error *msg (when not NULL) gets the message (malloc'ed). */
 static int generate(struct fixture *f, struct agt_worker *w, char **msg)
 {
@@ -125,15 +125,15 @@ static int generate(struct fixture *f, struct agt_worker *w, char **msg)
 		wf_ctl_reply_free(r);
 		return code;
 	}
-	uint64_t id = r->generate->generation_id;
+	uint64_t id = r->generate->completion_id;
 	uint32_t n = r->generate->n_tokens;
 	bool done = r->generate->done;
 	wf_ctl_reply_free(r);
 	int64_t end = agt_now_ms() + 60000;
 	while (!done) {
-		cr_assert_lt(agt_now_ms(), end, "generation %" PRIu64 " never ended", id);
+		cr_assert_lt(agt_now_ms(), end, "completion %" PRIu64 " never ended", id);
 		Weightfloor__V1__GenerateRead rd = WEIGHTFLOOR__V1__GENERATE_READ__INIT;
-		rd.generation_id = id;
+		rd.completion_id = id;
 		rd.after = n;
 		rd.wait_ms = 5000;
 		Weightfloor__V1__Request rq = WEIGHTFLOOR__V1__REQUEST__INIT;
@@ -237,8 +237,8 @@ Test(engine_budget, generate_charges_the_engine_and_logs_its_event)
 	wf_ctl_reply_free(r);
 
 	/* The engine event line, with the post-fetch figures. */
-	char *log = wait_log(&w, "model tiny: generation ");
-	const char *line = strstr(log, "model tiny: generation ");
+	char *log = wait_log(&w, "model tiny: completion ");
+	const char *line = strstr(log, "model tiny: completion ");
 	char one[512];
 	snprintf(one, sizeof one, "%.*s", (int)strcspn(line, "\n"), line);
 	cr_expect(strstr(one, "tokens/s") && strstr(one, "post-fetch") &&
@@ -323,8 +323,8 @@ Test(engine_budget, a_load_that_needs_the_room_evicts_the_engine_then_it_is_rebu
 	r = status(&wm);
 	cr_expect_eq(r->worker_info->device_used_bytes, engine);
 	m = entry(r, "tiny");
-	cr_expect(m && m->engine && m->engine_generations == 1, "rebuilt engine: %s",
-	          m && m->engine ? "generations != 1" : "none");
+	cr_expect(m && m->engine && m->engine_completions == 1, "rebuilt engine: %s",
+	          m && m->engine ? "completions != 1" : "none");
 	m = entry(r, "other");
 	cr_expect(m && m->state != RES(DEVICE) && m->state != RES(PINNED_DEVICE),
 	          "'other' still on the device beside the engine");

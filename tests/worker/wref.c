@@ -1,4 +1,4 @@
-/* Reference models for the generation suites. */
+/* Reference models for the completion suites. */
 #include "tests/worker/wref.h"
 
 #include "common/wftest.h"

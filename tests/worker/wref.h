@@ -1,4 +1,4 @@
-/* The reference models (tests/data/reference) for the worker's generation suites: a model's file
+/* The reference models (tests/data/reference) for the worker's completion suites: a model's file
  * and its manifest's prompt ids. */
 #ifndef WF_TESTS_WORKER_WREF_H
 #define WF_TESTS_WORKER_WREF_H

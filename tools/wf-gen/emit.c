@@ -3,7 +3,7 @@
  *
  * GGUF pipeline: the tensors are cut into chunks (whole PRNG groups, up to CHUNK_BYTES), workers
  * fill chunks into a ring of buffers in any order, and the calling thread hands them to the
- * writer strictly in order. Generation and write()s into the page cache overlap; with the ring a
+ * writer strictly in order. Filling and write()s into the page cache overlap; with the ring a
  * few chunks deep, neither side waits for long. */
 #include "gen.h"
 
@@ -113,7 +113,7 @@ static int set_metadata(struct wf_gguf_writer *w, const struct gen_plan *p,
 	return r;
 }
 
-/* ---- generation pipeline ---------------------------------------------------------------- */
+/* ---- fill pipeline ----------------------------------------------------------------------- */
 
 struct chunk {
 	uint32_t tensor;

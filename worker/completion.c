@@ -1,4 +1,4 @@
-#include "worker/generate.h"
+#include "worker/completion.h"
 
 #include "base/error.h"
 #include "base/log.h"
@@ -22,11 +22,11 @@
 #include <unistd.h>
 
 /* A model's engine. The engine and what it reads (scheduler, tokenizer, view, attachment) are
- * its heavy part; the name and metrics stay for the generations that still refer to it after the
- * heavy part is gone (an evicted engine's finished generations are readable for a while). */
-#define WF_GEN_EVICT_TRIES 8 /* victims evicted for an engine the device refused */
+ * its heavy part; the name and metrics stay for the completions that still refer to it after the
+ * heavy part is gone (an evicted engine's finished completions are readable for a while). */
+#define WF_COMPLETION_EVICT_TRIES 8 /* victims evicted for an engine the device refused */
 
-struct gmodel {
+struct engine_model {
 	char *name;
 	struct wf_cache *cache; /* where resv lives */
 	uint32_t resv;          /* the engine's device bytes in the device budget; 0: none
@@ -39,21 +39,21 @@ struct gmodel {
 	struct wf_engine *engine;
 	struct wf_sched *sched;
 	uint32_t n_ctx;
-	struct wf_gen_metrics metrics; /* under wf_gen.mu */
+	struct wf_completion_metrics metrics; /* under wf_completions.mu */
 };
 
-struct gtok {
+struct out_token {
 	int32_t id;
 	uint32_t len;
-	size_t off; /* in gen.text */
+	size_t off; /* in completion.text */
 };
 
-struct gen {
-	struct wf_gen *g;
+struct completion {
+	struct wf_completions *cs;
 	uint64_t id;
-	struct gmodel *gm;
+	struct engine_model *gm;
 	uint64_t sched_id;
-	struct gtok *toks;
+	struct out_token *toks;
 	uint32_t n_toks, cap;
 	char *text;
 	size_t text_len, text_cap;
@@ -66,31 +66,32 @@ struct gen {
 	uint32_t idle_ms;
 	uint64_t seed;
 	uint32_t n_prompt;
-	uint32_t resv; /* the engine's reservation this generation holds until its end; 0: none */
+	uint32_t resv; /* the engine's reservation this completion holds until its end; 0: none */
 };
 
-struct wf_gen {
+struct wf_completions {
 	struct wf_worker_svc *svc;
-	struct wf_gen_opts opts;
-	pthread_mutex_t mu; /* guards models, gens and every gen's fields */
+	struct wf_completion_opts opts;
+	pthread_mutex_t mu; /* guards models, runs and every run's fields */
 	pthread_cond_t cv;  /* a token, an end, or closing */
 	/* Engines being built, by model name: a second request for one waits on cv; requests for
 	 * other models go on. Builds hold no lock: they ask the agent for floors. */
-	char *loading[WF_GEN_MODELS_MAX];
+	char *loading[WF_COMPLETION_MODELS_MAX];
 	uint32_t n_loading;
-	struct gmodel *models[WF_GEN_MODELS_MAX];
+	struct engine_model *models[WF_COMPLETION_MODELS_MAX];
 	uint32_t n_models;
 	/* Engines of models sent back to disk, and the shells of evicted engines: no new
-	 * generation finds them; the reaper frees one (and with it the floor attachment that keeps
-	 * the floor alive) once no generation refers to it. Every entry that outlives a reaper
-	 * pass is referred to by a generation, so WF_GEN_MAX more than the models is enough. */
-	struct gmodel *retired[WF_GEN_MAX + WF_GEN_MODELS_MAX];
+	 * completion finds them; the reaper frees one (and with it the floor attachment that keeps
+	 * the floor alive) once no completion refers to it. Every entry that outlives a reaper
+	 * pass is referred to by a completion, so WF_COMPLETION_MAX more than the models is enough.
+	 */
+	struct engine_model *retired[WF_COMPLETION_MAX + WF_COMPLETION_MODELS_MAX];
 	uint32_t n_retired;
 	/* The reservation of the engine the reaper is freeing now (0: none): an eviction of it
 	 * waits for the memory to be gone before it returns to the cache. */
 	uint32_t reaping_resv;
-	struct gen *gens[WF_GEN_MAX];
-	uint32_t n_gens;
+	struct completion *runs[WF_COMPLETION_MAX];
+	uint32_t n_runs;
 	uint64_t next_id;
 	bool closing;
 	pthread_t reaper;
@@ -119,7 +120,7 @@ static void deadline_after(struct timespec *ts, uint32_t ms)
 
 /* The scheduler first: it joins its thread, so no step is cut short (none runs: nothing holds
  * the engine when this is called, or the worker is stopping). */
-static void gmodel_free_heavy(struct gmodel *gm)
+static void gmodel_free_heavy(struct engine_model *gm)
 {
 	wf_sched_destroy(gm->sched);
 	gm->sched = NULL;
@@ -132,7 +133,7 @@ static void gmodel_free_heavy(struct gmodel *gm)
 	gm->region = NULL;
 }
 
-static void gmodel_free(struct gmodel *gm)
+static void gmodel_free(struct engine_model *gm)
 {
 	if (!gm)
 		return;
@@ -146,7 +147,7 @@ static void gmodel_free(struct gmodel *gm)
 /* Our own read-only attachment of the model's floor: the engine reads the same pages every
  * worker on the node maps, and the attachment lives as long as the engine, whatever the cache
  * or the agent do with theirs. */
-static int view_floor(struct gmodel *gm, const struct wf_shm_config *shm,
+static int view_floor(struct engine_model *gm, const struct wf_shm_config *shm,
                       const struct wf_digest *dg, struct wf_diag *diag)
 {
 	struct wf_diag d = {{0}};
@@ -158,82 +159,83 @@ static int view_floor(struct gmodel *gm, const struct wf_shm_config *shm,
 }
 
 /* Finds or builds the engine of a model. The residency rules are applied here, once: an engine
- * that exists is what "loaded" means for generation. */
-static struct gmodel *find_model_locked(struct wf_gen *g, const char *name)
+ * that exists is what "loaded" means for completion. */
+static struct engine_model *find_model_locked(struct wf_completions *cs, const char *name)
 {
-	for (uint32_t i = 0; i < g->n_models; i++)
-		if (strcmp(g->models[i]->name, name) == 0)
-			return g->models[i];
+	for (uint32_t i = 0; i < cs->n_models; i++)
+		if (strcmp(cs->models[i]->name, name) == 0)
+			return cs->models[i];
 	return NULL;
 }
 
-static bool loading_locked(const struct wf_gen *g, const char *name)
+static bool loading_locked(const struct wf_completions *cs, const char *name)
 {
-	for (uint32_t i = 0; i < g->n_loading; i++)
-		if (strcmp(g->loading[i], name) == 0)
+	for (uint32_t i = 0; i < cs->n_loading; i++)
+		if (strcmp(cs->loading[i], name) == 0)
 			return true;
 	return false;
 }
 
-static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
-                       struct wf_diag *diag);
-static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res);
+static int build_model(struct wf_completions *cs, const char *name, int agent_ms,
+                       struct engine_model **ret, struct wf_diag *diag);
+static void metrics_update(struct engine_model *gm, const struct wf_sched_result *res);
 
 /* Finds or builds the model's engine and holds its reservation (*ret_resv, 0 for an engine
- * without device memory) for the caller, who passes it to a generation or releases it: held, the
+ * without device memory) for the caller, who passes it to a completion or releases it: held, the
  * engine is not evicted. */
-static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
-                     uint32_t *ret_resv, struct wf_diag *diag)
+static int model_get(struct wf_completions *cs, const char *name, int agent_ms,
+                     struct engine_model **ret, uint32_t *ret_resv, struct wf_diag *diag)
 {
-	pthread_mutex_lock(&g->mu);
-	struct gmodel *gm;
+	pthread_mutex_lock(&cs->mu);
+	struct engine_model *gm;
 	for (;;) {
-		while (!(gm = find_model_locked(g, name)) && loading_locked(g, name) && !g->closing)
-			pthread_cond_wait(&g->cv, &g->mu);
+		while (!(gm = find_model_locked(cs, name)) && loading_locked(cs, name) &&
+		       !cs->closing)
+			pthread_cond_wait(&cs->cv, &cs->mu);
 		if (!gm || !gm->resv || wf_cache_resv_acquire(gm->cache, gm->resv) == 0)
 			break;
 		/* Evicted a moment ago: on_resv_evict, on the cache's manager thread, is about to
 		 * take it out of the table (and wakes us); then it is built anew. */
-		pthread_cond_wait(&g->cv, &g->mu);
+		pthread_cond_wait(&cs->cv, &cs->mu);
 	}
-	if (gm || g->closing) {
+	if (gm || cs->closing) {
 		uint32_t resv = gm ? gm->resv : 0;
-		pthread_mutex_unlock(&g->mu);
+		pthread_mutex_unlock(&cs->mu);
 		if (!gm)
 			return wf_diag_set(diag, WF_ECANCELED, "the worker is stopping");
 		*ret = gm;
 		*ret_resv = resv;
 		return 0;
 	}
-	if (g->n_models + g->n_loading >= WF_GEN_MODELS_MAX) {
-		pthread_mutex_unlock(&g->mu);
+	if (cs->n_models + cs->n_loading >= WF_COMPLETION_MODELS_MAX) {
+		pthread_mutex_unlock(&cs->mu);
 		return wf_diag_set(diag, WF_ELIMIT, "engines for %d models exist already",
-		                   WF_GEN_MODELS_MAX);
+		                   WF_COMPLETION_MODELS_MAX);
 	}
 	char *mine = strdup(name);
 	if (!mine) {
-		pthread_mutex_unlock(&g->mu);
+		pthread_mutex_unlock(&cs->mu);
 		return -ENOMEM;
 	}
-	g->loading[g->n_loading++] = mine;
-	pthread_mutex_unlock(&g->mu);
+	cs->loading[cs->n_loading++] = mine;
+	pthread_mutex_unlock(&cs->mu);
 
-	int rc = build_model(g, name, agent_ms, &gm, diag);
+	int rc = build_model(cs, name, agent_ms, &gm, diag);
 
-	pthread_mutex_lock(&g->mu);
-	for (uint32_t i = 0; i < g->n_loading; i++)
-		if (g->loading[i] == mine) {
-			g->loading[i] = g->loading[--g->n_loading];
+	pthread_mutex_lock(&cs->mu);
+	for (uint32_t i = 0; i < cs->n_loading; i++)
+		if (cs->loading[i] == mine) {
+			cs->loading[i] = cs->loading[--cs->n_loading];
 			break;
 		}
 	uint32_t resv = 0;
 	if (rc == 0) {
 		/* The reservation was made acquired: that hold is the caller's. */
-		g->models[g->n_models++] = gm;
+		cs->models[cs->n_models++] = gm;
 		resv = gm->resv;
 	}
-	pthread_cond_broadcast(&g->cv);
-	pthread_mutex_unlock(&g->mu);
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
 	free(mine);
 	if (rc == 0) {
 		*ret = gm;
@@ -242,75 +244,76 @@ static int model_get(struct wf_gen *g, const char *name, int agent_ms, struct gm
 	return rc;
 }
 
-static bool gm_used_locked(const struct wf_gen *g, const struct gmodel *gm)
+static bool gm_used_locked(const struct wf_completions *cs, const struct engine_model *gm)
 {
-	for (uint32_t i = 0; i < g->n_gens; i++)
-		if (g->gens[i]->gm == gm)
+	for (uint32_t i = 0; i < cs->n_runs; i++)
+		if (cs->runs[i]->gm == gm)
 			return true;
 	return false;
 }
 
 /* The cache evicted an engine's reservation (a load, another engine or a budget change needed the
  * room): the engine goes now, on the cache's manager thread, so that the memory is free when we
- * return. Nothing holds the reservation, so no generation runs on the engine (those that ran are
+ * return. Nothing holds the reservation, so no completion runs on the engine (those that ran are
  * done: their on_done released it) and none can start (model_get's acquire fails and waits for
- * us). The shell stays for the finished generations that still refer to it. */
+ * us). The shell stays for the finished completions that still refer to it. */
 static void on_resv_evict(void *ctx, uint32_t resv, const char *why)
 {
-	struct wf_gen *g = ctx;
-	struct gmodel *gm = NULL;
+	struct wf_completions *cs = ctx;
+	struct engine_model *gm = NULL;
 
-	pthread_mutex_lock(&g->mu);
+	pthread_mutex_lock(&cs->mu);
 	for (;;) {
-		for (uint32_t i = 0; i < g->n_models && !gm; i++)
-			if (g->models[i]->resv == resv) {
-				gm = g->models[i];
-				g->models[i] = g->models[--g->n_models];
+		for (uint32_t i = 0; i < cs->n_models && !gm; i++)
+			if (cs->models[i]->resv == resv) {
+				gm = cs->models[i];
+				cs->models[i] = cs->models[--cs->n_models];
 			}
-		for (uint32_t i = 0; i < g->n_retired && !gm; i++)
-			if (g->retired[i]->resv == resv) {
-				gm = g->retired[i];
-				g->retired[i] = g->retired[--g->n_retired];
+		for (uint32_t i = 0; i < cs->n_retired && !gm; i++)
+			if (cs->retired[i]->resv == resv) {
+				gm = cs->retired[i];
+				cs->retired[i] = cs->retired[--cs->n_retired];
 			}
 		/* The reaper is freeing it: done when it is gone. */
-		if (gm || g->reaping_resv != resv)
+		if (gm || cs->reaping_resv != resv)
 			break;
-		pthread_cond_wait(&g->cv, &g->mu);
+		pthread_cond_wait(&cs->cv, &cs->mu);
 	}
 	if (gm)
 		gm->resv = 0;
-	pthread_cond_broadcast(&g->cv);
-	pthread_mutex_unlock(&g->mu);
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
 	if (!gm)
 		return;
 	wf_log_event(
 	    WF_LOG_INFO,
-	    WF_LOG_F(.worker = g->svc->worker_id, .model = gm->name, .event = "engine_evicted"),
-	    "engine evicted (%s): %" PRIu64 " device bytes freed; the next generation "
+	    WF_LOG_F(.worker = cs->svc->worker_id, .model = gm->name, .event = "engine_evicted"),
+	    "engine evicted (%s): %" PRIu64 " device bytes freed; the next completion "
 	    "builds it again",
 	    why, gm->device_bytes);
 	gmodel_free_heavy(gm);
-	pthread_mutex_lock(&g->mu);
-	bool keep = gm_used_locked(g, gm) && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX;
+	pthread_mutex_lock(&cs->mu);
+	bool keep =
+	    gm_used_locked(cs, gm) && cs->n_retired < WF_COMPLETION_MAX + WF_COMPLETION_MODELS_MAX;
 	if (keep)
-		g->retired[g->n_retired++] = gm;
-	pthread_mutex_unlock(&g->mu);
+		cs->retired[cs->n_retired++] = gm;
+	pthread_mutex_unlock(&cs->mu);
 	if (!keep)
 		gmodel_free(gm);
 }
 
 /* Builds a model's engine: asks the agent for its floor (or opens its files), views the weights,
  * makes the tokenizer, the engine and its scheduler. No lock held. */
-static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct gmodel **ret,
-                       struct wf_diag *diag)
+static int build_model(struct wf_completions *cs, const char *name, int agent_ms,
+                       struct engine_model **ret, struct wf_diag *diag)
 {
-	struct wf_worker_svc *s = g->svc;
-	struct gmodel *gm = NULL;
+	struct wf_worker_svc *s = cs->svc;
+	struct engine_model *gm = NULL;
 	struct wf_cache_status *st = NULL;
 	int rc;
 	uint32_t id;
 	struct wf_diag d = {{0}};
-	/* Externally managed: a generation never attaches a model itself (resolving it for a load
+	/* Externally managed: a completion never attaches a model itself (resolving it for a load
 	 * would); only what the control plane attached may run. */
 	if ((rc = wf_cache_status(s->cache, &st)) < 0)
 		goto out;
@@ -367,22 +370,22 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 		wf_diag_set(diag, rc, "model '%s': tokenizer: %s", name, wf_diag_str(&d, rc));
 		goto out;
 	}
-	struct wf_engine_config ec = {.n_ctx = g->opts.n_ctx,
-	                              .n_seq_max = g->opts.n_seq ? g->opts.n_seq : 8,
-	                              .n_threads = g->opts.n_threads,
+	struct wf_engine_config ec = {.n_ctx = cs->opts.n_ctx,
+	                              .n_seq_max = cs->opts.n_seq ? cs->opts.n_seq : 8,
+	                              .n_threads = cs->opts.n_threads,
 	                              .kv_type = WF_ENGINE_KV_F16,
-	                              .device = g->opts.device,
-	                              .postfetch = g->opts.postfetch,
-	                              .expert_cache_mb = g->opts.expert_cache_mb,
-	                              .experts_on_device = g->opts.experts_on_device,
-	                              .n_cpu_moe = g->opts.n_cpu_moe,
-	                              .dense_on_device = g->opts.dense_on_device};
+	                              .device = cs->opts.device,
+	                              .postfetch = cs->opts.postfetch,
+	                              .expert_cache_mb = cs->opts.expert_cache_mb,
+	                              .experts_on_device = cs->opts.experts_on_device,
+	                              .n_cpu_moe = cs->opts.n_cpu_moe,
+	                              .dense_on_device = cs->opts.dense_on_device};
 	/* The device refusing the engine's memory although the budget has room for it: weights
 	 * the LRU may evict hold it (the budget's slack, or fragmentation). Make room one victim
 	 * at a time, as the cache does for its own allocations. */
 	for (int tries = 0;; tries++) {
 		rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d);
-		if (rc != -ENOMEM || !ec.device || tries >= WF_GEN_EVICT_TRIES ||
+		if (rc != -ENOMEM || !ec.device || tries >= WF_COMPLETION_EVICT_TRIES ||
 		    wf_cache_evict_oldest(s->cache, NULL) < 0)
 			break;
 		wf_diag_clear(&d);
@@ -399,7 +402,7 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 	if (info.device_bytes) {
 		char what[WF_CACHE_NAME_MAX + 16];
 		snprintf(what, sizeof what, "engine of '%s'", name);
-		rc = wf_cache_resv_create(s->cache, what, info.device_bytes, on_resv_evict, g,
+		rc = wf_cache_resv_create(s->cache, what, info.device_bytes, on_resv_evict, cs,
 		                          &gm->resv, &d);
 		if (rc < 0) {
 			wf_diag_set(diag, rc,
@@ -411,7 +414,7 @@ static int build_model(struct wf_gen *g, const char *name, int agent_ms, struct 
 		}
 	}
 	metrics_update(gm, NULL);
-	struct wf_sched_config sc = {.n_batch = g->opts.n_batch};
+	struct wf_sched_config sc = {.n_batch = cs->opts.n_batch};
 	if ((rc = wf_sched_create(gm->engine, gm->tok, &sc, &gm->sched, &d)) < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;
@@ -429,14 +432,14 @@ static double ratio(uint64_t num, uint64_t den)
 	return den ? (double)num / (double)den : -1.0;
 }
 
-/* Reads the engine's counters into gm->metrics; the caller holds wf_gen.mu and the engine is
- * not decoding (its own thread calls, or it has not started). res: the generation that just
+/* Reads the engine's counters into gm->metrics; the caller holds wf_completions.mu and the engine
+ * is not decoding (its own thread calls, or it has not started). res: the completion that just
  * ended, NULL for none. */
-static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res)
+static void metrics_update(struct engine_model *gm, const struct wf_sched_result *res)
 {
 	struct wf_engine_stats es;
 	wf_engine_get_stats(gm->engine, &es);
-	struct wf_gen_metrics *m = &gm->metrics;
+	struct wf_completion_metrics *m = &gm->metrics;
 	m->tokens = es.tokens;
 	m->fetch_experts = es.fetch_experts;
 	m->fetch_bytes = es.fetch_bytes;
@@ -453,32 +456,33 @@ static void metrics_update(struct gmodel *gm, const struct wf_sched_result *res)
 		m->decode_tokens_per_s = -1.0;
 		return;
 	}
-	m->generations++;
+	m->completions++;
 	/* n_gen tokens sampled, the first at the end of the prompt: n_gen - 1 decode steps. */
 	if (res->n_gen > 1 && res->decode_s > 0)
 		m->decode_tokens_per_s = (double)(res->n_gen - 1) / res->decode_s;
 }
 
-int wf_gen_model_metrics(struct wf_gen *g, const char *name, struct wf_gen_metrics *ret)
+int wf_completion_model_metrics(struct wf_completions *cs, const char *name,
+                                struct wf_completion_metrics *ret)
 {
-	pthread_mutex_lock(&g->mu);
-	const struct gmodel *gm = find_model_locked(g, name);
+	pthread_mutex_lock(&cs->mu);
+	const struct engine_model *gm = find_model_locked(cs, name);
 	if (gm)
 		*ret = gm->metrics;
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&cs->mu);
 	return gm ? 0 : WF_ENOT_FOUND;
 }
 
-/* ---- generations -------------------------------------------------------------------------- */
+/* ---- completions -------------------------------------------------------------------------- */
 
 static void on_token(void *arg, int32_t token, const char *text, size_t len)
 {
-	struct gen *x = arg;
-	struct wf_gen *g = x->g;
-	pthread_mutex_lock(&g->mu);
+	struct completion *x = arg;
+	struct wf_completions *cs = x->cs;
+	pthread_mutex_lock(&cs->mu);
 	if (x->n_toks == x->cap) {
 		uint32_t cap = x->cap ? x->cap * 2 : 64;
-		struct gtok *nt = realloc(x->toks, cap * sizeof(*nt));
+		struct out_token *nt = realloc(x->toks, cap * sizeof(*nt));
 		if (!nt)
 			goto lost;
 		x->toks = nt;
@@ -496,22 +500,24 @@ static void on_token(void *arg, int32_t token, const char *text, size_t len)
 	}
 	if (len)
 		memcpy(x->text + x->text_len, text, len);
-	x->toks[x->n_toks++] = (struct gtok){.id = token, .len = (uint32_t)len, .off = x->text_len};
+	x->toks[x->n_toks++] =
+	    (struct out_token){.id = token, .len = (uint32_t)len, .off = x->text_len};
 	x->text_len += len;
-	pthread_cond_broadcast(&g->cv);
-	pthread_mutex_unlock(&g->mu);
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
 	return;
 lost:
 	if (!x->lost)
 		(void)wf_sched_cancel(x->gm->sched, x->sched_id);
 	x->lost = true;
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&cs->mu);
 }
 
-/* The engine event: one line per finished generation, with the engine's figures so far (the
+/* The engine event: one line per finished completion, with the engine's figures so far (the
  * post-fetch ones only where post-fetch ran). */
 static void log_engine_event(const char *worker, const char *model, uint64_t id,
-                             const struct wf_sched_result *res, const struct wf_gen_metrics *m)
+                             const struct wf_sched_result *res,
+                             const struct wf_completion_metrics *m)
 {
 	char rate[32], fetch[256] = "";
 	if (m->decode_tokens_per_s >= 0 && res->n_gen > 1)
@@ -525,20 +531,20 @@ static void log_engine_event(const char *worker, const char *model, uint64_t id,
 		         m->fetch_bytes_per_token, m->fetch_overlap * 100.0,
 		         m->fallback_rate * 100.0, m->scratchpad_bytes, m->cache_hit_rate * 100.0);
 	wf_log_event(WF_LOG_INFO,
-	             WF_LOG_F(.worker = worker, .model = model, .generation = id,
-	                      .event = "generation_done"),
-	             "generation %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", id, res->n_prompt,
+	             WF_LOG_F(.worker = worker, .model = model, .completion = id,
+	                      .event = "completion_done"),
+	             "completion %" PRIu64 " done: %u+%u tokens, %s tokens/s%s", id, res->n_prompt,
 	             res->n_gen, rate, fetch);
 }
 
 static void on_done(void *arg, const struct wf_sched_result *res)
 {
-	struct gen *x = arg;
-	struct wf_gen *g = x->g;
-	pthread_mutex_lock(&g->mu);
+	struct completion *x = arg;
+	struct wf_completions *cs = x->cs;
+	pthread_mutex_lock(&cs->mu);
 	x->res = *res;
 	metrics_update(x->gm, res);
-	struct wf_gen_metrics m = x->gm->metrics;
+	struct wf_completion_metrics m = x->gm->metrics;
 	uint64_t id = x->id;
 	char model[WF_CACHE_NAME_MAX];
 	snprintf(model, sizeof model, "%s", x->gm->name);
@@ -547,19 +553,19 @@ static void on_done(void *arg, const struct wf_sched_result *res)
 		x->res.error = -ENOMEM;
 		snprintf(x->res.message, sizeof x->res.message, "out of memory for the output");
 	}
-	/* The last use of the engine by this generation (its last step is ending): from here the
+	/* The last use of the engine by this completion (its last step is ending): from here the
 	 * cache may evict it; the eviction joins the step thread, so the step still finishes. */
 	if (x->resv)
 		(void)wf_cache_resv_release(x->gm->cache, x->resv);
 	x->resv = 0;
 	x->done = true;
 	x->done_at = now_s();
-	pthread_cond_broadcast(&g->cv);
-	pthread_mutex_unlock(&g->mu);
-	log_engine_event(g->svc->worker_id, model, id, res, &m);
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
+	log_engine_event(cs->svc->worker_id, model, id, res, &m);
 }
 
-static void gen_free(struct gen *x)
+static void completion_free(struct completion *x)
 {
 	if (!x)
 		return;
@@ -568,28 +574,29 @@ static void gen_free(struct gen *x)
 	free(x);
 }
 
-/* Cancels generations nobody reads any more (the client went away) and drops finished ones
+/* Cancels completions nobody reads any more (the client went away) and drops finished ones
  * nobody collected, every quarter second. */
 static void *reaper_main(void *arg)
 {
-	struct wf_gen *g = arg;
-	pthread_mutex_lock(&g->mu);
-	while (!g->closing) {
+	struct wf_completions *cs = arg;
+	pthread_mutex_lock(&cs->mu);
+	while (!cs->closing) {
 		struct timespec ts;
 		deadline_after(&ts, 250);
-		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		pthread_cond_timedwait(&cs->cv, &cs->mu, &ts);
 		double t = now_s();
-		for (uint32_t i = 0; i < g->n_gens;) {
-			struct gen *x = g->gens[i];
+		for (uint32_t i = 0; i < cs->n_runs;) {
+			struct completion *x = cs->runs[i];
 			bool idle = !x->readers && t - x->last_seen > x->idle_ms / 1000.0;
 			/* A finished one stays readable for a while after its end too, so a client
 			 * that comes back late learns how it ended. */
-			double keep = x->idle_ms > WF_GEN_IDLE_MS ? x->idle_ms / 1000.0
-			                                          : WF_GEN_IDLE_MS / 1000.0;
+			double keep = x->idle_ms > WF_COMPLETION_IDLE_MS
+			                  ? x->idle_ms / 1000.0
+			                  : WF_COMPLETION_IDLE_MS / 1000.0;
 			double since = x->last_seen > x->done_at ? x->last_seen : x->done_at;
 			if (x->done && !x->readers && t - since > keep) {
-				g->gens[i] = g->gens[--g->n_gens];
-				gen_free(x);
+				cs->runs[i] = cs->runs[--cs->n_runs];
+				completion_free(x);
 				continue;
 			}
 			if (idle && !x->done)
@@ -598,102 +605,102 @@ static void *reaper_main(void *arg)
 		}
 		/* Freed outside the lock: a scheduler going down runs its done callbacks, which
 		 * take it. */
-		for (uint32_t r = 0; r < g->n_retired;) {
-			struct gmodel *gm = g->retired[r];
-			if (gm_used_locked(g, gm)) {
+		for (uint32_t r = 0; r < cs->n_retired;) {
+			struct engine_model *gm = cs->retired[r];
+			if (gm_used_locked(cs, gm)) {
 				r++;
 				continue;
 			}
-			g->retired[r] = g->retired[--g->n_retired];
-			g->reaping_resv = gm->resv;
-			pthread_mutex_unlock(&g->mu);
+			cs->retired[r] = cs->retired[--cs->n_retired];
+			cs->reaping_resv = gm->resv;
+			pthread_mutex_unlock(&cs->mu);
 			gmodel_free(gm);
-			pthread_mutex_lock(&g->mu);
-			g->reaping_resv = 0;
-			pthread_cond_broadcast(&g->cv);
+			pthread_mutex_lock(&cs->mu);
+			cs->reaping_resv = 0;
+			pthread_cond_broadcast(&cs->cv);
 			r = 0;
 		}
 	}
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&cs->mu);
 	return NULL;
 }
 
-void wf_gen_retire(struct wf_gen *g, const char *name)
+void wf_completion_retire(struct wf_completions *cs, const char *name)
 {
-	pthread_mutex_lock(&g->mu);
-	struct gmodel *gm = find_model_locked(g, name);
-	if (gm && g->n_retired < WF_GEN_MAX + WF_GEN_MODELS_MAX) {
-		for (uint32_t i = 0; i < g->n_models; i++)
-			if (g->models[i] == gm) {
-				g->models[i] = g->models[--g->n_models];
+	pthread_mutex_lock(&cs->mu);
+	struct engine_model *gm = find_model_locked(cs, name);
+	if (gm && cs->n_retired < WF_COMPLETION_MAX + WF_COMPLETION_MODELS_MAX) {
+		for (uint32_t i = 0; i < cs->n_models; i++)
+			if (cs->models[i] == gm) {
+				cs->models[i] = cs->models[--cs->n_models];
 				break;
 			}
-		g->retired[g->n_retired++] = gm;
-		for (uint32_t i = 0; i < g->n_gens; i++)
-			if (g->gens[i]->gm == gm && !g->gens[i]->done)
-				(void)wf_sched_cancel(gm->sched, g->gens[i]->sched_id);
-		pthread_cond_broadcast(&g->cv);
+		cs->retired[cs->n_retired++] = gm;
+		for (uint32_t i = 0; i < cs->n_runs; i++)
+			if (cs->runs[i]->gm == gm && !cs->runs[i]->done)
+				(void)wf_sched_cancel(gm->sched, cs->runs[i]->sched_id);
+		pthread_cond_broadcast(&cs->cv);
 	}
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&cs->mu);
 }
 
-int wf_gen_create(struct wf_worker_svc *svc, const struct wf_gen_opts *opts,
-                  struct wf_gen **ret_gen)
+int wf_completion_create(struct wf_worker_svc *svc, const struct wf_completion_opts *opts,
+                         struct wf_completions **ret)
 {
-	struct wf_gen *g = calloc(1, sizeof(*g));
-	if (!g)
+	struct wf_completions *cs = calloc(1, sizeof(*cs));
+	if (!cs)
 		return -ENOMEM;
-	g->svc = svc;
+	cs->svc = svc;
 	if (opts)
-		g->opts = *opts;
-	pthread_mutex_init(&g->mu, NULL);
+		cs->opts = *opts;
+	pthread_mutex_init(&cs->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&g->cv, &ca);
+	pthread_cond_init(&cs->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	/* Ids that a restarted worker does not hand out again: a random high half. */
 	uint32_t r = 0;
 	if (getrandom(&r, sizeof r, GRND_NONBLOCK) != sizeof r)
 		r = (uint32_t)getpid() ^ (uint32_t)time(NULL);
-	g->next_id = ((uint64_t)(r | 1u) << 32) | 1u;
-	int rc = -pthread_create(&g->reaper, NULL, reaper_main, g);
+	cs->next_id = ((uint64_t)(r | 1u) << 32) | 1u;
+	int rc = -pthread_create(&cs->reaper, NULL, reaper_main, cs);
 	if (rc < 0) {
-		wf_gen_destroy(g);
+		wf_completion_destroy(cs);
 		return rc;
 	}
-	g->reaper_started = true;
-	*ret_gen = g;
+	cs->reaper_started = true;
+	*ret = cs;
 	return 0;
 }
 
-void wf_gen_close(struct wf_gen *g)
+void wf_completion_close(struct wf_completions *cs)
 {
-	if (!g)
+	if (!cs)
 		return;
-	pthread_mutex_lock(&g->mu);
-	g->closing = true;
-	pthread_cond_broadcast(&g->cv);
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_lock(&cs->mu);
+	cs->closing = true;
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
 }
 
-void wf_gen_destroy(struct wf_gen *g)
+void wf_completion_destroy(struct wf_completions *cs)
 {
-	if (!g)
+	if (!cs)
 		return;
-	wf_gen_close(g);
-	if (g->reaper_started)
-		pthread_join(g->reaper, NULL);
+	wf_completion_close(cs);
+	if (cs->reaper_started)
+		pthread_join(cs->reaper, NULL);
 	/* Each scheduler cancels its requests and runs their done callbacks on the way down. */
-	for (uint32_t i = 0; i < g->n_models; i++)
-		gmodel_free(g->models[i]);
-	for (uint32_t i = 0; i < g->n_retired; i++)
-		gmodel_free(g->retired[i]);
-	for (uint32_t i = 0; i < g->n_gens; i++)
-		gen_free(g->gens[i]);
-	pthread_cond_destroy(&g->cv);
-	pthread_mutex_destroy(&g->mu);
-	free(g);
+	for (uint32_t i = 0; i < cs->n_models; i++)
+		gmodel_free(cs->models[i]);
+	for (uint32_t i = 0; i < cs->n_retired; i++)
+		gmodel_free(cs->retired[i]);
+	for (uint32_t i = 0; i < cs->n_runs; i++)
+		completion_free(cs->runs[i]);
+	pthread_cond_destroy(&cs->cv);
+	pthread_mutex_destroy(&cs->mu);
+	free(cs);
 }
 
 static Weightfloor__V1__FinishReason finish_pb(enum wf_sched_finish f)
@@ -714,24 +721,24 @@ static Weightfloor__V1__FinishReason finish_pb(enum wf_sched_finish f)
 	}
 }
 
-/* The reply for x from token index after on. Under g->mu. */
-static int reply_locked(struct wf_gen *g, struct gen *x, uint32_t after,
+/* The reply for x from token index after on. Under cs->mu. */
+static int reply_locked(struct wf_completions *cs, struct completion *x, uint32_t after,
                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	Weightfloor__V1__GenerateReply *gr = wf_ctl_call_alloc(call, sizeof(*gr));
 	if (!gr)
 		return -ENOMEM;
 	weightfloor__v1__generate_reply__init(gr);
-	gr->generation_id = x->id;
-	gr->worker_id = (char *)g->svc->worker_id;
+	gr->completion_id = x->id;
+	gr->worker_id = (char *)cs->svc->worker_id;
 	gr->model = x->gm->name;
 	gr->seed = x->seed;
 	gr->prompt_tokens = x->n_prompt;
 	if (after > x->n_toks)
 		after = x->n_toks;
 	uint32_t n = x->n_toks - after;
-	if (n > WF_GEN_REPLY_TOKENS)
-		n = WF_GEN_REPLY_TOKENS;
+	if (n > WF_COMPLETION_REPLY_TOKENS)
+		n = WF_COMPLETION_REPLY_TOKENS;
 	gr->first = after;
 	if (n) {
 		Weightfloor__V1__GeneratedToken *tv = wf_ctl_call_calloc(call, n, sizeof(*tv));
@@ -739,7 +746,7 @@ static int reply_locked(struct wf_gen *g, struct gen *x, uint32_t after,
 		if (!tv || !tp)
 			return -ENOMEM;
 		for (uint32_t i = 0; i < n; i++) {
-			const struct gtok *t = &x->toks[after + i];
+			const struct out_token *t = &x->toks[after + i];
 			weightfloor__v1__generated_token__init(&tv[i]);
 			tv[i].id = t->id;
 			if (t->len) {
@@ -781,16 +788,17 @@ static int reply_locked(struct wf_gen *g, struct gen *x, uint32_t after,
 	return 0;
 }
 
-/* Waits (under g->mu) until x has more than after tokens, ends, the worker closes, or wait_ms
+/* Waits (under cs->mu) until x has more than after tokens, ends, the worker closes, or wait_ms
  * pass. */
-static void wait_locked(struct wf_gen *g, struct gen *x, uint32_t after, uint32_t wait_ms)
+static void wait_locked(struct wf_completions *cs, struct completion *x, uint32_t after,
+                        uint32_t wait_ms)
 {
-	if (wait_ms > WF_GEN_WAIT_MAX_MS)
-		wait_ms = WF_GEN_WAIT_MAX_MS;
+	if (wait_ms > WF_COMPLETION_WAIT_MAX_MS)
+		wait_ms = WF_COMPLETION_WAIT_MAX_MS;
 	struct timespec ts;
 	deadline_after(&ts, wait_ms);
-	while (!g->closing && !x->done && x->n_toks <= after)
-		if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT)
+	while (!cs->closing && !x->done && x->n_toks <= after)
+		if (pthread_cond_timedwait(&cs->cv, &cs->mu, &ts) == ETIMEDOUT)
 			break;
 }
 
@@ -817,11 +825,11 @@ static void sampling_from_pb(const Weightfloor__V1__Sampling *p, struct wf_sampl
 	sp->seed = p->seed;
 }
 
-/* wf_gen_handle_start once the model's engine is there; *ret_passed: the generation took over
- * the hold on resv. */
-static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct gmodel *gm,
-                 uint32_t resv, struct wf_sched_request *srp, Weightfloor__V1__Reply *reply,
-                 struct wf_ctl_call *call, bool *ret_passed)
+/* wf_completion_handle_start once the model's engine is there; *ret_passed: the completion took
+ * over the hold on resv. */
+static int start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
+                 struct engine_model *gm, uint32_t resv, struct wf_sched_request *srp,
+                 Weightfloor__V1__Reply *reply, struct wf_ctl_call *call, bool *ret_passed)
 {
 	struct wf_diag d = {{0}};
 	struct wf_sched_request sr = *srp;
@@ -859,61 +867,62 @@ static int start(struct wf_gen *g, const Weightfloor__V1__Generate *req, struct 
 			seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
 		sr.sampling.seed = seed ? seed : 1;
 	}
-	sr.max_tokens = req->max_tokens ? req->max_tokens : WF_GEN_MAX_TOKENS;
+	sr.max_tokens = req->max_tokens ? req->max_tokens : WF_COMPLETION_MAX_TOKENS;
 	sr.stop = (const char *const *)req->stop;
 	sr.n_stop = req->n_stop;
 	sr.ignore_eos = req->ignore_eos;
 	sr.on_token = on_token;
 	sr.on_done = on_done;
 
-	struct gen *x = calloc(1, sizeof(*x));
+	struct completion *x = calloc(1, sizeof(*x));
 	if (!x) {
 		free(ids);
 		return -ENOMEM;
 	}
-	x->g = g;
+	x->cs = cs;
 	x->gm = gm;
 	x->seed = sr.sampling.seed;
 	x->n_prompt = (uint32_t)sr.n_tokens;
 	x->resv = resv;
-	x->idle_ms = req->idle_timeout_ms ? req->idle_timeout_ms : WF_GEN_IDLE_MS;
+	x->idle_ms = req->idle_timeout_ms ? req->idle_timeout_ms : WF_COMPLETION_IDLE_MS;
 	x->last_seen = now_s();
 	sr.arg = x;
-	pthread_mutex_lock(&g->mu);
-	if (g->closing) {
+	pthread_mutex_lock(&cs->mu);
+	if (cs->closing) {
 		rc = wf_diag_set(&d, WF_EUNAVAILABLE, "the worker is stopping");
-	} else if (g->n_gens == WF_GEN_MAX) {
-		rc = wf_diag_set(&d, WF_ELIMIT, "%d generations in progress or unread: retry later",
-		                 WF_GEN_MAX);
+	} else if (cs->n_runs == WF_COMPLETION_MAX) {
+		rc = wf_diag_set(&d, WF_ELIMIT, "%d completions in progress or unread: retry later",
+		                 WF_COMPLETION_MAX);
 	} else {
-		x->id = g->next_id++;
+		x->id = cs->next_id++;
 		/* Submitted under mu: the callbacks take mu, so none can run before the
-		 * generation is in the table with its scheduler id. */
+		 * completion is in the table with its scheduler id. */
 		rc = wf_sched_submit(gm->sched, &sr, &x->sched_id, &d);
 		if (rc == 0)
-			g->gens[g->n_gens++] = x;
+			cs->runs[cs->n_runs++] = x;
 	}
 	bool in_table = rc == 0;
 	*ret_passed = in_table;
 	if (rc == 0) {
 		x->readers++;
-		wait_locked(g, x, 0, req->wait_ms);
+		wait_locked(cs, x, 0, req->wait_ms);
 		x->readers--;
 		x->last_seen = now_s();
-		/* Out of memory here leaves the generation running: the client may read it. */
-		rc = reply_locked(g, x, 0, reply, call);
+		/* Out of memory here leaves the completion running: the client may read it. */
+		rc = reply_locked(cs, x, 0, reply, call);
 	}
-	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&cs->mu);
 	free(ids);
 	if (!in_table)
-		gen_free(x);
+		completion_free(x);
 	if (rc < 0)
 		return fail(reply, call, rc, &d);
 	return 0;
 }
 
-int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, int agent_ms,
-                        Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+int wf_completion_handle_start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
+                               int agent_ms, Weightfloor__V1__Reply *reply,
+                               struct wf_ctl_call *call)
 {
 	struct wf_diag d = {{0}};
 	int rc;
@@ -925,11 +934,11 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 		            wf_diag_set(&d, WF_EINVAL, "give prompt or prompt_ids, not both"), &d);
 	if (!has_text && !req->n_prompt_ids)
 		return fail(reply, call, wf_diag_set(&d, WF_EINVAL, "empty prompt"), &d);
-	if (req->idle_timeout_ms > WF_GEN_IDLE_MAX_MS)
-		return fail(
-		    reply, call,
-		    wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d", WF_GEN_IDLE_MAX_MS),
-		    &d);
+	if (req->idle_timeout_ms > WF_COMPLETION_IDLE_MAX_MS)
+		return fail(reply, call,
+		            wf_diag_set(&d, WF_EINVAL, "idle_timeout_ms is at most %d",
+		                        WF_COMPLETION_IDLE_MAX_MS),
+		            &d);
 	struct wf_sched_request sr = {0};
 	sampling_from_pb(req->sampling, &sr.sampling);
 	/* Checked before any model is loaded: a bad request costs nothing. */
@@ -940,34 +949,34 @@ int wf_gen_handle_start(struct wf_gen *g, const Weightfloor__V1__Generate *req, 
 		            wf_diag_set(&d, WF_EINVAL, "%zu stop strings: at most %d", req->n_stop,
 		                        WF_SCHED_STOP_MAX),
 		            &d);
-	struct gmodel *gm = NULL;
+	struct engine_model *gm = NULL;
 	uint32_t resv = 0;
-	if ((rc = model_get(g, req->model, agent_ms, &gm, &resv, &d)) < 0)
+	if ((rc = model_get(cs, req->model, agent_ms, &gm, &resv, &d)) < 0)
 		return fail(reply, call, rc, &d);
-	/* The engine's reservation is held from here: it passes to the generation, or is released
+	/* The engine's reservation is held from here: it passes to the completion, or is released
 	 * on the way out. */
 	bool passed = false;
-	rc = start(g, req, gm, resv, &sr, reply, call, &passed);
+	rc = start(cs, req, gm, resv, &sr, reply, call, &passed);
 	if (resv && !passed)
 		(void)wf_cache_resv_release(gm->cache, resv);
 	return rc;
 }
 
-int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *req,
-                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+int wf_completion_handle_read(struct wf_completions *cs, const Weightfloor__V1__GenerateRead *req,
+                              Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
-	pthread_mutex_lock(&g->mu);
-	struct gen *x = NULL;
-	for (uint32_t i = 0; i < g->n_gens; i++)
-		if (g->gens[i]->id == req->generation_id)
-			x = g->gens[i];
+	pthread_mutex_lock(&cs->mu);
+	struct completion *x = NULL;
+	for (uint32_t i = 0; i < cs->n_runs; i++)
+		if (cs->runs[i]->id == req->completion_id)
+			x = cs->runs[i];
 	if (!x) {
-		pthread_mutex_unlock(&g->mu);
+		pthread_mutex_unlock(&cs->mu);
 		reply->message = wf_ctl_call_printf(
 		    call,
-		    "no generation %llu on worker '%s' (never started, or finished and "
+		    "no completion %llu on worker '%s' (never started, or finished and "
 		    "not read for its idle time-out)",
-		    (unsigned long long)req->generation_id, g->svc->worker_id);
+		    (unsigned long long)req->completion_id, cs->svc->worker_id);
 		return WF_ENOT_FOUND;
 	}
 	x->last_seen = now_s();
@@ -978,17 +987,17 @@ int wf_gen_handle_read(struct wf_gen *g, const Weightfloor__V1__GenerateRead *re
 		/* The step thread ends it at its next step: wait for that, so the reply is final.
 		 */
 		struct timespec ts;
-		deadline_after(&ts, WF_GEN_WAIT_MAX_MS);
-		while (!x->done && !g->closing)
-			if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT)
+		deadline_after(&ts, WF_COMPLETION_WAIT_MAX_MS);
+		while (!x->done && !cs->closing)
+			if (pthread_cond_timedwait(&cs->cv, &cs->mu, &ts) == ETIMEDOUT)
 				break;
 		after = x->n_toks < after ? x->n_toks : after;
 	} else {
-		wait_locked(g, x, after, req->wait_ms);
+		wait_locked(cs, x, after, req->wait_ms);
 	}
 	x->readers--;
 	x->last_seen = now_s();
-	int rc = reply_locked(g, x, after, reply, call);
-	pthread_mutex_unlock(&g->mu);
+	int rc = reply_locked(cs, x, after, reply, call);
+	pthread_mutex_unlock(&cs->mu);
 	return rc;
 }
