@@ -7,6 +7,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config ninja-build
   clang libclang-rt-dev            # libFuzzer and sanitizer runtimes
+  clang-format                     # bookworm's is 14, the version the tree is formatted with
   liburing-dev                     # io_uring reads (materializer, staging)
   libnng-dev                       # control-plane transport
   libprotobuf-c-dev protobuf-c-compiler

@@ -23,19 +23,19 @@
 
 #ifdef WFT_DEVICE_CUDA
 #include "cuda/device_cuda.h"
-#define WFT_SPEC  "cuda:0"
+#define WFT_SPEC "cuda:0"
 /* The device with spec options (the fault injections, which both backends take). */
 #define WFT_SPEC_WITH(opts) "cuda:0," opts
-#define WFT_KIND  WF_DEVICE_KIND_CUDA
-#define WFT_SUITE cuda_contract
+#define WFT_KIND            WF_DEVICE_KIND_CUDA
+#define WFT_SUITE           cuda_contract
 /* cudaMemGetInfo sees other processes and the driver's 2 MiB granularity. */
 #define WFT_MEM_SLACK ((size_t)64 << 20)
 #else
 #define WFT_SPEC            "host:mem=1Gi"
 #define WFT_SPEC_WITH(opts) "host:mem=1Gi," opts
-#define WFT_KIND      WF_DEVICE_KIND_HOST
-#define WFT_SUITE     host_contract
-#define WFT_MEM_SLACK ((size_t)0)
+#define WFT_KIND            WF_DEVICE_KIND_HOST
+#define WFT_SUITE           host_contract
+#define WFT_MEM_SLACK       ((size_t)0)
 #endif
 
 #define MiB ((size_t)1 << 20)
