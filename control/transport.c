@@ -49,20 +49,6 @@ int wf_ctl_ipc_dir_ensure(const char *url, gid_t gid)
 	return rc;
 }
 
-const char *wf_ctl_transport_name(enum wf_ctl_transport t)
-{
-	switch (t) {
-	case WF_CTL_TRANSPORT_IPC:
-		return "ipc";
-	case WF_CTL_TRANSPORT_TCP:
-		return "tcp";
-	case WF_CTL_TRANSPORT_TLS:
-		return "tls+tcp";
-	default:
-		return "?";
-	}
-}
-
 static bool has_prefix(const char *s, const char *p)
 {
 	return strncmp(s, p, strlen(p)) == 0;

@@ -108,9 +108,6 @@ bool wf_ctl_tls_available(void);
  * nothing. Returns 0 or -errno. Daemons call it before listening. */
 int wf_ctl_ipc_dir_ensure(const char *url, gid_t gid);
 
-/* "ipc", "tcp", "tls+tcp". Static string. */
-const char *wf_ctl_transport_name(enum wf_ctl_transport t);
-
 #ifdef __cplusplus
 }
 #endif

@@ -556,17 +556,6 @@ static int detect(const char *path, enum wf_model_format *ret, struct wf_diag *d
 	    "'%s' is neither GGUF (no 'GGUF' magic) nor safetensors (no JSON header)", path);
 }
 
-static int load_safetensors(struct wf_model *m, const char *path, struct wf_diag *diag)
-{
-#ifdef WF_HAVE_SAFETENSORS
-	return wf__safetensors_load(m, path, diag);
-#else
-	(void)m;
-	return wf_diag_set(diag, WF_EUNSUPPORTED, "'%s': this build has no safetensors reader",
-	                   path);
-#endif
-}
-
 int wf__model_open_format(const char *path, enum wf_model_format format,
                           struct wf_model **ret_model, struct wf_diag *diag)
 {
@@ -577,7 +566,7 @@ int wf__model_open_format(const char *path, enum wf_model_format format,
 	if (format == WF_MODEL_FORMAT_GGUF)
 		rc = wf__gguf_load(m, path, diag);
 	else if (format == WF_MODEL_FORMAT_SAFETENSORS)
-		rc = load_safetensors(m, path, diag);
+		rc = wf__safetensors_load(m, path, diag);
 	else
 		rc = wf_diag_set(diag, WF_EINVAL, "unknown model format %d", (int)format);
 	if (!rc)

@@ -979,15 +979,6 @@ const char *wf_shm_region_rebuild_reason(const struct wf_shm_region *r)
 	return r->rebuild_reason;
 }
 
-int wf_shm_region_meta(const struct wf_shm_region *r, const void **ret_data, uint64_t *ret_size)
-{
-	if (!r || !r->base || !ret_data || !ret_size)
-		return WF_EINVAL;
-	*ret_data = (const uint8_t *)r->base + r->hdr.meta_offset;
-	*ret_size = r->hdr.meta_size;
-	return 0;
-}
-
 /* A string of the pool, copied: bounds re-checked (shared memory), and the copy's length must be
  * the stored one (a NUL inside would make the name another). */
 static int pool_dup(const struct wf_shm_region *r, uint64_t off, uint32_t len, char **ret)

@@ -319,11 +319,6 @@ int wf_shm_region_find(const struct wf_shm_region *region, const char *name,
 int wf_shm_region_model(const struct wf_shm_region *region, struct wf_model **ret_model,
                         struct wf_diag *diag);
 
-/* The metadata section in the mapping (model/meta.h's encoding), validated at attach. Valid
- * until detach. 0 or WF_EINVAL. */
-int wf_shm_region_meta(const struct wf_shm_region *region, const void **ret_data,
-                       uint64_t *ret_size);
-
 /* Accessors; thread-safe; the region must be attached. */
 uint32_t wf_shm_region_n_tensors(const struct wf_shm_region *region);
 /* The header as validated at attach (generation and state may have moved since: see below). */

@@ -878,13 +878,3 @@ Test(gguf, bad_arguments_and_paths)
 	cr_assert_str_eq(wf_model_format_name(WF_MODEL_FORMAT_GGUF), "gguf");
 	cr_assert_str_eq(wf_model_format_name(WF_MODEL_FORMAT_SAFETENSORS), "safetensors");
 }
-
-#ifndef WF_HAVE_SAFETENSORS
-Test(gguf, safetensors_without_reader_is_unsupported)
-{
-	struct gb b = {0};
-	gb_u64(&b, 2), gb_bytes(&b, "{}", 2);
-	expect_fail_named(&b, "x.safetensors", WF_EUNSUPPORTED, "safetensors");
-	gb_free(&b);
-}
-#endif
