@@ -17,9 +17,9 @@
  *     message exists, so no reply is possible. Clients (client.h) refuse to send such messages
  *     themselves and see a dropped connection as WF_ETRANSPORT at once, never a hang.
  *
- * Lifecycle, in the three steps of STYLE.md: create (binds: errors such as a busy address show
- * here), start (threads), close (no new requests; does not block), stop (waits for the handlers
- * in progress, then closes the socket), destroy. */
+ * Lifecycle: create (binds: errors such as a busy address show here) and start (threads), then
+ * the three steps of every object with asynchronous work in this tree: close (no new requests;
+ * does not block), stop (waits for the handlers in progress, then closes the socket), destroy. */
 #ifndef WF_CONTROL_SERVER_H
 #define WF_CONTROL_SERVER_H
 
