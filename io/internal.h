@@ -137,7 +137,6 @@ struct wf_io_reader {
 	struct wf__io_link files;
 	struct wf__io_faults faults;
 	uint64_t fault_count;
-	long page_size;
 };
 
 /* Runs completions: issues what can start, waits for at least one chunk when wait_ns != 0 and

@@ -8,6 +8,7 @@
 #include "io/internal.h"
 
 #include "base/error.h"
+#include "io/pagecache.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,23 +18,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 /* An error that keeps coming back after this many immediate resubmissions is reported. */
 #define MAX_RETRIES 16
-
-#ifndef __NR_cachestat
-#define __NR_cachestat 451 /* same number on every architecture (Linux 6.5) */
-#endif
-
-struct cachestat_range_ {
-	uint64_t off, len;
-};
-struct cachestat_ {
-	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-};
 
 /* --- lists --------------------------------------------------------------------------------- */
 
@@ -171,18 +160,11 @@ void wf__io_req_start(struct wf_io_reader *r, struct wf__io_req *q)
  * from RAM. Turns itself off where cachestat(2) does not exist. */
 static bool range_cached(struct wf_io_reader *r, struct wf_io_file *f, uint64_t off, uint64_t len)
 {
-	struct cachestat_range_ range = {off, len};
-	struct cachestat_ cs;
-	uint64_t ps = (uint64_t)r->page_size;
-	uint64_t pages = (off + len + ps - 1) / ps - off / ps;
-
-	memset(&cs, 0, sizeof(cs));
-	if (syscall(__NR_cachestat, f->buffered.fd, &range, &cs, 0) != 0) {
-		if (errno == ENOSYS || errno == EPERM)
-			r->cache_probe = false;
-		return false;
-	}
-	return cs.nr_cache >= pages;
+	bool cached = false;
+	int rc = wf_io_pagecache_probe(f->buffered.fd, off, len, &cached);
+	if (rc == -ENOSYS || rc == -EPERM)
+		r->cache_probe = false;
+	return rc == 0 && cached;
 }
 
 static void chunk_set_fd(struct wf__io_chunk *c, struct wf_io_file *f, bool direct)
@@ -434,9 +416,6 @@ int wf_io_reader_create(const struct wf_io_opts *opts, struct wf_io_reader **ret
 	r->direct_allowed = !(r->opts.flags & WF_IO_OPT_NO_DIRECT);
 	r->cache_probe = !(r->opts.flags & WF_IO_OPT_NO_CACHE_PROBE);
 	r->fault_count = UINT64_MAX; /* no injection unless a test asks */
-	r->page_size = sysconf(_SC_PAGESIZE);
-	if (r->page_size <= 0)
-		r->page_size = 4096;
 
 	r->chunks = calloc(r->opts.queue_depth, sizeof(*r->chunks));
 	r->harvest = calloc(r->opts.queue_depth, sizeof(*r->harvest));

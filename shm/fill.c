@@ -17,6 +17,7 @@
 #include "shm/fill.h"
 
 #include "base/error.h"
+#include "io/pagecache.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +27,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -297,32 +297,15 @@ static int file_error(const struct stream *s, uint32_t f, int rc, struct wf_diag
 	return wf_diag_set(diag, rc, "%s: %s", s->job->files[f].path, why);
 }
 
-#ifndef __NR_cachestat
-#define __NR_cachestat 451 /* same number on every architecture (Linux 6.5) */
-#endif
-
-struct cachestat_range_ {
-	uint64_t off, len;
-};
-struct cachestat_ {
-	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-};
-
 /* True when every page of [off, off + len) of fd is in the page cache. */
 static bool chunk_cached(struct stream *s, int fd, uint64_t off, uint64_t len)
 {
-	struct cachestat_range_ range = {off, len};
-	struct cachestat_ cs;
-	uint64_t pages = (off + len + 4095) / 4096 - off / 4096;
-
+	bool cached = false;
 	if (!s->probe || fd < 0)
 		return false;
-	memset(&cs, 0, sizeof(cs));
-	if (syscall(__NR_cachestat, fd, &range, &cs, 0) != 0) {
-		s->probe = errno != ENOSYS && errno != EPERM;
-		return false;
-	}
-	return cs.nr_cache >= pages;
+	int rc = wf_io_pagecache_probe(fd, off, len, &cached);
+	s->probe = rc != -ENOSYS && rc != -EPERM;
+	return rc == 0 && cached;
 }
 
 /* Reads a cached chunk here, synchronously: 0, WF_ETRUNCATED at an early EOF, or -errno. Why not

@@ -2,6 +2,7 @@
  * the asynchronous submit/reap interface. Files hold a position-dependent pattern, so a byte read
  * into the wrong place or from the wrong offset is caught. */
 #include "io/internal.h"
+#include "io/pagecache.h"
 #include "io/reader.h"
 
 #include "base/error.h"
@@ -358,6 +359,29 @@ Test(io, cached_body_read_buffered, .timeout = 60)
 	cr_assert_eq(st.bytes_buffered, 8 * MIB);
 	cr_assert_eq(st.cached_chunks, 8);
 	wf_io_reader_destroy(r);
+	rm_dir(dir);
+	free(path);
+}
+
+/* The probe itself (io/pagecache.h): a tmpfs file's pages are all in the page cache, an empty
+ * range is cached without asking the kernel, and a bad descriptor is an error. */
+Test(io, pagecache_probe, .timeout = 30)
+{
+	char *dir = shm_dir();
+	char *path = make_file(dir, "f", 1 * MIB + 5, 9, false);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	bool cached = false;
+	int rc = wf_io_pagecache_probe(fd, 3, 1 * MIB, &cached);
+	if (rc == -ENOSYS || rc == -EPERM)
+		cr_skip_test("cachestat(2) unavailable (%s)", strerror(-rc));
+	cr_assert_eq(rc, 0, "%s", strerror(-rc));
+	cr_assert(cached, "a tmpfs file is all in the page cache");
+	cached = false;
+	cr_assert_eq(wf_io_pagecache_probe(fd, 7, 0, &cached), 0);
+	cr_assert(cached, "an empty range is cached");
+	close(fd);
+	cr_assert_eq(wf_io_pagecache_probe(fd, 0, 4096, &cached), -EBADF);
 	rm_dir(dir);
 	free(path);
 }
