@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "proto/request.h"
 #include "proto/status.h"
+#include "worker/agentlink.h"
 #include "worker/cache.h"
 #include "worker/completion.h"
 #include "worker/eval.h"
@@ -38,8 +39,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define HEARTBEAT_MS 5000
 
 struct opts {
 	const char *device, *id, *endpoint, *agent, *floor_dir, *mode, *load_mode;
@@ -465,289 +464,22 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	return 0;
 }
 
-/* ---- registration with the agent ---------------------------------------------------------- */
-
-struct heartbeat {
-	struct wf_worker_svc *svc;
-	atomic_bool stop;
-	atomic_bool refused;     /* the agent refused us for good: main exits non-zero */
-	atomic_bool registered;  /* the last registration was accepted */
-	_Atomic int64_t beat_ms; /* CLOCK_MONOTONIC ms of the loop's last turn (/healthz) */
-	bool poke;               /* under mu: register now, do not wait for the beat */
-	pthread_t thread;
-	bool running;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-};
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
-
-/* Registers (or heartbeats) once. Returns 0, the agent's refusal as a WF_E* code with its
- * message in diag, or the transport error. */
-static int register_once(struct wf_worker_svc *s, struct wf_diag *diag)
-{
-	struct wf_cache_status *st = NULL;
-	if (wf_cache_status(s->cache, &st) < 0)
-		return -ENOMEM;
-	Weightfloor__V1__RegisterWorker rw = WEIGHTFLOOR__V1__REGISTER_WORKER__INIT;
-	rw.pid = (uint32_t)getpid();
-	rw.device_name = (char *)wf_device_name(s->dev);
-	rw.endpoint = (char *)s->endpoint;
-	rw.device_total_bytes = st->mem_total;
-	rw.device_budget_bytes = st->budget.on_demand;
-	rw.worker_id = (char *)s->worker_id;
-	rw.mode = wf_worker_svc_mode_pb(st->mode);
-	wf_cache_status_free(st);
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.client = (char *)s->worker_id;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REGISTER_WORKER;
-	req.register_worker = &rw;
-	Weightfloor__V1__Reply *rep = NULL;
-	int rc = wf_ctl_client_call_timeout(s->agent, &req, 3000, &rep, diag);
-	if (rc == 0) {
-		rc = wf_proto_status_to_err(rep->code);
-		if (rc < 0)
-			wf_diag_set(diag, rc, "%s", rep->message);
-		wf_ctl_reply_free(rep);
-	}
-	return rc;
-}
-
-/* Refusals that retrying cannot change: the id belongs to another live worker
- * (FAILED_PRECONDITION), or the agent will not take our id or endpoint (INVALID_ARGUMENT). A
- * worker that stayed up unregistered would be unreachable through the agent while looking
- * healthy. */
-static bool refusal_is_final(int rc)
-{
-	return rc == WF_ESTATE || rc == WF_EINVAL;
-}
-
-/* Registers at once and then every HEARTBEAT_MS: a restarted agent knows us again within one
- * beat, and an absent agent costs nothing but a log line when it goes and comes back. */
-static void *heartbeat_main(void *arg)
-{
-	struct heartbeat *hb = arg;
-	bool was_up = false, first = true;
-	while (!atomic_load(&hb->stop)) {
-		atomic_store(&hb->beat_ms, mono_ms());
-		struct wf_diag d = {{0}};
-		int rc = register_once(hb->svc, &d);
-		bool up = rc == 0;
-		atomic_store(&hb->registered, up);
-		if (refusal_is_final(rc)) {
-			wf_log_error("the agent refused worker '%s': %s; stopping",
-			             hb->svc->worker_id, wf_diag_str(&d, rc));
-			atomic_store(&hb->refused, true);
-			kill(getpid(), SIGTERM); /* main's sigwait takes it */
-			break;
-		}
-		if (rc < 0 &&
-		    wf_proto_status_from_err(rc) != WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE &&
-		    rc != WF_ETRANSPORT)
-			wf_log_warn("agent refused the registration: %s", wf_diag_str(&d, rc));
-		if (up != was_up || first) {
-			if (up)
-				wf_log_info("registered with the agent as '%s'",
-				            hb->svc->worker_id);
-			else
-				wf_log_warn(
-				    "agent unreachable: serving with the floors already attached; "
-				    "retrying every %d s",
-				    HEARTBEAT_MS / 1000);
-		}
-		was_up = up;
-		first = false;
-		pthread_mutex_lock(&hb->mu);
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += HEARTBEAT_MS / 1000;
-		while (!atomic_load(&hb->stop) && !hb->poke &&
-		       pthread_cond_timedwait(&hb->cv, &hb->mu, &ts) != ETIMEDOUT)
-			;
-		hb->poke = false;
-		pthread_mutex_unlock(&hb->mu);
-	}
-	return NULL;
-}
-
-/* Asks for a registration now (the agent said it does not know us: it restarted). */
-static void heartbeat_poke(struct heartbeat *hb)
-{
-	pthread_mutex_lock(&hb->mu);
-	hb->poke = true;
-	pthread_cond_broadcast(&hb->cv);
-	pthread_mutex_unlock(&hb->mu);
-}
-
-/* ---- residency reports to the agent --------------------------------------------------------
- *
- * The cache calls on_cache_event on its manager thread, which must never wait on the agent: it
- * only appends to a bounded queue (the oldest entry goes when it is full) and wakes the sender
- * thread, which sends what is queued in one ReportResidency with a short timeout. Nothing is
- * retried: changes the agent cannot take (down, restarted and not yet re-registered) are dropped
- * and counted, and the next change sent carries the count in its message, so a watcher knows
- * it missed some and can query WorkerStatus. */
-
-#define REPORT_QUEUE      256
-#define REPORT_TIMEOUT_MS 1000
-
-struct report_entry {
-	char model[256];
-	char message[192];
-	enum wf_residency state;
-	uint64_t device_bytes;
-	int64_t time_ms;
-};
-
-struct reporter {
-	struct wf_worker_svc *svc;
-	struct heartbeat *hb;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct report_entry q[REPORT_QUEUE]; /* ring: head, n */
-	size_t head, n;
-	uint64_t lost; /* dropped (queue full, or the agent did not take them), not yet told */
-	char evicted_model[256], evicted_why[64]; /* an EVICTED event waiting for its RESIDENCY */
-	bool stop;
-	pthread_t thread;
-	bool running;
-	struct wf_worker_metrics *metrics; /* with --metrics: loads counted from cache events */
-};
-
-static int64_t now_unix_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
-
-static Weightfloor__V1__Residency residency_proto(enum wf_residency s)
-{
-	switch (s) {
-	case WF_RESIDENCY_DISK:
-		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DISK;
-	case WF_RESIDENCY_HOST:
-		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_HOST;
-	case WF_RESIDENCY_DEVICE:
-		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE;
-	case WF_RESIDENCY_PINNED_DEVICE:
-		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_PINNED_DEVICE;
-	default:
-		return WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_UNSPECIFIED;
-	}
-}
-
-/* Queues one change; never waits on anything but the queue's own short-held lock. */
-static void reporter_push(struct reporter *r, const char *model, enum wf_residency state,
-                          uint64_t device_bytes, const char *message)
-{
-	pthread_mutex_lock(&r->mu);
-	if (r->n == REPORT_QUEUE) {
-		r->head = (r->head + 1) % REPORT_QUEUE;
-		r->n--;
-		r->lost++;
-	}
-	struct report_entry *e = &r->q[(r->head + r->n++) % REPORT_QUEUE];
-	snprintf(e->model, sizeof e->model, "%s", model);
-	snprintf(e->message, sizeof e->message, "%s", message ? message : "");
-	e->state = state;
-	e->device_bytes = device_bytes;
-	e->time_ms = now_unix_ms();
-	pthread_cond_signal(&r->cv);
-	pthread_mutex_unlock(&r->mu);
-}
-
-/* Sends one batch. Returns 0 or the error (the batch is gone either way). */
-static int reporter_send(struct reporter *r, struct report_entry *batch, size_t n, uint64_t lost)
-{
-	Weightfloor__V1__ResidencyChange ch[REPORT_QUEUE];
-	Weightfloor__V1__ResidencyChange *chp[REPORT_QUEUE];
-	char note[256];
-	for (size_t i = 0; i < n; i++) {
-		Weightfloor__V1__ResidencyChange c = WEIGHTFLOOR__V1__RESIDENCY_CHANGE__INIT;
-		c.model = batch[i].model;
-		c.state = residency_proto(batch[i].state);
-		c.device_bytes = batch[i].device_bytes;
-		c.message = batch[i].message;
-		c.time_unix_ms = batch[i].time_ms;
-		ch[i] = c;
-		chp[i] = &ch[i];
-	}
-	if (lost && n) {
-		snprintf(note, sizeof note, "%s%s%llu earlier residency changes were not reported",
-		         ch[0].message, *ch[0].message ? "; " : "", (unsigned long long)lost);
-		ch[0].message = note;
-	}
-	Weightfloor__V1__ReportResidency rr = WEIGHTFLOOR__V1__REPORT_RESIDENCY__INIT;
-	rr.worker_id = (char *)r->svc->worker_id;
-	rr.n_changes = n;
-	rr.changes = chp;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.client = (char *)r->svc->worker_id;
-	req.deadline_ms = REPORT_TIMEOUT_MS;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_REPORT_RESIDENCY;
-	req.report_residency = &rr;
-	Weightfloor__V1__Reply *rep = NULL;
-	struct wf_diag d = {{0}};
-	int rc = wf_ctl_client_call_timeout(r->svc->agent, &req, REPORT_TIMEOUT_MS, &rep, &d);
-	if (rc == 0) {
-		rc = wf_proto_status_to_err(rep->code);
-		wf_ctl_reply_free(rep);
-	}
-	return rc;
-}
-
-static void *reporter_main(void *arg)
-{
-	struct reporter *r = arg;
-	static struct report_entry batch[REPORT_QUEUE]; /* only this thread uses it */
-	pthread_mutex_lock(&r->mu);
-	for (;;) {
-		while (!r->stop && r->n == 0)
-			pthread_cond_wait(&r->cv, &r->mu);
-		if (r->stop)
-			break;
-		size_t n = r->n;
-		for (size_t i = 0; i < n; i++)
-			batch[i] = r->q[(r->head + i) % REPORT_QUEUE];
-		r->head = (r->head + n) % REPORT_QUEUE;
-		r->n = 0;
-		uint64_t lost = r->lost;
-		pthread_mutex_unlock(&r->mu);
-		/* Unregistered (agent down or not yet answered): the agent would refuse the report,
-		 * and waiting for it would send stale news later. */
-		int rc = atomic_load(&r->hb->registered) ? reporter_send(r, batch, n, lost)
-		                                         : WF_EUNAVAILABLE;
-		if (rc == WF_ENOT_FOUND) {
-			/* The agent restarted and does not know us yet. */
-			atomic_store(&r->hb->registered, false);
-			heartbeat_poke(r->hb);
-		}
-		pthread_mutex_lock(&r->mu);
-		/* Told: what was counted when the batch left; drops since then wait for the next.
-		 */
-		if (rc == 0)
-			r->lost -= lost;
-		else
-			r->lost += n;
-	}
-	pthread_mutex_unlock(&r->mu);
-	return NULL;
-}
+/* ---- cache events: the log, the metrics and the agent ---------------------------------------- */
 
 /* This worker's id, for the fields of its event lines; set once, before any thread logs. */
 static const char *log_worker;
 
+/* Where the cache's events go besides the log; both set before the cache is created. */
+struct cache_events {
+	struct wf_agentlink *link;
+	struct wf_worker_metrics *metrics; /* with --metrics: loads counted from cache events */
+};
+
 static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 {
-	struct reporter *r = ctx;
-	char msg[192];
-	wf_worker_metrics_cache_event(r ? r->metrics : NULL, ev);
+	struct cache_events *ce = ctx;
+	wf_worker_metrics_cache_event(ce->metrics, ev);
+	wf_agentlink_cache_event(ce->link, ev);
 	switch (ev->type) {
 	case WF_CACHE_EVENT_RESIDENCY:
 		wf_log_event(
@@ -757,47 +489,17 @@ static void on_cache_event(void *ctx, const struct wf_cache_event *ev)
 		    ev->over_budget ? " (larger than the whole budget: loaded after evicting "
 		                      "everything else)"
 		                    : "");
-		if (!r)
-			break;
-		msg[0] = 0;
-		pthread_mutex_lock(&r->mu);
-		if (r->evicted_model[0] && strcmp(r->evicted_model, ev->name) == 0)
-			snprintf(msg, sizeof msg, "evicted (%s)", r->evicted_why);
-		r->evicted_model[0] = 0;
-		pthread_mutex_unlock(&r->mu);
-		if (!msg[0] && ev->over_budget)
-			snprintf(msg, sizeof msg, "larger than the on-demand budget");
-		reporter_push(r, ev->name, ev->state,
-		              ev->state == WF_RESIDENCY_DEVICE ||
-		                      ev->state == WF_RESIDENCY_PINNED_DEVICE
-		                  ? ev->total
-		                  : 0,
-		              msg);
 		break;
 	case WF_CACHE_EVENT_LOAD_FAILED:
 		wf_log_event(WF_LOG_ERROR,
 		             WF_LOG_F(.worker = log_worker, .model = ev->name,
 		                      .event = "load_failed", .code = ev->error),
 		             "load failed: %s", ev->msg ? ev->msg : wf_strerror(ev->error));
-		if (!r)
-			break;
-		snprintf(msg, sizeof msg, "load failed: %s",
-		         ev->msg ? ev->msg : wf_strerror(ev->error));
-		reporter_push(r, ev->name, ev->state, 0, msg);
 		break;
 	case WF_CACHE_EVENT_EVICTED:
 		wf_log_event(WF_LOG_INFO,
 		             WF_LOG_F(.worker = log_worker, .model = ev->name, .event = "evicted"),
 		             "evicted (%s)", ev->msg ? ev->msg : "command");
-		if (!r)
-			break;
-		/* The cache follows with the RESIDENCY event of the new state: the reason rides on
-		 * it, one change per eviction. */
-		pthread_mutex_lock(&r->mu);
-		snprintf(r->evicted_model, sizeof r->evicted_model, "%s", ev->name);
-		snprintf(r->evicted_why, sizeof r->evicted_why, "%s",
-		         ev->msg ? ev->msg : "command");
-		pthread_mutex_unlock(&r->mu);
 		break;
 	default:
 		break;
@@ -872,10 +574,17 @@ static void devwatch_stop(struct devwatch *w)
 	w->running = false;
 }
 
+/* The agent refused this worker for good (worker/agentlink.h): main's sigwait takes it. */
+static void on_refused(void *ctx)
+{
+	(void)ctx;
+	kill(getpid(), SIGTERM);
+}
+
 /* ---- /healthz and /readyz ------------------------------------------------------------------ */
 
 struct probes {
-	struct heartbeat *hb;
+	struct wf_agentlink *link; /* set before the HTTP endpoint starts */
 	struct devwatch *dw;
 	atomic_bool serving; /* the control endpoint listens */
 };
@@ -894,21 +603,22 @@ static bool worker_ready(void *ctx, char *reason, size_t len)
 		snprintf(reason, len, "starting: the control endpoint is not serving yet");
 		return false;
 	}
-	if (p->hb->running && !atomic_load(&p->hb->registered)) {
+	if (wf_agentlink_started(p->link) && !wf_agentlink_registered(p->link)) {
 		snprintf(reason, len, "not registered with the agent");
 		return false;
 	}
 	return true;
 }
 
-/* Live: the registration loop turns (every HEARTBEAT_MS, each call bounded by 3 s). */
+/* Live: the registration loop turns (every WF_AGENTLINK_HEARTBEAT_MS, each call bounded by
+ * 3 s). */
 static bool worker_live(void *ctx, char *reason, size_t len)
 {
 	struct probes *p = ctx;
-	if (!p->hb->running)
+	if (!wf_agentlink_started(p->link))
 		return true;
-	int64_t age = mono_ms() - atomic_load(&p->hb->beat_ms);
-	if (age > 12 * HEARTBEAT_MS) {
+	int64_t age = wf_agentlink_beat_age_ms(p->link);
+	if (age > 12 * WF_AGENTLINK_HEARTBEAT_MS) {
 		snprintf(reason, len, "the registration loop has not turned for %lld ms",
 		         (long long)age);
 		return false;
@@ -1067,23 +777,23 @@ int main(int argc, char **argv)
 	struct wf_cache *cache = NULL;
 	struct wf_ctl_server *srv = NULL;
 	struct wf_worker_svc svc;
-	struct heartbeat hb = {0};
-	static struct reporter rep; /* large: not on the stack */
+	struct wf_agentlink *link = NULL;
+	static struct cache_events events;
 	struct wf_worker_metrics *metrics = NULL;
 	struct wf_http_server *http = NULL;
 	static struct probes probes;
 	struct wf_worker_refresh *refresh = NULL;
 	static struct devwatch dw = {.mu = PTHREAD_MUTEX_INITIALIZER};
-	probes.hb = &hb;
 	probes.dw = &dw;
 	char id[64], endpoint[512];
 	wf_worker_svc_init(&svc);
-	pthread_mutex_init(&hb.mu, NULL);
-	pthread_cond_init(&hb.cv, NULL);
-	pthread_mutex_init(&rep.mu, NULL);
-	pthread_cond_init(&rep.cv, NULL);
-	rep.svc = &svc;
-	rep.hb = &hb;
+	/* Before the cache (its events are queued for the agent from the first) and the probes. */
+	if ((rc = wf_agentlink_create(&svc, on_refused, NULL, &link)) < 0) {
+		wf_log_error("agent link: %s", wf_strerror(rc));
+		goto out;
+	}
+	events.link = link;
+	probes.link = link;
 
 	/* The HTTP endpoint first, not ready, so that probes answer while the device opens. */
 	if (o.metrics) {
@@ -1091,7 +801,7 @@ int main(int argc, char **argv)
 			wf_log_error("metrics: %s", wf_strerror(rc));
 			goto out;
 		}
-		rep.metrics = metrics;
+		events.metrics = metrics;
 		struct wf_http_opts ho = {.addr = o.metrics,
 		                          .metrics = wf_worker_metrics_registry(metrics),
 		                          .live = worker_live,
@@ -1148,7 +858,7 @@ int main(int argc, char **argv)
 	                                                      : WF_STAGE_MODE_AUTO,
 	    .alloc_max = o.alloc_max,
 	    .event = on_cache_event,
-	    .event_ctx = &rep,
+	    .event_ctx = &events,
 	};
 	if ((rc = wf_cache_create(dev, &co, &cache, &d)) < 0) {
 		wf_log_error("device cache: %s", wf_diag_str(&d, rc));
@@ -1240,13 +950,9 @@ int main(int argc, char **argv)
 	 * and --prefetch load afterwards, so a large one cannot run past the start timeout. */
 	wf_sd_notify("READY=1");
 	if (svc.agent) {
-		hb.svc = &svc;
-		atomic_store(&hb.beat_ms, mono_ms());
-		hb.running = true; /* before the thread: /readyz must not see "no agent" first */
-		if (pthread_create(&hb.thread, NULL, heartbeat_main, &hb) != 0)
-			hb.running = false;
-		if (pthread_create(&rep.thread, NULL, reporter_main, &rep) == 0)
-			rep.running = true;
+		if ((rc = wf_agentlink_start(link)) < 0)
+			wf_log_error("agent link threads: %s; not registering with the agent",
+			             wf_strerror(rc));
 		if ((rc = wf_worker_refresh_create(svc.agent, &o.tls, &refresh)) < 0)
 			wf_log_error("agent events: %s", wf_strerror(rc));
 	}
@@ -1271,12 +977,12 @@ int main(int argc, char **argv)
 		int sig = 0;
 		if (sigwait(&sigs, &sig) != 0 || sig == SIGHUP)
 			continue;
-		if (!atomic_load(&hb.refused) && !atomic_load(&dw.lost))
+		if (!wf_agentlink_refused(link) && !atomic_load(&dw.lost))
 			wf_log_info("signal %d: stopping", sig);
 		break;
 	}
 	wf_sd_notify("STOPPING=1");
-	exit_code = atomic_load(&hb.refused) ? 1 : 0;
+	exit_code = wf_agentlink_refused(link) ? 1 : 0;
 	if (atomic_load(&dw.lost)) {
 		/* /readyz is red already (worker_ready): let a probe see it, briefly. */
 		for (int waited = 0;
@@ -1290,24 +996,11 @@ int main(int argc, char **argv)
 		                         atomic_load(&dw.lost) ? "device lost" : "stopping");
 out:
 	devwatch_stop(&dw);
-	if (hb.running) {
-		atomic_store(&hb.stop, true);
-		pthread_mutex_lock(&hb.mu);
-		pthread_cond_broadcast(&hb.cv);
-		pthread_mutex_unlock(&hb.mu);
-		pthread_join(hb.thread, NULL);
-	}
-	if (rep.running) {
-		pthread_mutex_lock(&rep.mu);
-		rep.stop = true;
-		pthread_cond_broadcast(&rep.cv);
-		pthread_mutex_unlock(&rep.mu);
-		pthread_join(rep.thread, NULL);
-	}
+	wf_agentlink_stop(link);
 	/* The endpoint's collector reads the cache and the engines: it goes before them. */
 	wf_http_server_destroy(http);
-	wf_completion_close(
-	    svc.completions); /* wakes the long polls, so the server stops at once */
+	/* Wakes the long polls, so the server stops at once. */
+	wf_completion_close(svc.completions);
 	if (srv) {
 		wf_ctl_server_close(srv);
 		wf_ctl_server_stop(srv);
@@ -1321,13 +1014,10 @@ out:
 	svc.completions = NULL;
 	wf_cache_destroy(cache);
 	wf_worker_refresh_destroy(refresh); /* its ear uses the agent client */
+	wf_agentlink_destroy(link);         /* after the cache: its events go to the link */
 	wf_ctl_client_close(svc.agent);
 	wf_worker_svc_fini(&svc);
 	wf_device_close(dev);
 	wf_worker_metrics_destroy(metrics);
-	pthread_cond_destroy(&hb.cv);
-	pthread_mutex_destroy(&hb.mu);
-	pthread_cond_destroy(&rep.cv);
-	pthread_mutex_destroy(&rep.mu);
 	return exit_code;
 }
