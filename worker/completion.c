@@ -625,7 +625,9 @@ static void *reaper_main(void *arg)
 	return NULL;
 }
 
-void wf_completion_retire(struct wf_completions *cs, const char *name)
+/* The model went back to disk: see wf_completion_create. A model without an engine: nothing
+ * happens. */
+static void retire(struct wf_completions *cs, const char *name)
 {
 	pthread_mutex_lock(&cs->mu);
 	struct engine_model *gm = find_model_locked(cs, name);
@@ -643,6 +645,8 @@ void wf_completion_retire(struct wf_completions *cs, const char *name)
 	}
 	pthread_mutex_unlock(&cs->mu);
 }
+
+static int serve(struct wf_completions *cs);
 
 int wf_completion_create(struct wf_worker_svc *svc, const struct wf_completion_opts *opts,
                          struct wf_completions **ret)
@@ -670,6 +674,10 @@ int wf_completion_create(struct wf_worker_svc *svc, const struct wf_completion_o
 		return rc;
 	}
 	cs->reaper_started = true;
+	if ((rc = serve(cs)) < 0) {
+		wf_completion_destroy(cs);
+		return rc;
+	}
 	*ret = cs;
 	return 0;
 }
@@ -825,7 +833,7 @@ static void sampling_from_pb(const Weightfloor__V1__Sampling *p, struct wf_sampl
 	sp->seed = p->seed;
 }
 
-/* wf_completion_handle_start once the model's engine is there; *ret_passed: the completion took
+/* handle_start once the model's engine is there; *ret_passed: the completion took
  * over the hold on resv. */
 static int start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
                  struct engine_model *gm, uint32_t resv, struct wf_sched_request *srp,
@@ -920,9 +928,9 @@ static int start(struct wf_completions *cs, const Weightfloor__V1__Generate *req
 	return 0;
 }
 
-int wf_completion_handle_start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
-                               int agent_ms, Weightfloor__V1__Reply *reply,
-                               struct wf_ctl_call *call)
+/* Generate; agent_ms bounds the agent's part of a load. */
+static int handle_start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
+                        int agent_ms, Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	struct wf_diag d = {{0}};
 	int rc;
@@ -962,8 +970,8 @@ int wf_completion_handle_start(struct wf_completions *cs, const Weightfloor__V1_
 	return rc;
 }
 
-int wf_completion_handle_read(struct wf_completions *cs, const Weightfloor__V1__GenerateRead *req,
-                              Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+static int handle_read(struct wf_completions *cs, const Weightfloor__V1__GenerateRead *req,
+                       Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
 	pthread_mutex_lock(&cs->mu);
 	struct completion *x = NULL;
@@ -1000,4 +1008,56 @@ int wf_completion_handle_read(struct wf_completions *cs, const Weightfloor__V1__
 	int rc = reply_locked(cs, x, after, reply, call);
 	pthread_mutex_unlock(&cs->mu);
 	return rc;
+}
+
+/* ---- the service's dispatch table (worker/service.h) -------------------------------------- */
+
+static int ext_handle(void *ctx, const Weightfloor__V1__Request *req, int agent_ms,
+                      Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_completions *cs = ctx;
+	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE)
+		return handle_start(cs, req->generate, agent_ms, reply, call);
+	return handle_read(cs, req->generate_read, reply, call);
+}
+
+static void ext_model_to_disk(void *ctx, const char *model)
+{
+	retire(ctx, model);
+}
+
+/* The engine's metrics in a model's residency (docs/PROTOCOL.md "Engine metrics"). */
+static void ext_describe_model(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r)
+{
+	struct wf_completion_metrics m;
+	if (wf_completion_model_metrics(ctx, model, &m) < 0)
+		return;
+	r->engine = true;
+	r->engine_completions = m.completions;
+	r->engine_tokens = m.tokens;
+	r->decode_tokens_per_s = m.decode_tokens_per_s;
+	r->fetch_bytes = m.fetch_bytes;
+	r->fetch_bytes_per_token = m.fetch_bytes_per_token;
+	r->fetch_overlap = m.fetch_overlap;
+	r->fetch_fallback_rate = m.fallback_rate;
+	r->scratchpad_bytes = m.scratchpad_bytes;
+	r->cache_hit_rate = m.cache_hit_rate;
+	r->fetch_experts = m.fetch_experts;
+	r->fetch_fallbacks = m.fetch_fallbacks;
+	r->fetch_hits = m.fetch_hits;
+	r->fetch_misses = m.fetch_misses;
+}
+
+static int serve(struct wf_completions *cs)
+{
+	static const struct wf_worker_svc_ext ext = {
+	    .handle = ext_handle,
+	    .model_to_disk = ext_model_to_disk,
+	    .describe_model = ext_describe_model,
+	};
+	static const Weightfloor__V1__Request__BodyCase kinds[] = {
+	    WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE,
+	    WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ,
+	};
+	return wf_worker_svc_extend(cs->svc, &ext, cs, kinds, sizeof kinds / sizeof kinds[0]);
 }

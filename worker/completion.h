@@ -86,29 +86,21 @@ struct wf_completion_metrics {
 
 struct wf_completions;
 
-/* svc is borrowed (its cache, models and agent). Returns 0, -ENOMEM or -errno of
- * pthread_create. */
+/* svc is borrowed (its cache, models and agent) and serves Generate and GenerateRead through
+ * this module from here on (wf_worker_svc_extend: call before the control server starts). When a
+ * model goes back to disk (SetResidency DISK), its engine is no longer used for new completions,
+ * those in progress end CANCELED, and the engine, with its attachment of the floor, is freed
+ * once nothing refers to it. A model's residency carries its engine's metrics. Returns 0,
+ * -ENOMEM, -errno of pthread_create, or the service's refusal (WF_ELIMIT, WF_EINVAL). */
 int wf_completion_create(struct wf_worker_svc *svc, const struct wf_completion_opts *opts,
                          struct wf_completions **ret);
 void wf_completion_close(struct wf_completions *cs);
-/* Accepts NULL. */
+/* Accepts NULL. The service must not be serving any more (its control server stopped). */
 void wf_completion_destroy(struct wf_completions *cs);
-
-/* The handlers (wf_ctl_handle_fn conventions); agent_ms bounds the agent's part of a load. */
-/* The model went back to disk (SetResidency DISK): its engine is no longer used for new
- * completions, those in progress end CANCELED, and the engine, with its attachment of the
- * floor, is freed once nothing refers to it. A model without an engine: nothing happens. */
-void wf_completion_retire(struct wf_completions *cs, const char *name);
 
 /* The metrics of a model's engine. Returns 0, or WF_ENOT_FOUND when the model has no engine
  * (never generated on this worker, or retired). */
 int wf_completion_model_metrics(struct wf_completions *cs, const char *name,
                                 struct wf_completion_metrics *ret);
-
-int wf_completion_handle_start(struct wf_completions *cs, const Weightfloor__V1__Generate *req,
-                               int agent_ms, Weightfloor__V1__Reply *reply,
-                               struct wf_ctl_call *call);
-int wf_completion_handle_read(struct wf_completions *cs, const Weightfloor__V1__GenerateRead *req,
-                              Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
 
 #endif

@@ -778,6 +778,7 @@ int main(int argc, char **argv)
 	struct wf_ctl_server *srv = NULL;
 	struct wf_worker_svc svc;
 	struct wf_agentlink *link = NULL;
+	struct wf_completions *completions = NULL;
 	static struct cache_events events;
 	struct wf_worker_metrics *metrics = NULL;
 	struct wf_http_server *http = NULL;
@@ -911,7 +912,7 @@ int main(int argc, char **argv)
 		            o.experts_on_device ? "resident experts from --n-cpu-moe"
 		                                : "experts host-side");
 	}
-	if ((rc = wf_completion_create(&svc, &o.completion, &svc.completions)) < 0) {
+	if ((rc = wf_completion_create(&svc, &o.completion, &completions)) < 0) {
 		wf_log_error("completions: %s", wf_strerror(rc));
 		goto out;
 	}
@@ -930,7 +931,7 @@ int main(int argc, char **argv)
 	};
 	if (metrics) {
 		wf_worker_metrics_wrap(metrics, handle_logged, &svc);
-		wf_worker_metrics_bind(metrics, &svc);
+		wf_worker_metrics_bind(metrics, &svc, completions);
 	}
 	if ((rc = wf_ctl_ipc_dir_ensure(endpoint, (gid_t)-1)) < 0) {
 		wf_log_error("endpoint directory for %s: %s", endpoint, wf_strerror(rc));
@@ -1000,7 +1001,7 @@ out:
 	/* The endpoint's collector reads the cache and the engines: it goes before them. */
 	wf_http_server_destroy(http);
 	/* Wakes the long polls, so the server stops at once. */
-	wf_completion_close(svc.completions);
+	wf_completion_close(completions);
 	if (srv) {
 		wf_ctl_server_close(srv);
 		wf_ctl_server_stop(srv);
@@ -1010,8 +1011,7 @@ out:
 	 * gone before they are. */
 	wf_cache_close(cache);
 	wf_cache_stop(cache);
-	wf_completion_destroy(svc.completions);
-	svc.completions = NULL;
+	wf_completion_destroy(completions);
 	wf_cache_destroy(cache);
 	wf_worker_refresh_destroy(refresh); /* its ear uses the agent client */
 	wf_agentlink_destroy(link);         /* after the cache: its events go to the link */

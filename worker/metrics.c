@@ -17,6 +17,7 @@
 struct wf_worker_metrics {
 	struct wf_metrics *reg;
 	_Atomic(struct wf_worker_svc *) svc;
+	struct wf_completions *cs; /* written before svc */
 	/* events */
 	struct wf_ctl_reqmetrics req; /* control requests, and errors_total */
 	struct wf_metric *loads, *load_seconds, *loaded_bytes;
@@ -103,7 +104,7 @@ static void collect(void *ctx)
 		wf_metric_set(wm->model_device_bytes, m, (double)ms->device_bytes);
 		if (ms->loads)
 			wf_metric_set(wm->load_rate, m, ms->last_load_gbps * 1e9);
-		collect_engine(wm, svc->completions, ms->name);
+		collect_engine(wm, wm->cs, ms->name);
 	}
 	wf_cache_status_free(st);
 }
@@ -211,9 +212,11 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 	return 0;
 }
 
-void wf_worker_metrics_bind(struct wf_worker_metrics *wm, struct wf_worker_svc *svc)
+void wf_worker_metrics_bind(struct wf_worker_metrics *wm, struct wf_worker_svc *svc,
+                            struct wf_completions *cs)
 {
-	atomic_store(&wm->svc, svc);
+	wm->cs = cs;
+	atomic_store(&wm->svc, svc); /* publishes cs with it */
 }
 
 void wf_worker_metrics_destroy(struct wf_worker_metrics *wm)

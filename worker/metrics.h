@@ -10,13 +10,15 @@
 #include "worker/cache.h"
 
 struct wf_worker_svc;
+struct wf_completions;
 struct wf_worker_metrics;
 
-/* svc is borrowed (its cache, engines and id; read at scrape time from the first
- * wf_worker_metrics_bind on) and must outlive the registry's renders. Returns 0 and *ret, or a
- * negative code. */
+/* Returns 0 and *ret, or a negative code. */
 int wf_worker_metrics_create(struct wf_worker_metrics **ret);
-void wf_worker_metrics_bind(struct wf_worker_metrics *wm, struct wf_worker_svc *svc);
+/* svc (its cache and id) and cs (the engines; NULL: none) are borrowed, read at scrape time from
+ * here on, and must outlive the registry's renders. Call once. */
+void wf_worker_metrics_bind(struct wf_worker_metrics *wm, struct wf_worker_svc *svc,
+                            struct wf_completions *cs);
 /* Accepts NULL. The HTTP server that renders it must be gone. */
 void wf_worker_metrics_destroy(struct wf_worker_metrics *wm);
 struct wf_metrics *wf_worker_metrics_registry(struct wf_worker_metrics *wm);

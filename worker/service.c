@@ -2,7 +2,6 @@
 
 #include "base/error.h"
 #include "proto/status.h"
-#include "worker/completion.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -260,10 +259,9 @@ Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 	}
 }
 
-/* cs: the worker's completion engines, whose metrics ride along (NULL: none). */
-static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
-                                                     const char *worker_id,
-                                                     struct wf_completions *cs,
+/* The registered modules' figures (the engines' metrics) ride along. */
+static Weightfloor__V1__ModelResidency *residency_pb(struct wf_worker_svc *s,
+                                                     struct wf_ctl_call *call,
                                                      const struct wf_cache_model_status *ms)
 {
 	Weightfloor__V1__ModelResidency *r = wf_ctl_call_alloc(call, sizeof(*r));
@@ -271,30 +269,16 @@ static Weightfloor__V1__ModelResidency *residency_pb(struct wf_ctl_call *call,
 		return NULL;
 	weightfloor__v1__model_residency__init(r);
 	r->model = wf_ctl_call_strdup(call, ms->name);
-	r->worker_id = wf_ctl_call_strdup(call, worker_id);
+	r->worker_id = wf_ctl_call_strdup(call, s->worker_id);
 	if (!r->model || !r->worker_id)
 		return NULL;
 	r->state = wf_worker_residency_pb(ms->state);
 	r->device_bytes = ms->device_bytes;
 	r->bytes_done = ms->loading ? ms->load_done : (ms->device_bytes ? ms->bytes : 0);
 	r->bytes_total = ms->loading ? ms->load_total : ms->bytes;
-	struct wf_completion_metrics gm;
-	if (cs && wf_completion_model_metrics(cs, ms->name, &gm) == 0) {
-		r->engine = true;
-		r->engine_completions = gm.completions;
-		r->engine_tokens = gm.tokens;
-		r->decode_tokens_per_s = gm.decode_tokens_per_s;
-		r->fetch_bytes = gm.fetch_bytes;
-		r->fetch_bytes_per_token = gm.fetch_bytes_per_token;
-		r->fetch_overlap = gm.fetch_overlap;
-		r->fetch_fallback_rate = gm.fallback_rate;
-		r->scratchpad_bytes = gm.scratchpad_bytes;
-		r->cache_hit_rate = gm.cache_hit_rate;
-		r->fetch_experts = gm.fetch_experts;
-		r->fetch_fallbacks = gm.fetch_fallbacks;
-		r->fetch_hits = gm.fetch_hits;
-		r->fetch_misses = gm.fetch_misses;
-	}
+	for (size_t i = 0; i < s->n_exts; i++)
+		if (s->exts[i].ext->describe_model)
+			s->exts[i].ext->describe_model(s->exts[i].ctx, ms->name, r);
 	return r;
 }
 
@@ -309,8 +293,7 @@ static int reply_residency(struct wf_worker_svc *s, uint32_t id, Weightfloor__V1
 	for (size_t i = 0; i < st->n_models; i++) {
 		if (st->models[i].id != id)
 			continue;
-		Weightfloor__V1__ModelResidency *r =
-		    residency_pb(call, s->worker_id, s->completions, &st->models[i]);
+		Weightfloor__V1__ModelResidency *r = residency_pb(s, call, &st->models[i]);
 		rc = r ? 0 : -ENOMEM;
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RESIDENCY;
 		reply->residency = r;
@@ -343,7 +326,7 @@ static int worker_info(struct wf_worker_svc *s, Weightfloor__V1__Reply *reply,
 	    wf_ctl_call_calloc(call, st->n_models ? st->n_models : 1, sizeof(*ms));
 	rc = wi && ms ? 0 : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < st->n_models; i++)
-		if (!(ms[i] = residency_pb(call, s->worker_id, s->completions, &st->models[i])))
+		if (!(ms[i] = residency_pb(s, call, &st->models[i])))
 			rc = -ENOMEM;
 	if (rc == 0) {
 		weightfloor__v1__worker_info__init(wi);
@@ -416,13 +399,19 @@ static bool wants_bytes(const Weightfloor__V1__Request *req)
 	}
 }
 
-int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
-                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+/* Requests of the worker slice that registered modules serve (wf_worker_svc_extend). */
+static bool for_modules(Weightfloor__V1__Request__BodyCase kind)
 {
-	struct wf_worker_svc *s = ctx;
-	struct wf_diag d = {{0}};
-	uint32_t id = 0;
-	int rc;
+	return kind == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
+	       kind == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
+}
+
+/* The worker slice of the protocol: the requests a worker serves, the model and worker they name
+ * (either may be NULL), and whether the service serves them itself (the others go to the
+ * modules in the dispatch table). False for a request that is not for a worker. */
+static bool worker_slice(const Weightfloor__V1__Request *req, const char **ret_model,
+                         const char **ret_wid, bool *ret_own)
+{
 	const char *model = NULL, *wid = NULL;
 	switch (req->body_case) {
 	case WEIGHTFLOOR__V1__REQUEST__BODY_SET_RESIDENCY:
@@ -458,6 +447,50 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		wid = req->generate_read->worker_id;
 		break;
 	default:
+		return false;
+	}
+	*ret_model = model;
+	*ret_wid = wid;
+	*ret_own = !for_modules(req->body_case);
+	return true;
+}
+
+int wf_worker_svc_extend(struct wf_worker_svc *s, const struct wf_worker_svc_ext *ext, void *ctx,
+                         const Weightfloor__V1__Request__BodyCase *kinds, size_t n_kinds)
+{
+	if (!ext || !ext->handle || n_kinds > WF_WORKER_SVC_EXT_KINDS)
+		return WF_EINVAL;
+	if (s->n_exts == WF_WORKER_SVC_EXT_MAX)
+		return WF_ELIMIT;
+	for (size_t k = 0; k < n_kinds; k++) {
+		/* A request of the worker slice that the service does not serve itself (it must
+		 * know where the request names its worker), and that no module serves yet. */
+		if (!for_modules(kinds[k]))
+			return WF_EINVAL;
+		for (size_t i = 0; i < s->n_exts; i++)
+			for (size_t j = 0; j < s->exts[i].n_kinds; j++)
+				if (s->exts[i].kinds[j] == kinds[k])
+					return WF_EINVAL;
+	}
+	s->exts[s->n_exts].ext = ext;
+	s->exts[s->n_exts].ctx = ctx;
+	for (size_t k = 0; k < n_kinds; k++)
+		s->exts[s->n_exts].kinds[k] = kinds[k];
+	s->exts[s->n_exts].n_kinds = n_kinds;
+	s->n_exts++;
+	return 0;
+}
+
+int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
+                         Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_worker_svc *s = ctx;
+	struct wf_diag d = {{0}};
+	uint32_t id = 0;
+	int rc;
+	const char *model, *wid;
+	bool own;
+	if (!worker_slice(req, &model, &wid, &own)) {
 		reply->message = "not served by a worker: floor requests go to the agent";
 		return WF_EUNSUPPORTED;
 	}
@@ -470,17 +503,14 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 	 * for the load and our answer. */
 	int agent_ms = wf_ctl_call_time_left_ms(call, WF_WORKER_AGENT_MAX_MS);
 	agent_ms -= agent_ms / 10;
-	if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
-	    req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ) {
-		if (!s->completions) {
-			reply->message = "this worker does not generate";
-			return WF_EUNSUPPORTED;
-		}
-		return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE
-		           ? wf_completion_handle_start(s->completions, req->generate, agent_ms,
-		                                        reply, call)
-		           : wf_completion_handle_read(s->completions, req->generate_read, reply,
-		                                       call);
+	if (!own) {
+		for (size_t i = 0; i < s->n_exts; i++)
+			for (size_t k = 0; k < s->exts[i].n_kinds; k++)
+				if (s->exts[i].kinds[k] == req->body_case)
+					return s->exts[i].ext->handle(s->exts[i].ctx, req, agent_ms,
+					                              reply, call);
+		reply->message = "this worker does not generate";
+		return WF_EUNSUPPORTED;
 	}
 	if (model &&
 	    (rc = wf_worker_svc_resolve(s, model, agent_ms, wants_bytes(req), &id, &d)) < 0)
@@ -495,8 +525,9 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			return WF_EINVAL;
 		}
 		rc = wf_cache_set_residency(s->cache, id, target, &d);
-		if (rc == 0 && target == WF_RESIDENCY_DISK && s->completions)
-			wf_completion_retire(s->completions, model);
+		for (size_t i = 0; rc == 0 && target == WF_RESIDENCY_DISK && i < s->n_exts; i++)
+			if (s->exts[i].ext->model_to_disk)
+				s->exts[i].ext->model_to_disk(s->exts[i].ctx, model);
 		break;
 	}
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PIN:

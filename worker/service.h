@@ -1,6 +1,11 @@
 /* The worker's protocol service: residency commands and status on the worker's own endpoint
  * (and relayed through the agent). Thread-safe: the control server calls it from several
- * threads; residency changes are serialized by the cache's manager thread. */
+ * threads; residency changes are serialized by the cache's manager thread.
+ *
+ * Other request kinds are served by modules that register with the service (a dispatch table:
+ * worker/completion.c registers Generate and GenerateRead at its creation). They may call the
+ * service (resolve, model); the service calls them only through the table, so the dependency
+ * points one way. */
 #ifndef WF_WORKER_SERVICE_H
 #define WF_WORKER_SERVICE_H
 
@@ -17,6 +22,24 @@
 #define WF_WORKER_AGENT_MAX_MS (30 * 60 * 1000)
 /* An agent not connected gets this long to come up before the worker goes on without it. */
 #define WF_WORKER_AGENT_CONNECT_MS 1000
+#define WF_WORKER_SVC_EXT_MAX      4 /* modules registered at once */
+#define WF_WORKER_SVC_EXT_KINDS    4 /* request kinds per module */
+
+/* What a module that serves beside the service provides (every member but handle may be NULL).
+ * The service calls them from the control server's threads, concurrently; ctx is the one given
+ * at registration. */
+struct wf_worker_svc_ext {
+	/* Serves a request of a kind the module registered, once the service has checked that it
+	 * names this worker; agent_ms is what the agent may take of the request's time (to ensure
+	 * a floor). The conventions of wf_ctl_handle_fn. */
+	int (*handle)(void *ctx, const Weightfloor__V1__Request *req, int agent_ms,
+	              Weightfloor__V1__Reply *reply, struct wf_ctl_call *call);
+	/* The model was sent back to disk (SetResidency DISK succeeded). */
+	void (*model_to_disk)(void *ctx, const char *model);
+	/* Adds the module's figures to a model's residency (WorkerStatus, and the replies of
+	 * residency commands): ModelResidency's engine fields. */
+	void (*describe_model)(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r);
+};
 
 struct wf_worker_model {
 	char *name;
@@ -31,13 +54,21 @@ struct wf_worker_svc {
 	const char *endpoint;
 	struct wf_device *dev;
 	struct wf_cache *cache;
-	struct wf_ctl_client *agent;        /* NULL without an agent */
-	struct wf_completions *completions; /* Generate (worker/completion.h); NULL: not served */
-	const struct wf_shm_config *shm;    /* the floor directory; NULL: models from files only */
-	pthread_mutex_t mu; /* guards models; never held across a call to the agent */
+	struct wf_ctl_client *agent;     /* NULL without an agent */
+	const struct wf_shm_config *shm; /* the floor directory; NULL: models from files only */
+	pthread_mutex_t mu;              /* guards models; never held across a call to the agent */
 	struct wf_worker_model models[WF_WORKER_MAX_MODELS];
 	size_t n_models;
 	int64_t started_unix_ms;
+	/* The dispatch table: written by wf_worker_svc_extend before the server starts, only
+	 * read afterwards. */
+	struct {
+		const struct wf_worker_svc_ext *ext;
+		void *ctx;
+		Weightfloor__V1__Request__BodyCase kinds[WF_WORKER_SVC_EXT_KINDS];
+		size_t n_kinds;
+	} exts[WF_WORKER_SVC_EXT_MAX];
+	size_t n_exts;
 };
 
 int wf_worker_svc_init(struct wf_worker_svc *s);
@@ -63,6 +94,14 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 /* The open model of a name the cache knows (resolved before), or NULL. Models stay open until
  * wf_worker_svc_fini, so the pointer stays valid as long as the service. */
 const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *name);
+
+/* Registers a module that serves the given request kinds (at most WF_WORKER_SVC_EXT_KINDS, of
+ * those the service routes to modules: Generate and GenerateRead; another kind, or one served
+ * already, is refused) and follows the service's models.
+ * ext and ctx are borrowed until wf_worker_svc_fini. Call before the control server starts: not
+ * thread-safe. Returns 0, WF_ELIMIT (WF_WORKER_SVC_EXT_MAX modules) or WF_EINVAL. */
+int wf_worker_svc_extend(struct wf_worker_svc *s, const struct wf_worker_svc_ext *ext, void *ctx,
+                         const Weightfloor__V1__Request__BodyCase *kinds, size_t n_kinds);
 
 /* wf_ctl_handle_fn; ctx is struct wf_worker_svc *. */
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
