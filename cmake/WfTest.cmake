@@ -16,6 +16,11 @@ function(wf_add_test)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} ${CRITERION_LIB} Threads::Threads)
+  if(WF_SANITIZE STREQUAL "thread")
+    # Criterion's sandbox cannot place its arenas under TSan without this (the file says why).
+    target_sources(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common/tsan_criterion.c)
+    target_link_libraries(${T_NAME} PRIVATE ${CMAKE_DL_LIBS})
+  endif()
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} --jobs 1)
   set_tests_properties(${T_NAME} PROPERTIES

@@ -3,7 +3,9 @@
 #  1. a Release build (-O3, CUDA compiled when the toolkit exists) in build-release, all CTest
 #     labels: unit, integ, gpu (skipped, never passed, without a GPU);
 #  2. an ASan+UBSan build (Debug) running the unit tests;
-#  3. a clang libFuzzer build running each fuzz target for a short time.
+#  3. a ThreadSanitizer build (RelWithDebInfo) running the agent's, the worker's and the engine's
+#     unit and integration tests; any race report, from a test or a daemon it started, fails it;
+#  4. a clang libFuzzer build running each fuzz target for a short time.
 # Set WF_TEST_QUICK=1 to run step 1 only.
 #
 # Setup and builds print one line per step; their output goes to a log in a private temporary
@@ -41,6 +43,21 @@ wf_build build-asan -DCMAKE_BUILD_TYPE=Debug -DWF_SANITIZE=ON -DWF_WITH_CUDA=OFF
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
 	ctest --test-dir build-asan -L unit --output-on-failure -j "$jobs" --timeout 900
+
+log "thread sanitizer build (TSan), agent, worker and engine tests"
+wf_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWF_SANITIZE=thread -DWF_WITH_CUDA=OFF
+# Every process (tests, and the wf-agent and wf-worker they start) writes its reports to a file
+# here, so a race inside a daemon fails the stage even where the test itself passes.
+tsan_logs=$logdir/tsan
+rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
+TSAN_OPTIONS="log_path=$tsan_logs/report second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
+	ctest --test-dir build-tsan -R '^test_(agent|worker|engine)' --output-on-failure -j "$jobs" \
+	--timeout 900
+if compgen -G "$tsan_logs/report.*" >/dev/null; then
+	cat "$tsan_logs"/report.* >&2
+	echo "TSan: $(ls "$tsan_logs" | wc -l) processes reported (above)" >&2
+	exit 1
+fi
 
 log "fuzz build (clang libFuzzer + ASan+UBSan), short runs"
 fuzz_args=(-DCMAKE_BUILD_TYPE=Debug -DWF_FUZZ=ON -DWF_WITH_CUDA=OFF)
