@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,9 +307,10 @@ pid_t agt_start(struct agt *a, const struct agt_opts *o, const char *const *args
 
 int agt_run(char *const *argv, char **out, char **err, int timeout_s, const char *dir)
 {
-	static int seq;
-	char *o = agt_printf("%s/run-%d.out", dir, ++seq);
-	char *e = agt_printf("%s/run-%d.err", dir, seq);
+	static atomic_int seq; /* tests run agentctl from several threads */
+	int n = atomic_fetch_add(&seq, 1) + 1;
+	char *o = agt_printf("%s/run-%d.out", dir, n);
+	char *e = agt_printf("%s/run-%d.err", dir, n);
 	int rc = wft_run(argv, o, e, timeout_s);
 	if (out)
 		*out = wft_read_file(o, NULL);
