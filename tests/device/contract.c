@@ -899,10 +899,12 @@ Test(WFT_SUITE, destroy_and_close_run_queued_host_fns, .timeout = 60)
 	struct wf_device_stream *s[2];
 	atomic_int calls;
 	size_t n = 32 * MiB;
-	void *d, *h;
+	void *d[2], *h;
 
 	atomic_init(&calls, 0);
-	OKD(wf_device_mem_alloc(dev, n, &d, &diag));
+	/* One destination per stream: two unordered streams writing the same bytes would race. */
+	for (int i = 0; i < 2; i++)
+		OKD(wf_device_mem_alloc(dev, n, &d[i], &diag));
 	OKD(wf_device_pinned_alloc(dev, n, 0, &h, &diag));
 	memset(h, 1, n);
 	for (int i = 0; i < 2; i++)
@@ -912,7 +914,7 @@ Test(WFT_SUITE, destroy_and_close_run_queued_host_fns, .timeout = 60)
 			struct owned *o = calloc(1, sizeof(*o));
 			cr_assert_not_null(o);
 			o->calls = &calls;
-			OKD(wf_device_memcpy_async(s[i], d, h, n, WF_DEVICE_COPY_H2D, &diag));
+			OKD(wf_device_memcpy_async(s[i], d[i], h, n, WF_DEVICE_COPY_H2D, &diag));
 			OKD(wf_device_host_fn_async(s[i], free_owned, o, &diag));
 		}
 	}

@@ -273,16 +273,18 @@ Test(device_host, close_cancels_queued_copies, .timeout = 30)
 	struct wf_device_stream *s[2];
 	struct wf_device_event *e;
 	size_t n = 64 * MiB;
-	void *d, *h;
+	void *d[2], *h;
 
-	OKD(wf_device_mem_alloc(dev, n, &d, &diag));
+	/* One destination per stream: two unordered streams writing the same bytes would race. */
+	for (int i = 0; i < 2; i++)
+		OKD(wf_device_mem_alloc(dev, n, &d[i], &diag));
 	OKD(wf_device_pinned_alloc(dev, n, 0, &h, &diag));
 	OKD(wf_device_event_create(dev, 0, &e, &diag));
 	for (int i = 0; i < 2; i++)
 		OKD(wf_device_stream_create(dev, &s[i], &diag));
 	for (int k = 0; k < 2; k++)
 		for (int i = 0; i < 2; i++)
-			OKD(wf_device_memcpy_async(s[i], d, h, n, WF_DEVICE_COPY_H2D, &diag));
+			OKD(wf_device_memcpy_async(s[i], d[i], h, n, WF_DEVICE_COPY_H2D, &diag));
 	OKD(wf_device_event_record(e, s[0], &diag));
 	OKD(wf_device_stream_wait_event(s[1], e, &diag));
 	usleep(20000);
