@@ -40,17 +40,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#define NAMES_MAX 256 /* --model, --pin and --prefetch flags, each */
+
 struct opts {
 	const char *device, *id, *endpoint, *agent, *floor_dir, *mode, *load_mode;
 	const char *metrics; /* --metrics HOST:PORT */
 	double weight_fraction, wiggle;
 	uint64_t max_scratch, arena, staging_size, alloc_max;
 	unsigned staging_buffers;
-	const char *models[256];
+	const char *models[NAMES_MAX];
 	size_t n_models;
-	const char *pins[256];
+	const char *pins[NAMES_MAX];
 	size_t n_pins;
-	const char *prefetch[256];
+	const char *prefetch[NAMES_MAX];
 	size_t n_prefetch;
 	uid_t uids[64];
 	size_t n_uids;
@@ -168,6 +170,18 @@ static int parse_uint_flag(const char *flag, const char *arg, uint64_t min, uint
 		return 2;
 	}
 	*out = v;
+	return 0;
+}
+
+/* One more repeatable --model, --pin or --prefetch; more than NAMES_MAX is refused, saying so. */
+static int add_name(const char *flag, const char *arg, const char **names, size_t *n)
+{
+	if (*n == NAMES_MAX) {
+		fprintf(stderr, "wf-worker: %s %s: at most %d %s flags\n", flag, arg, NAMES_MAX,
+		        flag);
+		return 2;
+	}
+	names[(*n)++] = arg;
 	return 0;
 }
 
@@ -298,22 +312,21 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		}
 		case O_MODEL:
-			if (!strchr(optarg, '=') || optarg[0] == '=' || o->n_models == 256) {
+			if (!strchr(optarg, '=') || optarg[0] == '=') {
 				fprintf(stderr, "wf-worker: --model takes NAME=PATH, not '%s'\n",
 				        optarg);
 				return 2;
 			}
-			o->models[o->n_models++] = optarg;
+			if ((rc = add_name("--model", optarg, o->models, &o->n_models)))
+				return rc;
 			break;
 		case O_PIN:
-			if (o->n_pins == 256)
-				return 2;
-			o->pins[o->n_pins++] = optarg;
+			if ((rc = add_name("--pin", optarg, o->pins, &o->n_pins)))
+				return rc;
 			break;
 		case O_PREFETCH:
-			if (o->n_prefetch == 256)
-				return 2;
-			o->prefetch[o->n_prefetch++] = optarg;
+			if ((rc = add_name("--prefetch", optarg, o->prefetch, &o->n_prefetch)))
+				return rc;
 			break;
 		case O_MODE:
 			if (strcmp(optarg, "self") && strcmp(optarg, "external")) {

@@ -314,6 +314,27 @@ Test(worker_daemon, cuda_without_gpu_says_so)
 #endif
 }
 
+/* More --pin (or --prefetch, --model) flags than the worker keeps: refused with a message, not a
+ * silent exit 2. */
+Test(worker_daemon, too_many_pins_says_so)
+{
+	struct agt *a = agt_new("wd-pins");
+	enum { N = 258 };
+	char *argv[2 * N + 2] = {wft_exe("worker/wf-worker")};
+	char names[N][16];
+	for (int i = 0; i < N; i++) {
+		snprintf(names[i], sizeof names[i], "m%d", i);
+		argv[1 + 2 * i] = "--pin";
+		argv[2 + 2 * i] = names[i];
+	}
+	char *out = NULL, *err = NULL;
+	int rc = agt_run(argv, &out, &err, 30, a->dir);
+	cr_expect_eq(rc, 2, "exit status %d", rc);
+	cr_expect(strstr(err, "--pin m256: at most 256 --pin flags"), "says why: '%s'", err);
+	free(out);
+	free(err);
+}
+
 static uint32_t agent_holders(struct agt *a, const char *model)
 {
 	Weightfloor__V1__Reply *r = agt_model(a, model);
