@@ -56,7 +56,7 @@ static void usage(FILE *out)
 	    "usage: wf-bench floor [--json] [--dir DIR] [--floor-root DIR] [--size SIZE]\n"
 	    "                [--only cold,warm,share,attach] [--iterations N]\n"
 	    "       wf-bench residency [--json] [--device SPEC] [--dir DIR] [--size SIZE]\n"
-	    "                [--only floor,cold]\n"
+	    "                [--only floor,cold,throttle]\n"
 	    "       wf-bench engine [--json] [--model FILE] [--llama-bench PATH] [--threads N]\n"
 	    "                [--device SPEC [--llama-bench-gpu PATH]] [--dir DIR]\n"
 	    "                [--floor-root DIR] [--iterations N]\n"

@@ -5,7 +5,11 @@
  *                    the other mode is reported beside it;
  *  cold_file_load    a load from the model file with no floor (O_DIRECT staging), page cache
  *                    dropped, over fio's io_uring O_DIRECT read of the file;
- *  evict_mem         device free memory after evict over before the load (1.0 = all returned).
+ *  evict_mem         device free memory after evict over before the load (1.0 = all returned);
+ *  host_link_throttle_s  one 64 MiB copy through the host device's throttle (host:bw=256Mi, the
+ *                    tests' model of PCIe) over bytes/bw: how close to the link rate a copy
+ *                    comes on this machine under its load (test_device_host asserts only that
+ *                    it is never faster).
  * CUDA-only figures are reported as skipped on a machine without a GPU. */
 #include "anchors.h"
 #include "bench.h"
@@ -94,9 +98,53 @@ static double copy_anchor(struct wf_device *dev, const void *src, size_t n)
 	return secs;
 }
 
+static void run_throttle(void)
+{
+	const size_t n = 64u << 20;
+	const double ideal = (double)n / (256.0 * (1 << 20));
+	struct wf_device *dev = NULL;
+	struct wf_device_stream *s = NULL;
+	struct wf_diag d = {{0}};
+	void *dst = NULL, *src = NULL;
+	double secs = -1;
+	int rc = wf_device_open("host:bw=256Mi", &dev, &d);
+	if (rc == 0 && (rc = wf_device_stream_create(dev, &s, &d)) == 0 &&
+	    (rc = wf_device_mem_alloc(dev, n, &dst, &d)) == 0 &&
+	    (rc = wf_device_pinned_alloc(dev, n, 0, &src, &d)) == 0) {
+		memset(src, 7, n);
+		memset(dst, 0, n); /* fault the pages in first: the clock measures the link only */
+		double t0 = bench_now();
+		if ((rc = wf_device_memcpy_async(s, dst, src, n, WF_DEVICE_COPY_H2D, &d)) == 0 &&
+		    (rc = wf_device_stream_synchronize(s, &d)) == 0)
+			secs = bench_now() - t0;
+	}
+	if (rc < 0)
+		fprintf(stderr, "wf-bench: host throttle: %s\n", wf_diag_str(&d, rc));
+	else
+		bench_report(&(struct bench_result){
+		    .bench = "residency-host",
+		    .metric = "host_link_throttle_s",
+		    .unit = "s",
+		    .value = secs,
+		    .anchor = "bytes / bw (64 MiB at 256 MiB/s)",
+		    .anchor_value = ideal,
+		    .ratio = secs / ideal,
+		    .goal = 1.2,
+		    .goal_op = "<=",
+		    .notes = "host:bw=256Mi, one H2D copy; at least 1.0 by construction"});
+	wf_device_stream_destroy(s);
+	wf_device_pinned_free(dev, src, NULL);
+	wf_device_mem_free(dev, dst, NULL);
+	wf_device_close(dev);
+}
+
 int bench_residency(const struct bench_opts *o)
 {
 	char model_path[4200], floor_dir[4200];
+	if (bench_selected(o, "throttle"))
+		run_throttle();
+	if (!bench_selected(o, "floor") && !bench_selected(o, "cold"))
+		return 0;
 	snprintf(model_path, sizeof model_path, "%s/floor-bench-%s.gguf", o->dir, o->size);
 	snprintf(floor_dir, sizeof floor_dir, "%s/wf-bench-res-%d", o->floor_root, (int)getpid());
 	if (mkdir(o->dir, 0755) < 0 && errno != EEXIST)
