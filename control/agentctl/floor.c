@@ -591,6 +591,39 @@ static void print_published(const Weightfloor__V1__Event *ev)
 	printf("]");
 }
 
+/* Seconds since t0 on CLOCK_MONOTONIC. */
+static double since(const struct timespec *t0)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Subscribes to the agent's events. A connection the agent reset or shut (it is starting,
+ * stopping or being replaced) is dialed again, and so, with again, is an agent not listening (a
+ * restart in progress); each try waits twice as long as the one before (0.1 s, at most 2 s),
+ * until ^C or the watch's end (secs after t0; < 0: none). Other errors, and nothing listening
+ * on the first connection, end it at once. Returns 0 and *ret_sub, or the last error. */
+static int watch_open(struct cli *cli, bool again, const struct timespec *t0, long secs,
+                      struct wf_ctl_sub **ret_sub, struct wf_diag *diag)
+{
+	struct wf_ctl_client_opts so = {.tls = cli->tls};
+	long wait_ms = 100;
+	for (;;) {
+		wf_diag_clear(diag);
+		int rc = wf_ctl_sub_open(cli->events, &so, ret_sub, diag);
+		bool transient = rc == WF_ETRANSPORT || (again && rc == WF_EUNAVAILABLE);
+		if (rc == 0 || !transient || interrupted)
+			return rc;
+		for (long slept = 0; slept < wait_ms && !interrupted; slept += 20) {
+			if (secs > 0 && since(t0) >= (double)secs)
+				return rc;
+			nanosleep(&(struct timespec){.tv_nsec = 20 * 1000000L}, NULL);
+		}
+		wait_ms = wait_ms * 2 > 2000 ? 2000 : wait_ms * 2;
+	}
+}
+
 int cmd_watch(struct cli *cli, int argc, char **argv)
 {
 	static const char *usage_text =
@@ -600,7 +633,7 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 	    "  devices (\"worker ID model NAME STATE\"), published generations of a floor\n"
 	    "  (\"published MODEL generation G of floor DIGEST: N tensors [ID NAME, ...]\"), and\n"
 	    "  \"agent restarted\" when the agent's event epoch changes. Stops after N events or\n"
-	    "  S seconds, else on ^C.\n"
+	    "  S seconds, else on ^C; a lost connection to the agent is dialed again until then.\n"
 	    "  --json: JSON Lines, one Event object per line.\n";
 	static const struct option opts[] = {
 	    {"count", required_argument, NULL, 'n'},
@@ -640,28 +673,33 @@ int cmd_watch(struct cli *cli, int argc, char **argv)
 		return crc;
 	struct wf_ctl_sub *sub = NULL;
 	struct wf_diag d = {{0}};
-	struct wf_ctl_client_opts so = {.tls = cli->tls};
-	int rc = wf_ctl_sub_open(cli->events, &so, &sub, &d);
-	if (rc < 0) {
+	signal(SIGINT, on_sigint);
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = watch_open(cli, false, &t0, secs, &sub, &d);
+	if (rc < 0 && !interrupted)
 		return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s: %s", cli->events,
 		                wf_diag_str(&d, rc));
-	}
-	signal(SIGINT, on_sigint);
-	struct timespec t0, now;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	uint64_t last_seq = 0, last_epoch = 0;
-	while (!interrupted && count != 0) {
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (secs > 0 && now.tv_sec - t0.tv_sec >= secs)
+	while (sub && !interrupted && count != 0) {
+		if (secs > 0 && since(&t0) >= (double)secs)
 			break;
 		Weightfloor__V1__Event *ev = NULL;
 		rc = wf_ctl_sub_recv(sub, 200, &ev, &d);
 		if (rc == WF_ETIMEOUT || rc == WF_EFORMAT)
 			continue;
 		if (rc < 0) {
+			/* The connection went (nng redials by itself, but a socket that reports an
+			 * error is done): subscribe again, as at the start. */
 			wf_ctl_sub_close(sub);
-			return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s",
-			                wf_diag_str(&d, rc));
+			sub = NULL;
+			fprintf(stderr, "agentctl: watch: %s; dialing again\n",
+			        wf_diag_str(&d, rc));
+			rc = watch_open(cli, true, &t0, secs, &sub, &d);
+			if (rc < 0 && !interrupted && !(secs > 0 && since(&t0) >= (double)secs))
+				return cli_fail(cli, CLI_EXIT_UNAVAILABLE, "watch: %s: %s",
+				                cli->events, wf_diag_str(&d, rc));
+			continue;
 		}
 		/* A new epoch is a new publisher: the agent restarted (its sequence starts over).
 		 */

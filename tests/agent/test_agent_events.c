@@ -9,11 +9,12 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
-#include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -90,24 +91,69 @@ static Weightfloor__V1__Reply *worker_cmd(struct agt *a, Weightfloor__V1__Reques
 	return agt_call(a, &req, 15000);
 }
 
+/* `agentctl watch` as a process of its own (killed with the test, agent_helper --pdeathsig),
+ * its stdout and stderr in a file. It runs until the test has seen what it waits for and ends it
+ * with ^C: no test depends on how long anything takes (--for is only a backstop). */
 struct watcher {
-	struct agt *a;
-	bool json;
+	pid_t pid;
+	char *path;
 	int rc;
-	char *out, *err;
-	pthread_t th;
+	char *out;
 };
 
-static void *watch_main(void *arg)
+static void watch_start(struct agt *a, struct watcher *w, bool json, const char *name)
 {
-	struct watcher *w = arg;
-	if (w->json)
-		w->rc = agt_ctl(w->a, &w->out, &w->err,
-		                (const char *const[]){"watch", "--json", "--for", "10", NULL});
-	else
-		w->rc = agt_ctl(w->a, &w->out, &w->err,
-		                (const char *const[]){"watch", "--for", "10", NULL});
-	return NULL;
+	w->path = agt_printf("%s/%s.out", a->dir, name);
+	char *argv[] = {wft_exe("tests/agent/agent_helper"),
+	                "--pdeathsig",
+	                "exec",
+	                wft_exe("control/agentctl/agentctl"),
+	                "--socket",
+	                a->sock_url,
+	                "--events",
+	                a->ev_url,
+	                "watch",
+	                "--for",
+	                "110",
+	                json ? "--json" : NULL,
+	                NULL};
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->path, O_WRONLY | O_CREAT | O_TRUNC,
+	                                 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	cr_assert_eq(rc, 0, "spawn agentctl watch: %s", strerror(rc));
+}
+
+/* Waits until the watcher's output holds needle; asserts within 60 s (a backstop for a test
+ * that would otherwise hang, not a measure). */
+static void watch_wait_for(struct watcher *w, const char *needle)
+{
+	int64_t end = agt_now_ms() + 60000;
+	for (;;) {
+		char *t = slurp(w->path);
+		bool found = strstr(t, needle) != NULL;
+		if (found || agt_now_ms() > end) {
+			cr_assert(found, "watch never printed '%s':\n%s", needle, t);
+			free(t);
+			return;
+		}
+		free(t);
+		agt_sleep_ms(50);
+	}
+}
+
+/* Ends the watcher with ^C (it exits 0 then), and reads what it printed into w->out. */
+static void watch_stop(struct watcher *w)
+{
+	cr_assert_eq(kill(w->pid, SIGINT), 0);
+	int st = 0;
+	cr_assert_eq(waitpid(w->pid, &st, 0), w->pid);
+	w->rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	w->out = slurp(w->path);
 }
 
 /* Prefetch, pin, unpin and evict a model on a real worker: a subscriber and `agentctl watch`
@@ -123,11 +169,11 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 	wf_ctl_reply_free(r);
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
 
-	struct watcher wt = {.a = a, .json = false}, wj = {.a = a, .json = true};
-	cr_assert_eq(pthread_create(&wt.th, NULL, watch_main, &wt), 0);
-	cr_assert_eq(pthread_create(&wj.th, NULL, watch_main, &wj), 0);
+	struct watcher wt = {0}, wj = {0};
+	watch_start(a, &wt, false, "watch");
+	watch_start(a, &wj, true, "watch-json");
 	/* Ours and both watchers connected: events from here on reach all three. */
-	int64_t end = agt_now_ms() + 10000;
+	int64_t end = agt_now_ms() + 60000;
 	while (agt_event_peers(a) < 3 && agt_now_ms() < end)
 		agt_sleep_ms(20);
 	cr_assert_geq(agt_event_peers(a), 3, "agentctl watch did not connect");
@@ -169,10 +215,13 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 	wf_ctl_event_free(ev);
 	wf_ctl_sub_close(sub);
 
-	pthread_join(wt.th, NULL);
-	pthread_join(wj.th, NULL);
-	cr_expect_eq(wt.rc, 0, "watch: %s", wt.err);
-	cr_expect_eq(wj.rc, 0, "watch --json: %s", wj.err);
+	/* Our subscriber saw the eviction; the watchers see it too, then they are done. */
+	watch_wait_for(&wt, " evicted");
+	watch_wait_for(&wj, "evicted");
+	watch_stop(&wt);
+	watch_stop(&wj);
+	cr_expect_eq(wt.rc, 0, "watch: %s", wt.out);
+	cr_expect_eq(wj.rc, 0, "watch --json: %s", wj.out);
 	cr_expect(strstr(wt.out, "worker w-ev.0 model A DEVICE"), "watch output:\n%s", wt.out);
 	cr_expect(strstr(wt.out, "worker w-ev.0 model A PINNED_DEVICE"), "watch output:\n%s",
 	          wt.out);
@@ -193,9 +242,7 @@ Test(agent_events, residency_changes_reach_watch_with_worker_id)
 	}
 	cr_expect_geq(lines, 3, "RESIDENCY lines in watch --json:\n%s", wj.out);
 	free(wt.out);
-	free(wt.err);
 	free(wj.out);
-	free(wj.err);
 }
 
 static Weightfloor__V1__Reply *report(struct agt *a, const char *id, size_t n)
@@ -377,9 +424,9 @@ Test(agent_events, watch_announces_an_agent_restart)
 	struct agt *a = agt_new("ev-restart");
 	char *pa = agt_gen(a, "A", 3, NULL), *pb = agt_gen(a, "B", 4, NULL);
 	agt_start(a, NULL, NULL);
-	struct watcher wt = {.a = a, .json = false};
-	cr_assert_eq(pthread_create(&wt.th, NULL, watch_main, &wt), 0);
-	int64_t end = agt_now_ms() + 10000;
+	struct watcher wt = {0};
+	watch_start(a, &wt, false, "watch");
+	int64_t end = agt_now_ms() + 60000;
 	while (agt_event_peers(a) < 1 && agt_now_ms() < end)
 		agt_sleep_ms(20);
 	cr_assert_geq(agt_event_peers(a), 1, "agentctl watch did not connect");
@@ -387,21 +434,29 @@ Test(agent_events, watch_announces_an_agent_restart)
 	Weightfloor__V1__Reply *r = agt_register(a, "A", pa, false);
 	agt_expect_code(r, AGT_ST(OK), "register A");
 	wf_ctl_reply_free(r);
+	watch_wait_for(&wt, " A ");
 	cr_assert_eq(agt_stop(a, 10000), 0);
 	agt_start(a, NULL, NULL);
-	/* the watcher redials; register until one of the new agent's events reaches it */
-	end = agt_now_ms() + 8000;
-	char name[32];
-	while (agt_now_ms() < end && agt_event_peers(a) < 1)
-		agt_sleep_ms(50);
-	for (int i = 0; i < 5; i++) {
+	/* The watcher redials (however long the restart took); register until one of the new
+	 * agent's events has reached it. */
+	end = agt_now_ms() + 60000;
+	char *out = NULL;
+	for (int i = 0; agt_now_ms() < end; i++) {
+		char name[32];
 		snprintf(name, sizeof name, "B%d", i);
 		r = agt_register(a, name, pb, false);
 		wf_ctl_reply_free(r);
+		free(out);
+		out = slurp(wt.path);
+		if (strstr(out, "agent restarted"))
+			break;
 		agt_sleep_ms(200);
 	}
-	pthread_join(wt.th, NULL);
-	cr_assert(strstr(wt.out, "agent restarted"), "watch did not announce the restart:\n%s\n%s",
-	          wt.out, wt.err);
+	watch_stop(&wt);
+	cr_assert(strstr(wt.out, "agent restarted"), "watch did not announce the restart:\n%s",
+	          wt.out);
+	cr_expect_eq(wt.rc, 0, "watch: %s", wt.out);
+	free(out);
+	free(wt.out);
 	cr_assert_eq(agt_stop(a, 10000), 0);
 }
