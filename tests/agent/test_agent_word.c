@@ -295,15 +295,14 @@ Test(agent_word, a_peer_on_the_guard_lock_freezes_nothing)
 	wf_ctl_reply_free(r);
 	agt_ensure_ok(a, "n");
 	int64_t took = agt_now_ms() - t0;
-	cr_assert_lt(took, 3000,
-	             "release, status, list and another model's ensure took %lld ms "
-	             "with a peer on m's guard",
-	             (long long)took);
+	/* They answered OK while the guard was still held, so none waited for it (that would
+	 * have been until the close below); the time is for the log. */
+	cr_log_info("release, status, list and another model's ensure took %lld ms with a peer "
+	            "on m's guard",
+	            (long long)took);
 	close(gfd);
-	/* and it stops promptly */
-	t0 = agt_now_ms();
+	/* and it stops on SIGTERM (agt_stop kills it after 10 s, and says so: not 0) */
 	cr_assert_eq(agt_stop(a, 10000), 0);
-	cr_assert_lt(agt_now_ms() - t0, 5000);
 }
 
 Test(agent_word, relative_paths_are_refused)

@@ -538,8 +538,8 @@ Test(server, oversized_request, .timeout = 30)
 	int64_t t0 = now_ms();
 	int rv = wf_ctl_client_call(c, &req, &r, &d);
 	int64_t dt = now_ms() - t0;
+	/* WF_ETRANSPORT is the property: a hang would end as WF_ETIMEOUT, at the 4 s time-out. */
 	cr_expect_eq(rv, WF_ETRANSPORT, "%s: %s", wf_err_name(rv), wf_diag_str(&d, rv));
-	cr_expect_lt(dt, 2000, "failed after %lld ms", (long long)dt);
 	cr_log_info("oversized, wf client: %s after %lld ms (%s)", wf_err_name(rv), (long long)dt,
 	            wf_diag_str(&d, rv));
 
@@ -637,18 +637,20 @@ Test(server, request_timeout_with_slow_handler, .timeout = 30)
 	int64_t t0 = now_ms();
 	int rv = wf_ctl_client_call(c, &req, &r, &d);
 	int64_t dt = now_ms() - t0;
+	/* Not before the client's 300 ms (nng's timers may fire a tick early), and not by waiting
+	 * for the handler's 2 s: that would have been a reply, not WF_ETIMEOUT. The upper bound
+	 * only catches a time-out gone far wrong. */
 	cr_expect_eq(rv, WF_ETIMEOUT, "%s: %s", wf_err_name(rv), wf_diag_str(&d, rv));
 	cr_expect_geq(dt, 250);
-	cr_expect_lt(dt, 1000, "timed out after %lld ms", (long long)dt);
+	cr_expect_lt(dt, 20 * 300, "timed out after %lld ms", (long long)dt);
 	cr_expect(strstr(wf_diag_str(&d, rv), "no reply"), "%s", wf_diag_str(&d, rv));
 
-	/* The slow handler still runs on one worker; the next request is served by another at once,
-	 * on the same client. A late reply to the abandoned request is discarded by nng. */
-	t0 = now_ms();
+	/* The slow handler still runs on one worker; the next request is served by another, on the
+	 * same client, within the client's 300 ms (waiting for the slow one would take 1.7 s more).
+	 * A late reply to the abandoned request is discarded by nng. */
 	r = status_call(c, "quick");
 	cr_expect_eq(r->code, ST(OK));
 	cr_expect_str_eq(r->model_info->name, "quick");
-	cr_expect_lt(now_ms() - t0, 250);
 	wf_ctl_reply_free(r);
 
 	/* A per-call timeout longer than the client's default. */
@@ -706,7 +708,8 @@ Test(server, slow_request_does_not_block_others, .timeout = 30)
 		cr_expect_eq(r->code, ST(OK));
 		wf_ctl_reply_free(r);
 	}
-	cr_expect_lt(now_ms() - t0, 500, "fast requests waited for the slow one");
+	/* Waiting for the slow one (1.5 s, started 0.1 s before) would take at least 1.4 s. */
+	cr_expect_lt(now_ms() - t0, 1400, "fast requests waited for the slow one");
 	pthread_join(t, NULL);
 	cr_expect_eq(a.rv, 0);
 	cr_expect_eq(a.code, ST(OK));
@@ -783,15 +786,17 @@ Test(server, stop_is_prompt_with_a_client_mid_request, .timeout = 30)
 	wf_ctl_server_stop(srv);
 	wf_ctl_server_destroy(srv);
 	int64_t t_stop = now_ms() - t0;
-	cr_expect_lt(t_close, 50, "close must not block (%lld ms)", (long long)t_close);
-	cr_expect_lt(t_stop, 1000, "stop took %lld ms", (long long)t_stop);
+	/* The handler blocks for 10 s unless the server closes: close and stop that waited for it
+	 * would take that long. */
+	cr_expect_lt(t_close, 5000, "close must not block (%lld ms)", (long long)t_close);
+	cr_expect_lt(t_stop, 5000, "stop took %lld ms", (long long)t_stop);
 
 	pthread_join(t, NULL);
 	/* The client learns promptly: either the handler's UNAVAILABLE reply made it out before
 	 * the socket closed, or the connection drop. */
 	cr_expect(a.rv == WF_ETRANSPORT || (a.rv == 0 && a.code == ST(UNAVAILABLE)),
 	          "client got %s / %s", wf_err_name(a.rv), wf_proto_status_name(a.code));
-	cr_expect_lt(a.done_ms - t0, 1000);
+	cr_expect_lt(a.done_ms - t0, 5000); /* its own time-out is 8 s, the handler's 10 s */
 	cr_log_info("stop: close %lld ms, stop+destroy %lld ms; client: %s %s", (long long)t_close,
 	            (long long)t_stop, wf_err_name(a.rv),
 	            a.rv == 0 ? wf_proto_status_name(a.code) : "");
@@ -811,7 +816,7 @@ Test(server, lifecycle_idle_and_unstarted, .timeout = 30)
 	wf_ctl_server_close(srv); /* idempotent */
 	wf_ctl_server_stop(srv);
 	wf_ctl_server_stop(srv);
-	cr_expect_lt(now_ms() - t0, 500);
+	cr_expect_lt(now_ms() - t0, 5000); /* a worker left in its receive would never return */
 	wf_ctl_server_destroy(srv);
 
 	/* Created, never started: destroy alone is enough. */
@@ -927,10 +932,11 @@ Test(client, no_server_and_wait_for_server, .timeout = 30)
 	struct wf_ctl_client *c = NULL;
 	struct wf_diag d = {{0}};
 
+	/* Refused at once, not after waiting out the 10 s given. */
 	int64_t t0 = now_ms();
-	int rv = wf_ctl_client_open(url, 1000, NULL, &c, &d);
+	int rv = wf_ctl_client_open(url, 10000, NULL, &c, &d);
 	cr_expect_eq(rv, WF_EUNAVAILABLE, "%s: %s", wf_err_name(rv), wf_diag_str(&d, rv));
-	cr_expect_lt(now_ms() - t0, 500);
+	cr_expect_lt(now_ms() - t0, 5000);
 
 	/* A worker that starts before the agent: open succeeds, calls wait for the server. */
 	struct wf_ctl_client_opts co = {.wait_for_server = true};

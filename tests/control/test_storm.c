@@ -374,7 +374,6 @@ Test(storm, removed_socket_file_comes_back, .timeout = 60)
 		sleep_ms(20);
 	cr_assert_eq(access(url + 6, F_OK), 0, "the socket file was not re-created");
 	cr_log_info("socket file back after %lld ms", (long long)(now_ms() - t0));
-	cr_expect_lt(now_ms() - t0, 5000);
 	cr_expect_geq(fresh_call(url, "after"), 0);
 	cr_expect_eq(atomic_load(&replaced), 1);
 	wf_ctl_server_destroy(srv);

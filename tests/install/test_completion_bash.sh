@@ -73,5 +73,6 @@ has "publish flags" "--tensor --dry-run" "$A" publish qwen "--"
 start=$SECONDS
 out=$(comp "$A" --socket "ipc://$tmp/none.sock" pin "" 2>&1)
 check "no agent: no model names" test -z "$out"
-check "no agent: answers within 3 s" test $((SECONDS - start)) -le 3
+# agentctl's --timeout 2000 bounds it; only a completion that hangs fails here.
+check "no agent: answers without hanging" test $((SECONDS - start)) -le 10
 finish

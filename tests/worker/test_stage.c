@@ -322,7 +322,9 @@ Test(stage, cancel_mid_load)
 	struct wf_diag diag = {0};
 
 	for (int pass = 0; pass < 2; pass++) {
-		fx_open(&f, "host:mem=64Mi,bw=50M", &small_ring);
+		/* 16 MB at 10 MB/s: a full load takes at least 1.6 s, far past the cancel at
+		 * 0.1 s, so a thread that is late to cancel still cancels mid-load. */
+		fx_open(&f, "host:mem=64Mi,bw=10M", &small_ring);
 		f.m = wt_model_make(f.dir, &(struct wt_spec){"cancel", 1, sizes, 1, 18});
 		cr_assert(f.m);
 		if (pass == 1)
@@ -337,9 +339,9 @@ Test(stage, cancel_mid_load)
 		int ret = wf_stage_load(f.st, &src, f.items, 1, &ctl, NULL, &diag);
 		double dt = wt_now() - t0;
 		pthread_join(t, NULL);
+		/* Canceled, not finished (that would be 0); how soon is the machine's business. */
 		cr_expect_eq(ret, WF_ECANCELED, "pass %d: %s", pass, wf_diag_str(&diag, ret));
-		cr_expect_lt(dt, 0.25 + 0.1,
-		             "pass %d: canceled in %.3f s (a full load takes 0.34 s)", pass, dt);
+		cr_log_info("pass %d: canceled after %.3f s", pass, dt);
 		size_t before = wt_mem_free(f.dev);
 		cr_assert_eq(wf_device_mem_free(f.dev, f.dmem, NULL), 0);
 		f.dmem = NULL;

@@ -141,18 +141,19 @@ Test(worker_daemon, no_agent_no_wait)
 	wkr_spawn(&w, a, "w0", NULL, (const char *const[]){"--model", decl, NULL});
 	agt_wait_worker_ready(&w);
 
-	struct cmd_call k = run_cmd(w.url, CMD_PREFETCH, "A", 8000);
+	/* A worker that waited on the missing agent would spend the request's whole 20 s. */
+	struct cmd_call k = run_cmd(w.url, CMD_PREFETCH, "A", 20000);
 	cr_assert_eq(k.rc, 0, "Prefetch A: no reply (%s) after %lld ms", k.msg, (long long)k.ms);
 	cr_expect_eq(k.code, WEIGHTFLOOR__V1__STATUS__STATUS_OK, "%s", k.msg);
-	cr_expect_lt(k.ms, 4000, "Prefetch A took %lld ms", (long long)k.ms);
+	cr_expect_lt(k.ms, 10000, "Prefetch A took %lld ms", (long long)k.ms);
 	cr_expect_eq(residency(w.url, "A"), WEIGHTFLOOR__V1__RESIDENCY__RESIDENCY_DEVICE);
 
-	k = run_cmd(w.url, CMD_PIN, "ghost", 8000);
+	k = run_cmd(w.url, CMD_PIN, "ghost", 20000);
 	cr_assert_eq(k.rc, 0, "Pin ghost: no reply (%s) after %lld ms", k.msg, (long long)k.ms);
 	cr_expect_eq(k.code, WEIGHTFLOOR__V1__STATUS__STATUS_UNAVAILABLE, "%s %s",
 	             wf_proto_status_name(k.code), k.msg);
 	cr_expect(strstr(k.msg, "agent") != NULL, "%s", k.msg);
-	cr_expect_lt(k.ms, 4000, "Pin ghost took %lld ms", (long long)k.ms);
+	cr_expect_lt(k.ms, 10000, "Pin ghost took %lld ms", (long long)k.ms);
 }
 
 /* The agent hangs (SIGSTOP): a request for a model only the agent knows fails within its
@@ -190,12 +191,12 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 
 	struct cmd_call kb = run_cmd(w.url, CMD_PREFETCH, "B", 6000);
 	int rc;
-	int64_t t0 = now_ms();
-	Weightfloor__V1__Reply *r = agt_worker_status(w.url, 1000, &rc);
+	/* Answered within its own 4 s, while C's Prefetch waits 8 s on the hung agent: not
+	 * serialized behind it. */
+	Weightfloor__V1__Reply *r = agt_worker_status(w.url, 4000, &rc);
 	cr_expect_eq(rc, 0, "WorkerStatus while the agent hangs");
-	cr_expect_lt(now_ms() - t0, 1000);
 	wf_ctl_reply_free(r);
-	struct cmd_call ka = run_cmd(w.url, CMD_EVICT, "A", 1000);
+	struct cmd_call ka = run_cmd(w.url, CMD_EVICT, "A", 4000);
 	pthread_join(th, NULL);
 	/* agentctl straight at the worker: --timeout bounds a residency command too. */
 	char *argv[] = {wft_exe("control/agentctl/agentctl"),
@@ -207,12 +208,13 @@ Test(worker_daemon, hung_agent_bounded_and_not_serialized)
 	                "C",
 	                NULL};
 	char *out = NULL, *err = NULL;
-	t0 = now_ms();
+	int64_t t0 = now_ms();
 	rc = agt_run(argv, &out, &err, 30, a->dir);
 	int64_t ctl_ms = now_ms() - t0;
 	kill(a->pid, SIGCONT);
 	cr_expect_eq(rc, 4, "agentctl prefetch C: exit %d: %s", rc, err);
-	cr_expect_lt(ctl_ms, 5000, "agentctl prefetch C took %lld ms", (long long)ctl_ms);
+	/* Unbounded, it would wait on the hung agent until agt_run's 30 s. */
+	cr_expect_lt(ctl_ms, 15000, "agentctl prefetch C took %lld ms", (long long)ctl_ms);
 	cr_expect(strstr(err, "UNAVAILABLE") != NULL, "agentctl: %s", err);
 	free(out);
 	free(err);
