@@ -149,24 +149,12 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	struct wf_agent_metrics *am = calloc(1, sizeof(*am));
 	if (!am)
 		return -ENOMEM;
-	int rc = wf_metrics_create(&am->reg);
-	if (rc < 0) {
-		free(am);
-		return rc;
-	}
-	const double *sec = wf_metrics_seconds_buckets;
-	size_t nsec = wf_metrics_seconds_buckets_n;
 	const enum wf_metric_type C = WF_METRIC_COUNTER, G = WF_METRIC_GAUGE,
 	                          H = WF_METRIC_HISTOGRAM;
 	static const char *const L_none[] = {NULL};
 	static const char *const L_model[] = {"model", NULL};
 	static const char *const L_worker[] = {"worker", NULL};
-	struct {
-		struct wf_metric **m;
-		enum wf_metric_type t;
-		const char *name, *help;
-		const char *const *labels;
-	} defs[] = {
+	const struct wf_ctl_metric_def defs[] = {
 	    {&am->info, G, "weightfloor_agent_info", "The agent's version (value 1).",
 	     (const char *const[]){"version", NULL}},
 	    {&am->materializations, C, "weightfloor_materializations_total",
@@ -220,16 +208,10 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	     "The residency a worker last reported for a model (value 1).",
 	     (const char *const[]){"worker", "model", "state", NULL}},
 	};
-	for (size_t i = 0; i < sizeof defs / sizeof defs[0] && rc == 0; i++)
-		rc = wf_metrics_add(am->reg, defs[i].t, defs[i].name, defs[i].help, defs[i].labels,
-		                    defs[i].t == H ? sec : NULL, defs[i].t == H ? nsec : 0,
-		                    defs[i].m);
-	if (rc == 0)
-		rc = wf_ctl_reqmetrics_init(&am->req, am->reg,
-		                            "Errors by status code: request replies other than OK, "
-		                            "and failures of asynchronous floor work.");
-	if (rc == 0)
-		rc = wf_metrics_collector_add(am->reg, collect, am);
+	int rc = wf_ctl_daemon_metrics_create(defs, sizeof defs / sizeof defs[0], &am->req,
+	                                      "Errors by status code: request replies other than "
+	                                      "OK, and failures of asynchronous floor work.",
+	                                      collect, am, &am->reg);
 	if (rc == 0)
 		rc = wf_metric_set(am->info, (const char *[]){WF_VERSION}, 1);
 	if (rc < 0) {

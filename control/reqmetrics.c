@@ -27,6 +27,31 @@ int wf_ctl_reqmetrics_init(struct wf_ctl_reqmetrics *m, struct wf_metrics *reg,
 	return rc;
 }
 
+int wf_ctl_daemon_metrics_create(const struct wf_ctl_metric_def *defs, size_t n_defs,
+                                 struct wf_ctl_reqmetrics *req, const char *errors_help,
+                                 wf_metrics_collect_fn *collect, void *ctx,
+                                 struct wf_metrics **ret_reg)
+{
+	struct wf_metrics *reg = NULL;
+	int rc = wf_metrics_create(&reg);
+	for (size_t i = 0; rc == 0 && i < n_defs; i++) {
+		bool h = defs[i].type == WF_METRIC_HISTOGRAM;
+		rc = wf_metrics_add(reg, defs[i].type, defs[i].name, defs[i].help, defs[i].labels,
+		                    h ? wf_metrics_seconds_buckets : NULL,
+		                    h ? wf_metrics_seconds_buckets_n : 0, defs[i].ret);
+	}
+	if (rc == 0)
+		rc = wf_ctl_reqmetrics_init(req, reg, errors_help);
+	if (rc == 0 && collect)
+		rc = wf_metrics_collector_add(reg, collect, ctx);
+	if (rc < 0) {
+		wf_metrics_destroy(reg);
+		return rc;
+	}
+	*ret_reg = reg;
+	return 0;
+}
+
 void wf_ctl_reqmetrics_wrap(struct wf_ctl_reqmetrics *m, wf_ctl_handle_fn inner, void *inner_ctx)
 {
 	m->inner = inner;

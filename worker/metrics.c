@@ -114,21 +114,11 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 	struct wf_worker_metrics *wm = calloc(1, sizeof(*wm));
 	if (!wm)
 		return -ENOMEM;
-	int rc = wf_metrics_create(&wm->reg);
-	if (rc < 0) {
-		free(wm);
-		return rc;
-	}
 	const enum wf_metric_type C = WF_METRIC_COUNTER, G = WF_METRIC_GAUGE,
 	                          H = WF_METRIC_HISTOGRAM;
 	static const char *const L_none[] = {NULL};
 	static const char *const L_model[] = {"model", NULL};
-	struct {
-		struct wf_metric **m;
-		enum wf_metric_type t;
-		const char *name, *help;
-		const char *const *labels;
-	} defs[] = {
+	const struct wf_ctl_metric_def defs[] = {
 	    {&wm->info, G, "weightfloor_worker_info",
 	     "The worker's id, device and residency mode (value 1).",
 	     (const char *const[]){"worker", "device", "mode", NULL}},
@@ -194,16 +184,10 @@ int wf_worker_metrics_create(struct wf_worker_metrics **ret)
 	    {&wm->hit_ratio, G, "weightfloor_expert_cache_hit_ratio",
 	     "Hits over lookups of the expert slots.", L_model},
 	};
-	for (size_t i = 0; i < sizeof defs / sizeof defs[0] && rc == 0; i++)
-		rc = wf_metrics_add(wm->reg, defs[i].t, defs[i].name, defs[i].help, defs[i].labels,
-		                    defs[i].t == H ? wf_metrics_seconds_buckets : NULL,
-		                    defs[i].t == H ? wf_metrics_seconds_buckets_n : 0, defs[i].m);
-	if (rc == 0)
-		rc = wf_ctl_reqmetrics_init(
-		    &wm->req, wm->reg,
-		    "Errors by status code: request replies other than OK, and failed loads.");
-	if (rc == 0)
-		rc = wf_metrics_collector_add(wm->reg, collect, wm);
+	int rc = wf_ctl_daemon_metrics_create(
+	    defs, sizeof defs / sizeof defs[0], &wm->req,
+	    "Errors by status code: request replies other than OK, and failed loads.", collect, wm,
+	    &wm->reg);
 	if (rc < 0) {
 		wf_worker_metrics_destroy(wm);
 		return rc;
