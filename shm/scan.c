@@ -123,22 +123,52 @@ static bool held(const char *holders)
 	return busy;
 }
 
+/* A floor's four files: the region, its guard and holders lock files, its keep marker. */
+struct floor_paths {
+	char *region, *guard, *holders, *keep;
+};
+
+static void floor_paths_free(struct floor_paths *p)
+{
+	free(p->region);
+	free(p->guard);
+	free(p->holders);
+	free(p->keep);
+}
+
+/* 0 and *ret (floor_paths_free() it), or -ENOMEM with nothing to free. */
+static int floor_paths_get(const struct wf_shm_config *cfg, const struct wf_digest *digest,
+                           struct floor_paths *ret)
+{
+	struct floor_paths p = {0};
+	int rc = wf__shm_paths(cfg, digest, &p.region, &p.guard, &p.holders);
+	if (rc < 0)
+		return rc;
+	if (asprintf(&p.keep, "%s.keep", p.region) < 0) {
+		p.keep = NULL;
+		floor_paths_free(&p);
+		return -ENOMEM;
+	}
+	*ret = p;
+	return 0;
+}
+
 /* Classifies one digest; false if every file of it vanished meanwhile. */
 static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *e)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL;
+	struct floor_paths p;
 	struct wf_shm_header raw;
 	struct wf_diag why;
 	int gfd = -1, rc;
 	bool keep = true;
 
-	if (wf__shm_paths(cfg, &e->digest, &region, &guard, &holders) < 0 ||
-	    asprintf(&keepf, "%s.keep", region) < 0) {
+	if (floor_paths_get(cfg, &e->digest, &p) < 0) {
 		e->cls = WF_SHM_SCAN_BROKEN;
 		e->error = -ENOMEM;
 		snprintf(e->why, sizeof(e->why), "out of memory");
 		return true;
 	}
+	const char *region = p.region, *guard = p.guard, *holders = p.holders, *keepf = p.keep;
 	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, false, NULL, &gfd);
 	if (rc == -EAGAIN) {
 		e->cls = WF_SHM_SCAN_BUSY;
@@ -181,10 +211,7 @@ static bool classify(const struct wf_shm_config *cfg, struct wf_shm_scan_entry *
 out:
 	if (gfd >= 0)
 		close(gfd);
-	free(keepf);
-	free(region);
-	free(guard);
-	free(holders);
+	floor_paths_free(&p);
 	return keep;
 }
 
@@ -280,23 +307,36 @@ static int unlink_all(const char *region, const char *keepf, const char *holders
 	return 0;
 }
 
+/* Takes the holders lock exclusively without waiting, so that nobody can be attached (a missing
+ * file: nobody ever was). 0 and *ret_fd (-1 without a file; the caller closes it), -EBUSY, or
+ * -errno, with diag. */
+static int holders_exclusive(const char *holders, const char *name, int *ret_fd,
+                             struct wf_diag *diag)
+{
+	int fd = -1;
+	int rc = wf__shm_lockfile_open(holders, false, NULL, &fd);
+	if (rc == 0 && wf__shm_flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		close(fd);
+		return wf_diag_set(diag, -EBUSY, "region %s is attached by some process", name);
+	}
+	if (rc < 0 && rc != -ENOENT)
+		return wf_diag_set(diag, rc, "open %s: %s", holders, strerror(-rc));
+	*ret_fd = rc == 0 ? fd : -1;
+	return 0;
+}
+
 int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest *digest,
                          unsigned flags, struct wf_diag *diag)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
-	     name[WF_SHM_NAME_LEN + 1];
+	char name[WF_SHM_NAME_LEN + 1];
+	struct floor_paths p;
 	int gfd = -1, hfd = -1, rc;
 
 	if (!digest || (flags & ~WF_SHM_REMOVE_BROKEN_ONLY))
 		return wf_diag_set(diag, WF_EINVAL, "remove: bad arguments");
-	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
-	if (rc < 0)
+	if ((rc = floor_paths_get(cfg, digest, &p)) < 0)
 		return rc;
-	if (asprintf(&keepf, "%s.keep", region) < 0) {
-		keepf = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
+	const char *region = p.region, *guard = p.guard, *holders = p.holders, *keepf = p.keep;
 	wf__shm_name(digest, name);
 	if (!exists(region) && !exists(guard) && !exists(holders) && !exists(keepf)) {
 		rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", name, wf__shm_dir(cfg));
@@ -310,15 +350,8 @@ int wf_shm_region_remove(const struct wf_shm_config *cfg, const struct wf_digest
 		                 "region %s is being attached or materialized", name);
 		goto out;
 	}
-	rc = wf__shm_lockfile_open(holders, false, NULL, &hfd);
-	if (rc == 0 && wf__shm_flock(hfd, LOCK_EX | LOCK_NB) < 0) {
-		rc = wf_diag_set(diag, -EBUSY, "region %s is attached by some process", name);
+	if ((rc = holders_exclusive(holders, name, &hfd, diag)) < 0)
 		goto out;
-	}
-	if (rc < 0 && rc != -ENOENT) {
-		rc = wf_diag_set(diag, rc, "open %s: %s", holders, strerror(-rc));
-		goto out;
-	}
 	if ((flags & WF_SHM_REMOVE_BROKEN_ONLY) && exists(region)) {
 		struct wf_shm_header raw;
 		uint64_t size;
@@ -335,30 +368,23 @@ out:
 		close(hfd);
 	if (gfd >= 0)
 		close(gfd);
-	free(keepf);
-	free(region);
-	free(guard);
-	free(holders);
+	floor_paths_free(&p);
 	return rc;
 }
 
 int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_digest *digest,
                            bool keep, struct wf_diag *diag)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL, why[96];
+	char why[96];
+	struct floor_paths p;
 	struct stat st;
 	int gfd = -1, fd, rc;
 
 	if (!digest)
 		return wf_diag_set(diag, WF_EINVAL, "set_keep: bad arguments");
-	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
-	if (rc < 0)
+	if ((rc = floor_paths_get(cfg, digest, &p)) < 0)
 		return rc;
-	if (asprintf(&keepf, "%s.keep", region) < 0) {
-		keepf = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
+	const char *region = p.region, *guard = p.guard, *holders = p.holders, *keepf = p.keep;
 	/* Bounded: a peer may sit on the guard as long as it likes (the lock file is readable by
 	 * the floor group); the agent retries from its janitor rather than hang a request. */
 	rc = wf__shm_lock_path_timed(guard, LOCK_EX, true, cfg, WF_SHM_KEEP_WAIT_MS, &gfd);
@@ -401,30 +427,22 @@ int wf_shm_region_set_keep(const struct wf_shm_config *cfg, const struct wf_dige
 out:
 	if (gfd >= 0)
 		close(gfd);
-	free(keepf);
-	free(region);
-	free(guard);
-	free(holders);
+	floor_paths_free(&p);
 	return rc;
 }
 
 int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *digest,
                        struct wf_diag *diag)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, *keepf = NULL,
-	     name[WF_SHM_NAME_LEN + 1];
+	char name[WF_SHM_NAME_LEN + 1];
+	struct floor_paths p;
 	int gfd = -1, hfd = -1, rc;
 
 	if (!digest)
 		return wf_diag_set(diag, WF_EINVAL, "reap: bad arguments");
-	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
-	if (rc < 0)
+	if ((rc = floor_paths_get(cfg, digest, &p)) < 0)
 		return rc;
-	if (asprintf(&keepf, "%s.keep", region) < 0) {
-		keepf = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
+	const char *region = p.region, *guard = p.guard, *holders = p.holders, *keepf = p.keep;
 	wf__shm_name(digest, name);
 	rc = wf__shm_lock_path(guard, LOCK_EX | LOCK_NB, false, NULL, &gfd);
 	if (rc == -EAGAIN) {
@@ -441,15 +459,8 @@ int wf_shm_region_reap(const struct wf_shm_config *cfg, const struct wf_digest *
 		rc = wf_diag_set(diag, -ENOENT, "no floor region %s in %s", name, wf__shm_dir(cfg));
 		goto out;
 	}
-	rc = wf__shm_lockfile_open(holders, false, NULL, &hfd);
-	if (rc == 0 && wf__shm_flock(hfd, LOCK_EX | LOCK_NB) < 0) {
-		rc = wf_diag_set(diag, -EBUSY, "region %s is attached by some process", name);
+	if ((rc = holders_exclusive(holders, name, &hfd, diag)) < 0)
 		goto out;
-	}
-	if (rc < 0 && rc != -ENOENT) {
-		rc = wf_diag_set(diag, rc, "open %s: %s", holders, strerror(-rc));
-		goto out;
-	}
 	if (exists(keepf)) {
 		rc = wf_diag_set(diag, WF_ESTATE, "region %s has a keep marker", name);
 		goto out;
@@ -460,10 +471,7 @@ out:
 		close(hfd);
 	if (gfd >= 0)
 		close(gfd);
-	free(keepf);
-	free(region);
-	free(guard);
-	free(holders);
+	floor_paths_free(&p);
 	return rc;
 }
 
