@@ -305,6 +305,21 @@ pid_t agt_start(struct agt *a, const struct agt_opts *o, const char *const *args
 	return pid;
 }
 
+pid_t agt_spawn_to(char *const *argv, const char *out)
+{
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out, O_WRONLY | O_CREAT | O_TRUNC,
+	                                 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	pid_t pid;
+	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	cr_assert_eq(rc, 0, "spawn %s: %s", argv[0], strerror(rc));
+	return pid;
+}
+
 int agt_run(char *const *argv, char **out, char **err, int timeout_s, const char *dir)
 {
 	static atomic_int seq; /* tests run agentctl from several threads */

@@ -114,6 +114,10 @@ const char *agt_state_name(Weightfloor__V1__FloorState s);
  * (malloc'ed into *out and *err when not NULL). Returns its exit status. */
 int agt_ctl(struct agt *a, char **out, char **err, const char *const *args);
 
+/* Starts a program (argv[0] a path) with stdin from /dev/null and stdout and stderr into out
+ * (truncated), in this environment; asserts that it started. Returns its pid: the caller waits. */
+pid_t agt_spawn_to(char *const *argv, const char *out);
+
 /* Runs a program (argv[0] a path) with captured output; like wft_run. */
 int agt_run(char *const *argv, char **out, char **err, int timeout_s, const char *dir);
 

@@ -8,16 +8,12 @@
 #include "tests/agent/agt.h"
 
 #include <criterion/criterion.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 TestSuite(agent_events, .fini = agt_fini, .timeout = 120);
 
@@ -117,15 +113,7 @@ static void watch_start(struct agt *a, struct watcher *w, bool json, const char 
 	                "110",
 	                json ? "--json" : NULL,
 	                NULL};
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, w->path, O_WRONLY | O_CREAT | O_TRUNC,
-	                                 0644);
-	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-	int rc = posix_spawn(&w->pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	cr_assert_eq(rc, 0, "spawn agentctl watch: %s", strerror(rc));
+	w->pid = agt_spawn_to(argv, w->path);
 }
 
 /* Waits until the watcher's output holds needle; asserts within 60 s (a backstop for a test

@@ -21,7 +21,6 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +35,6 @@
 #define EK(x) WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
 
 TestSuite(agent, .fini = agt_fini, .timeout = 60);
-
-extern char **environ;
 
 static void expect_state(struct agt *a, const char *name, Weightfloor__V1__FloorState want)
 {
@@ -83,21 +80,6 @@ static const char *untraversable_ancestor(const char *dir)
 		if (stat(buf, &st) != 0 || !(st.st_mode & S_IXOTH))
 			return buf;
 	}
-}
-
-static pid_t spawn_to(char *const *argv, const char *out)
-{
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out, O_WRONLY | O_CREAT | O_TRUNC,
-	                                 0644);
-	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-	pid_t pid;
-	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	cr_assert_eq(rc, 0, "spawn %s: %s", argv[0], strerror(rc));
-	return pid;
 }
 
 /* Waits for a child; SIGKILLs it after timeout_ms. Exit status, or -1. */
@@ -362,7 +344,7 @@ Test(agent, concurrent_ensures_materialize_once)
 		                "m",
 		                "30000",
 		                NULL};
-		kids[i] = spawn_to(argv, outs[i]);
+		kids[i] = agt_spawn_to(argv, outs[i]);
 	}
 	for (int i = 0; i < N; i++) {
 		int rc = wait_child(kids[i], 45000);
@@ -1073,7 +1055,7 @@ Test(agent, watch_shows_states_and_progress)
 	                "--for",
 	                "5",
 	                NULL};
-	pid_t w = spawn_to(argv, wout);
+	pid_t w = agt_spawn_to(argv, wout);
 	/* PUB keeps no history: start only once watch is connected, and ping to prove it */
 	int64_t end = agt_now_ms() + 10000;
 	while (agt_event_peers(a) < 1) {
@@ -1334,7 +1316,7 @@ Test(agent, sigterm_during_materialization)
 	char *wout = agt_printf("%s/waiter.out", a->dir);
 	char *argv[] = {
 	    wft_exe("tests/agent/agent_helper"), "call", a->sock_url, "ensure", "m", "30000", NULL};
-	pid_t waiter = spawn_to(argv, wout);
+	pid_t waiter = agt_spawn_to(argv, wout);
 	agt_sleep_ms(500);
 
 	int64_t t0 = agt_now_ms();
