@@ -322,12 +322,54 @@ static bool section_ok(uint64_t off, uint64_t size, uint64_t align, uint64_t tot
 	return true;
 }
 
-int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *digest,
-                     struct wf_shm_header *ret_header, struct wf_diag *diag)
+/* The header, taken once into *h (later checks use the snapshot, never the live header a rogue
+ * writer could change): magic, version, state, checksums, digest, sizes, and the sections in
+ * order and in bounds. */
+/* The sections in the header's order, aligned and inside the region, and the tables' checksum. */
+static int validate_sections(const uint8_t *b, uint64_t size, const struct wf_shm_header *h,
+                             struct wf_diag *diag)
 {
-	const uint8_t *b = base;
+	uint64_t cursor = WF_SHM_HEADER_SIZE;
+	if (h->file_table_size != h->n_files * FILE_ENTRY_SIZE ||
+	    h->tensor_table_size != h->n_tensors * TENSOR_ENTRY_SIZE ||
+	    h->name_index_size != h->n_tensors * NAME_INDEX_ENTRY_SIZE ||
+	    h->strings_size > WF_SHM_MAX_STRINGS ||
+	    !section_ok(h->file_table_offset, h->file_table_size, 8, size, &cursor) ||
+	    !section_ok(h->tensor_table_offset, h->tensor_table_size, 8, size, &cursor) ||
+	    !section_ok(h->name_index_offset, h->name_index_size, 4, size, &cursor) ||
+	    !section_ok(h->strings_offset, h->strings_size, 1, size, &cursor) ||
+	    h->meta_size > WF_SHM_MAX_META ||
+	    !section_ok(h->meta_offset, h->meta_size, WF_SHM_META_ALIGN, size, &cursor) ||
+	    !section_ok(h->data_offset, h->data_size, WF_SHM_PAGE, size, &cursor) ||
+	    !section_ok(h->spare_offset, h->spare_size, WF_SHM_PAGE, size, &cursor) ||
+	    h->spare_used > h->spare_size)
+		return wf_diag_set(diag, WF_EFORMAT,
+		                   "region sections out of order or bounds: files %" PRIu64
+		                   "+%" PRIu64 ", tensors %" PRIu64 "+%" PRIu64
+		                   ", name index %" PRIu64 "+%" PRIu64 ", strings %" PRIu64
+		                   "+%" PRIu64 ", metadata %" PRIu64 "+%" PRIu64 ", data %" PRIu64
+		                   "+%" PRIu64 ", spare %" PRIu64 "+%" PRIu64 " (used %" PRIu64
+		                   "), total %" PRIu64,
+		                   h->file_table_offset, h->file_table_size, h->tensor_table_offset,
+		                   h->tensor_table_size, h->name_index_offset, h->name_index_size,
+		                   h->strings_offset, h->strings_size, h->meta_offset, h->meta_size,
+		                   h->data_offset, h->data_size, h->spare_offset, h->spare_size,
+		                   h->spare_used, size);
+	uint64_t sum =
+	    wf_shm_checksum(b + h->file_table_offset, h->data_offset - h->file_table_offset);
+	if (sum != h->tables_checksum)
+		return wf_diag_set(diag, WF_ECHECKSUM,
+		                   "region tables checksum 0x%016" PRIx64
+		                   ", computed 0x%016" PRIx64,
+		                   h->tables_checksum, sum);
+	return 0;
+}
+
+static int validate_header(const uint8_t *b, uint64_t size, const struct wf_digest *digest,
+                           struct wf_shm_header *ret_h, struct wf_diag *diag)
+{
 	struct wf_shm_header h;
-	uint64_t cursor;
+	int rc;
 
 	/* A creator killed between open and fallocate leaves 0 bytes; one killed before its
 	 * header was complete leaves a zero magic (the magic is written last). Both are EMPTY:
@@ -337,7 +379,6 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 	if (size < WF_SHM_HEADER_SIZE)
 		return wf_diag_set(diag, WF_ETRUNCATED,
 		                   "region is %" PRIu64 " bytes, shorter than its header", size);
-	/* One snapshot: later checks use it, never the live header a rogue writer could change. */
 	memcpy(&h, b, sizeof(h));
 	if (h.magic == 0)
 		return wf_diag_set(diag, WF_ENOT_READY, "region is EMPTY (no header yet)");
@@ -389,58 +430,40 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		return wf_diag_set(diag, WF_ELIMIT,
 		                   "region has %" PRIu32 " files, %" PRIu32 " tensors", h.n_files,
 		                   h.n_tensors);
-	cursor = WF_SHM_HEADER_SIZE;
-	if (h.file_table_size != h.n_files * FILE_ENTRY_SIZE ||
-	    h.tensor_table_size != h.n_tensors * TENSOR_ENTRY_SIZE ||
-	    h.name_index_size != h.n_tensors * NAME_INDEX_ENTRY_SIZE ||
-	    h.strings_size > WF_SHM_MAX_STRINGS ||
-	    !section_ok(h.file_table_offset, h.file_table_size, 8, size, &cursor) ||
-	    !section_ok(h.tensor_table_offset, h.tensor_table_size, 8, size, &cursor) ||
-	    !section_ok(h.name_index_offset, h.name_index_size, 4, size, &cursor) ||
-	    !section_ok(h.strings_offset, h.strings_size, 1, size, &cursor) ||
-	    h.meta_size > WF_SHM_MAX_META ||
-	    !section_ok(h.meta_offset, h.meta_size, WF_SHM_META_ALIGN, size, &cursor) ||
-	    !section_ok(h.data_offset, h.data_size, WF_SHM_PAGE, size, &cursor) ||
-	    !section_ok(h.spare_offset, h.spare_size, WF_SHM_PAGE, size, &cursor) ||
-	    h.spare_used > h.spare_size)
-		return wf_diag_set(
-		    diag, WF_EFORMAT,
-		    "region sections out of order or bounds: files %" PRIu64 "+%" PRIu64
-		    ", tensors %" PRIu64 "+%" PRIu64 ", name index %" PRIu64 "+%" PRIu64
-		    ", strings %" PRIu64 "+%" PRIu64 ", metadata %" PRIu64 "+%" PRIu64
-		    ", data %" PRIu64 "+%" PRIu64 ", spare %" PRIu64 "+%" PRIu64 " (used %" PRIu64
-		    "), total %" PRIu64,
-		    h.file_table_offset, h.file_table_size, h.tensor_table_offset,
-		    h.tensor_table_size, h.name_index_offset, h.name_index_size, h.strings_offset,
-		    h.strings_size, h.meta_offset, h.meta_size, h.data_offset, h.data_size,
-		    h.spare_offset, h.spare_size, h.spare_used, size);
-	sum = wf_shm_checksum(b + h.file_table_offset, h.data_offset - h.file_table_offset);
-	if (sum != h.tables_checksum)
-		return wf_diag_set(diag, WF_ECHECKSUM,
-		                   "region tables checksum 0x%016" PRIx64
-		                   ", computed 0x%016" PRIx64,
-		                   h.tables_checksum, sum);
+	if ((rc = validate_sections(b, size, &h, diag)) < 0)
+		return rc;
+	*ret_h = h;
+	return 0;
+}
 
-	/* The metadata, walked without allocating: lengths, counts, terminators, types. */
-	int rc = wf_model_meta_decode(b + h.meta_offset, (size_t)h.meta_size, NULL, diag);
+/* The metadata, walked without allocating: lengths, counts, terminators, types. */
+static int validate_meta(const uint8_t *b, const struct wf_shm_header *h, struct wf_diag *diag)
+{
+	int rc = wf_model_meta_decode(b + h->meta_offset, (size_t)h->meta_size, NULL, diag);
 	if (rc < 0)
 		return rc; /* diag says "model metadata: ..." */
 	uint32_t meta_files;
-	memcpy(&meta_files, b + h.meta_offset + 8, sizeof(meta_files));
-	if (meta_files != h.n_files)
+	memcpy(&meta_files, b + h->meta_offset + 8, sizeof(meta_files));
+	if (meta_files != h->n_files)
 		return wf_diag_set(diag, WF_EFORMAT,
 		                   "region metadata describes %" PRIu32
 		                   " files, the header %" PRIu32,
-		                   meta_files, h.n_files);
+		                   meta_files, h->n_files);
+	return 0;
+}
 
-	const char *pool = (const char *)b + h.strings_offset;
-	uint64_t data_end = h.data_offset + h.data_size, n_in_files = 0;
-	cursor = h.data_offset;
-	for (uint32_t i = 0; i < h.n_files; i++) {
+/* The file table: path strings, each file's window where the layout puts it, in order inside
+ * the data area, and the tensors they hold adding up. */
+static int validate_files(const uint8_t *b, const struct wf_shm_header *h, struct wf_diag *diag)
+{
+	const char *pool = (const char *)b + h->strings_offset;
+	uint64_t data_end = h->data_offset + h->data_size, n_in_files = 0;
+	uint64_t cursor = h->data_offset;
+	for (uint32_t i = 0; i < h->n_files; i++) {
 		struct wf_shm_file_entry e;
 		struct wf_shm_window w;
-		memcpy(&e, b + h.file_table_offset + i * FILE_ENTRY_SIZE, sizeof(e));
-		if (!string_ok(pool, h.strings_size, e.path_offset, e.path_len))
+		memcpy(&e, b + h->file_table_offset + i * FILE_ENTRY_SIZE, sizeof(e));
+		if (!string_ok(pool, h->strings_size, e.path_offset, e.path_len))
 			return wf_diag_set(diag, WF_EFORMAT,
 			                   "region file %" PRIu32 ": bad path string", i);
 		struct wf_model_file mf = {
@@ -459,27 +482,35 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		cursor = e.floor_offset + e.window_length;
 		n_in_files += e.n_tensors;
 	}
-	if (n_in_files != h.n_tensors)
+	if (n_in_files != h->n_tensors)
 		return wf_diag_set(diag, WF_EFORMAT,
 		                   "region files hold %" PRIu64 " tensors, header says %" PRIu32,
-		                   n_in_files, h.n_tensors);
+		                   n_in_files, h->n_tensors);
+	return 0;
+}
+
+/* The tensor table: names, files, dimensions, and each tensor's bytes inside its file's source
+ * section and at its place in the floor (the data area, or the spare area once published). */
+static int validate_tensors(const uint8_t *b, const struct wf_shm_header *h, struct wf_diag *diag)
+{
+	const char *pool = (const char *)b + h->strings_offset;
 	/* Fields are loaded one by one (each once: the region is shared memory) rather than by
 	 * copying whole entries: a 128-byte struct copy compiles to rep movs, whose startup and
 	 * store-forwarding stall cost more than the checks themselves at 10k entries. */
-	const struct wf_shm_tensor_entry *tt = (const void *)(b + h.tensor_table_offset);
-	const struct wf_shm_file_entry *ft = (const void *)(b + h.file_table_offset);
-	for (uint32_t i = 0; i < h.n_tensors; i++) {
+	const struct wf_shm_tensor_entry *tt = (const void *)(b + h->tensor_table_offset);
+	const struct wf_shm_file_entry *ft = (const void *)(b + h->file_table_offset);
+	for (uint32_t i = 0; i < h->n_tensors; i++) {
 		const struct wf_shm_tensor_entry *e = &tt[i];
 		uint64_t name_offset = LOAD(e->name_offset);
 		uint32_t name_len = LOAD(e->name_len);
 		uint32_t file = LOAD(e->file);
 		uint16_t n_dims = LOAD(e->n_dims);
 		if (name_len == 0 || name_len > WF_MODEL_MAX_NAME ||
-		    !string_ok(pool, h.strings_size, name_offset, name_len))
+		    !string_ok(pool, h->strings_size, name_offset, name_len))
 			return wf_diag_set(diag, WF_EFORMAT,
 			                   "region tensor %" PRIu32 ": bad name string", i);
 		const char *name = pool + name_offset;
-		if (file >= h.n_files || n_dims > WF_MODEL_MAX_DIMS)
+		if (file >= h->n_files || n_dims > WF_MODEL_MAX_DIMS)
 			return wf_diag_set(diag, WF_EFORMAT,
 			                   "region tensor '%.*s': file %" PRIu32 ", %u dimensions",
 			                   (int)name_len, name, file, n_dims);
@@ -495,9 +526,9 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 			         floor_offset == LOAD(f->floor_offset) +
 			                             (source_offset - LOAD(f->window_offset));
 		else
-			placed = generation <= h.generation &&
-			         range_in(floor_offset, nbytes, h.spare_offset,
-			                  h.spare_offset + h.spare_used);
+			placed = generation <= h->generation &&
+			         range_in(floor_offset, nbytes, h->spare_offset,
+			                  h->spare_offset + h->spare_used);
 		if (!in_source || !placed)
 			return wf_diag_set(
 			    diag, WF_EFORMAT,
@@ -506,22 +537,30 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 			    ") outside its section",
 			    (int)name_len, name, nbytes, floor_offset, source_offset, generation);
 	}
-	/* The name index: in range and strictly increasing names, which makes it a permutation
-	 * and the names unique without sorting anything (shm/layout.h). Entries are re-read from
-	 * shared memory, so their bounds are checked again before a name is compared. */
-	const uint32_t *idx = (const uint32_t *)(b + h.name_index_offset);
+	return 0;
+}
+
+/* The name index: in range and strictly increasing names, which makes it a permutation and the
+ * names unique without sorting anything (shm/layout.h). Entries are re-read from shared memory,
+ * so their bounds are checked again before a name is compared. */
+static int validate_name_index(const uint8_t *b, const struct wf_shm_header *h,
+                               struct wf_diag *diag)
+{
+	const char *pool = (const char *)b + h->strings_offset;
+	const struct wf_shm_tensor_entry *tt = (const void *)(b + h->tensor_table_offset);
+	const uint32_t *idx = (const uint32_t *)(b + h->name_index_offset);
 	const char *prev = NULL;
 	uint32_t prev_len = 0;
-	for (uint32_t k = 0; k < h.n_tensors; k++) {
+	for (uint32_t k = 0; k < h->n_tensors; k++) {
 		uint32_t t = LOAD(idx[k]);
-		if (t >= h.n_tensors)
+		if (t >= h->n_tensors)
 			return wf_diag_set(diag, WF_EFORMAT,
 			                   "region name index entry %" PRIu32 ": tensor %" PRIu32
 			                   " of %" PRIu32,
-			                   k, t, h.n_tensors);
+			                   k, t, h->n_tensors);
 		uint64_t off = LOAD(tt[t].name_offset);
 		uint32_t len = LOAD(tt[t].name_len);
-		if (len == 0 || len > WF_MODEL_MAX_NAME || !range_in(off, len, 0, h.strings_size))
+		if (len == 0 || len > WF_MODEL_MAX_NAME || !range_in(off, len, 0, h->strings_size))
 			return wf_diag_set(diag, WF_EFORMAT,
 			                   "region tensor %" PRIu32 ": bad name string", t);
 		const char *name = pool + off;
@@ -540,8 +579,26 @@ int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *di
 		prev = name;
 		prev_len = len;
 	}
-	*ret_header = h;
 	return 0;
+}
+
+int wf__shm_validate(const void *base, uint64_t size, const struct wf_digest *digest,
+                     struct wf_shm_header *ret_header, struct wf_diag *diag)
+{
+	const uint8_t *b = base;
+	struct wf_shm_header h;
+	int rc = validate_header(b, size, digest, &h, diag);
+	if (rc == 0)
+		rc = validate_meta(b, &h, diag);
+	if (rc == 0)
+		rc = validate_files(b, &h, diag);
+	if (rc == 0)
+		rc = validate_tensors(b, &h, diag);
+	if (rc == 0)
+		rc = validate_name_index(b, &h, diag);
+	if (rc == 0)
+		*ret_header = h;
+	return rc;
 }
 
 int wf__shm_match_model(const void *base, const struct wf_shm_header *h, const struct wf_model *m,
