@@ -381,70 +381,44 @@ static struct wf_shm_fill_tensor *fill_tensors(const struct wf_shm_tensor_entry 
 	return t;
 }
 
-/* Creates the region file from scratch (the caller holds the guard and has unlinked any old one),
- * fills it and makes it READY. On failure the file is gone. */
-static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
-                       const struct wf_model *model, const struct wf_shm_layout *lay, uint64_t page,
-                       bool huge, bool stream, wf_shm_fill_fn fill, void *fill_ctx,
-                       struct wf_diag *diag)
+/* Gives the new region file its mode and group, reserves it and maps it (r->base, r->size). */
+static int prepare_file(struct wf_shm_region *r, const struct wf_shm_config *cfg,
+                        const struct wf_shm_layout *lay, uint64_t size, bool stream,
+                        struct wf_diag *diag)
 {
-	struct wf_shm_fill_file *files = NULL;
-	struct wf_shm_fill_tensor *tensors = NULL;
-	uint64_t *sums = NULL;
-	bool sums_set = false;
-	struct wf_shm_header *h;
-	uint64_t size;
-	int fd, rc;
-
-	size = (lay->total_size + page - 1) & ~(page - 1);
-	if (size < lay->total_size || size > (uint64_t)INT64_MAX)
-		return wf_diag_set(diag, WF_EOVERFLOW, "region %s: size %" PRIu64 " overflows",
-		                   short_name(r), lay->total_size);
-	/* The fill of a hugetlbfs region writes through the mapping: reserve everything first. */
-	stream = stream && !huge;
-	fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-	          wf__shm_region_mode(cfg));
-	if (fd < 0)
-		return wf_diag_set(diag, -errno, "create %s: %s", r->path, strerror(errno));
-	r->fd = fd;
-	if (fchmod(fd, wf__shm_region_mode(cfg)) != 0 || wf__shm_apply_group(fd, cfg) < 0) {
-		rc =
-		    wf_diag_set(diag, -errno, "set mode/group of %s: %s", r->path, strerror(errno));
-		goto fail;
-	}
+	int fd = r->fd, rc;
+	if (fchmod(fd, wf__shm_region_mode(cfg)) != 0 || wf__shm_apply_group(fd, cfg) < 0)
+		return wf_diag_set(diag, -errno, "set mode/group of %s: %s", r->path,
+		                   strerror(errno));
 	/* Reserve every page before the region can become READY: a full tmpfs fails here with
 	 * ENOSPC instead of killing us, or a worker, with SIGBUS on first touch. STREAM checks the
 	 * free space, reserves the tables now (they are written through the mapping below), and
 	 * leaves the data area to wf_shm_fill_write() and reserve_rest(). */
-	if (stream && plainly_too_small(r, size)) {
-		rc = space_error(r, lay, size, -ENOSPC, diag);
-		goto fail;
-	}
+	if (stream && plainly_too_small(r, size))
+		return space_error(r, lay, size, -ENOSPC, diag);
 	rc = stream ? ftruncate(fd, (off_t)size) == 0 ? 0 : -errno : 0;
 	if (rc == 0)
 		rc = reserve(fd, 0, stream ? lay->data_offset : size);
 	if (rc == 0 && stream)
 		rc = reserve_init(r, lay->data_offset, size);
-	if (rc < 0) {
-		rc = space_error(r, lay, size, rc, diag);
-		goto fail;
-	}
+	if (rc < 0)
+		return space_error(r, lay, size, rc, diag);
 	/* The data is written with pwrite (wf_shm_fill_write()) or through this mapping; a pwrite
 	 * fill leaves it without page table entries for the data, so it costs nothing. */
 	void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		rc = wf_diag_set(diag, -errno, "map %s: %s", r->path, strerror(errno));
-		goto fail;
-	}
+	if (base == MAP_FAILED)
+		return wf_diag_set(diag, -errno, "map %s: %s", r->path, strerror(errno));
 	r->base = base;
 	r->size = size;
-	rc = wf_shm_layout_write(model, lay, base, size, diag);
-	if (rc < 0)
-		goto fail;
+	return 0;
+}
 
-	/* The header is written whole with magic 0, then the magic last with release: a process
-	 * killed before that leaves a zero magic, which every reader takes for EMPTY (not READY)
-	 * rather than for a damaged region. */
+/* The header is written whole with magic 0, then the magic last with release: a process killed
+ * before that leaves a zero magic, which every reader takes for EMPTY (not READY) rather than
+ * for a damaged region. State MATERIALIZING. Returns the live header. */
+static struct wf_shm_header *write_header(struct wf_shm_region *r, const struct wf_shm_layout *lay,
+                                          uint64_t size, uint64_t page, bool huge)
+{
 	struct wf_shm_header hl;
 	memset(&hl, 0, sizeof(hl));
 	hl.version = WF_SHM_VERSION;
@@ -478,22 +452,22 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 	hl.page_size = page;
 	hl.created_ns = now_ns();
 	hl.materializer_pid = (int32_t)getpid();
-	h = base;
+	struct wf_shm_header *h = r->base;
 	memcpy(h, &hl, sizeof(hl));
 	__atomic_store_n(&h->magic, WF_SHM_MAGIC, __ATOMIC_RELEASE);
 	r->hdr = *h;
 	set_index(r);
+	return h;
+}
 
-	struct wf_shm_tensor_entry *te = (void *)((uint8_t *)base + lay->tensor_table_offset);
-	files = calloc(lay->n_files, sizeof(*files));
-	tensors = fill_tensors(te, lay->n_tensors);
-	sums = calloc(lay->n_tensors ? lay->n_tensors : 1, sizeof(*sums));
-	if (!files || !tensors || !sums) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	const struct wf_shm_file_entry *fe =
-	    (const void *)((uint8_t *)base + lay->file_table_offset);
+/* What the fill is told of each file, from the file table just written. NULL: out of memory. */
+static struct wf_shm_fill_file *fill_files(const struct wf_model *model,
+                                           const struct wf_shm_layout *lay, uint8_t *base)
+{
+	struct wf_shm_fill_file *files = calloc(lay->n_files, sizeof(*files));
+	if (!files)
+		return NULL;
+	const struct wf_shm_file_entry *fe = (const void *)(base + lay->file_table_offset);
 	for (uint32_t i = 0; i < lay->n_files; i++) {
 		files[i].path = model->files[i].path;
 		files[i].file_size = fe[i].size;
@@ -502,15 +476,87 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 		files[i].copy_length = fe[i].copy_length;
 		files[i].floor_offset = fe[i].floor_offset;
 		files[i].section_length = fe[i].window_length;
-		files[i].dst = (uint8_t *)base + fe[i].floor_offset;
+		files[i].dst = base + fe[i].floor_offset;
 		files[i].dev = model->files[i].dev;
 		files[i].ino = model->files[i].ino;
+	}
+	return files;
+}
+
+/* The filled region made READY: tensor checksums, the tables' and the header's, READY last with
+ * release, and the mapping read-only. */
+static int seal(struct wf_shm_region *r, const struct wf_shm_layout *lay, struct wf_shm_header *h,
+                const uint64_t *sums, bool sums_set, struct wf_diag *diag)
+{
+	uint8_t *base = r->base;
+	struct wf_shm_tensor_entry *te = (void *)(base + lay->tensor_table_offset);
+	/* tmpfs and hugetlbfs have no backing store: the page cache is the floor, and the fd and
+	 * every mapping see the same pages, so there is nothing for msync to write. Checksums
+	 * hashed by the fill while the bytes streamed past spare a second pass over the region
+	 * (on tmpfs through fresh page table entries, which cost more than the hashing). */
+	for (uint32_t i = 0; i < lay->n_tensors; i++)
+		te[i].checksum =
+		    sums_set ? sums[i]
+		             : wf_shm_checksum(base + te[i].floor_offset, (size_t)te[i].nbytes);
+	h->tables_checksum = wf_shm_checksum(base + lay->file_table_offset,
+	                                     lay->data_offset - lay->file_table_offset);
+	h->ready_ns = now_ns();
+	h->header_checksum = wf_shm_header_checksum(h);
+	/* READY last, with release: whoever sees it sees every byte above. */
+	__atomic_store_n(&h->state, WF_SHM_STATE_READY, __ATOMIC_RELEASE);
+	r->hdr = *h;
+	/* The agent keeps a read-only view like everyone else: a stray write faults here instead of
+	 * corrupting every worker's weights. A publish maps a writable view of its own for the
+	 * length of the call (shm/publish.c). Only the pages written through the mapping have
+	 * entries to change. */
+	if (mprotect(base, (size_t)r->size, PROT_READ) != 0)
+		return wf_diag_set(diag, -errno, "mprotect %s: %s", r->path, strerror(errno));
+	return 0;
+}
+
+/* Creates the region file from scratch (the caller holds the guard and has unlinked any old one),
+ * fills it and makes it READY. On failure the file is gone. */
+static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
+                       const struct wf_model *model, const struct wf_shm_layout *lay, uint64_t page,
+                       bool huge, bool stream, wf_shm_fill_fn fill, void *fill_ctx,
+                       struct wf_diag *diag)
+{
+	struct wf_shm_fill_file *files = NULL;
+	struct wf_shm_fill_tensor *tensors = NULL;
+	uint64_t *sums = NULL;
+	bool sums_set = false;
+	int fd, rc;
+
+	uint64_t size = (lay->total_size + page - 1) & ~(page - 1);
+	if (size < lay->total_size || size > (uint64_t)INT64_MAX)
+		return wf_diag_set(diag, WF_EOVERFLOW, "region %s: size %" PRIu64 " overflows",
+		                   short_name(r), lay->total_size);
+	/* The fill of a hugetlbfs region writes through the mapping: reserve everything first. */
+	stream = stream && !huge;
+	fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+	          wf__shm_region_mode(cfg));
+	if (fd < 0)
+		return wf_diag_set(diag, -errno, "create %s: %s", r->path, strerror(errno));
+	r->fd = fd;
+	if ((rc = prepare_file(r, cfg, lay, size, stream, diag)) < 0)
+		goto fail;
+	if ((rc = wf_shm_layout_write(model, lay, r->base, size, diag)) < 0)
+		goto fail;
+	struct wf_shm_header *h = write_header(r, lay, size, page, huge);
+
+	files = fill_files(model, lay, r->base);
+	tensors = fill_tensors((const void *)((uint8_t *)r->base + lay->tensor_table_offset),
+	                       lay->n_tensors);
+	sums = calloc(lay->n_tensors ? lay->n_tensors : 1, sizeof(*sums));
+	if (!files || !tensors || !sums) {
+		rc = -ENOMEM;
+		goto fail;
 	}
 	struct wf_shm_fill job = {
 	    .region = r,
 	    .model = model,
 	    .region_fd = fd,
-	    .base = base,
+	    .base = r->base,
 	    .region_size = size,
 	    .page_size = page,
 	    .hugetlbfs = huge,
@@ -541,30 +587,8 @@ static int materialize(struct wf_shm_region *r, const struct wf_shm_config *cfg,
 		goto fail;
 	}
 	reserve_fini(r);
-
-	/* tmpfs and hugetlbfs have no backing store: the page cache is the floor, and the fd and
-	 * every mapping see the same pages, so there is nothing for msync to write. Checksums
-	 * hashed by the fill while the bytes streamed past spare a second pass over the region
-	 * (on tmpfs through fresh page table entries, which cost more than the hashing). */
-	for (uint32_t i = 0; i < lay->n_tensors; i++)
-		te[i].checksum = sums_set ? sums[i]
-		                          : wf_shm_checksum((uint8_t *)base + te[i].floor_offset,
-		                                            (size_t)te[i].nbytes);
-	h->tables_checksum = wf_shm_checksum((uint8_t *)base + lay->file_table_offset,
-	                                     lay->data_offset - lay->file_table_offset);
-	h->ready_ns = now_ns();
-	h->header_checksum = wf_shm_header_checksum(h);
-	/* READY last, with release: whoever sees it sees every byte above. */
-	__atomic_store_n(&h->state, WF_SHM_STATE_READY, __ATOMIC_RELEASE);
-	r->hdr = *h;
-	/* The agent keeps a read-only view like everyone else: a stray write faults here instead of
-	 * corrupting every worker's weights. A publish maps a writable view of its own for the
-	 * length of the call (shm/publish.c). Only the pages written through the mapping have
-	 * entries to change. */
-	if (mprotect(base, (size_t)size, PROT_READ) != 0) {
-		rc = wf_diag_set(diag, -errno, "mprotect %s: %s", r->path, strerror(errno));
+	if ((rc = seal(r, lay, h, sums, sums_set, diag)) < 0)
 		goto fail;
-	}
 	free(files);
 	free(tensors);
 	free(sums);
