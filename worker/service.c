@@ -481,6 +481,48 @@ int wf_worker_svc_extend(struct wf_worker_svc *s, const struct wf_worker_svc_ext
 	return 0;
 }
 
+/* Compact: evicts every unpinned model and reloads the listed ones; the reply says what moved. */
+static int compact(struct wf_worker_svc *s, const Weightfloor__V1__Compact *c, int agent_ms,
+                   Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_diag d = {{0}};
+	int rc = 0;
+	uint32_t *ids = wf_ctl_call_calloc(call, c->n_reload ? c->n_reload : 1, sizeof(*ids));
+	if (!ids)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->n_reload; i++)
+		if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, true, &ids[i], &d)) < 0)
+			return fail(reply, call, rc, &d);
+	struct wf_cache_status *before = NULL, *after = NULL;
+	wf_cache_status(s->cache, &before);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = wf_cache_compact(s->cache, ids, c->n_reload, &d);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	wf_cache_status(s->cache, &after);
+	Weightfloor__V1__CompactReply *cr = wf_ctl_call_alloc(call, sizeof(*cr));
+	if (cr && before && after) {
+		weightfloor__v1__compact_reply__init(cr);
+		uint64_t reloaded = 0;
+		for (size_t i = 0; i < after->n_models; i++)
+			for (size_t k = 0; k < c->n_reload; k++)
+				if (after->models[i].id == ids[k])
+					reloaded += after->models[i].device_bytes;
+		/* Compaction frees every unpinned allocation, then reloads the list. */
+		cr->bytes_freed = before->resident_bytes;
+		cr->bytes_moved = reloaded;
+		cr->reloaded = c->reload;
+		cr->n_reloaded = c->n_reload;
+		cr->duration_ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 +
+		                             (t1.tv_nsec - t0.tv_nsec) / 1000000);
+		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_COMPACT;
+		reply->compact = cr;
+	}
+	wf_cache_status_free(before);
+	wf_cache_status_free(after);
+	return rc < 0 ? fail(reply, call, rc, &d) : 0;
+}
+
 int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
                          Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -548,45 +590,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		}
 		rc = wf_cache_prefetch(s->cache, id, true, &d);
 		break;
-	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT: {
-		const Weightfloor__V1__Compact *c = req->compact;
-		uint32_t *ids =
-		    wf_ctl_call_calloc(call, c->n_reload ? c->n_reload : 1, sizeof(*ids));
-		if (!ids)
-			return -ENOMEM;
-		for (size_t i = 0; i < c->n_reload; i++)
-			if ((rc = wf_worker_svc_resolve(s, c->reload[i], agent_ms, true, &ids[i],
-			                                &d)) < 0)
-				return fail(reply, call, rc, &d);
-		struct wf_cache_status *before = NULL, *after = NULL;
-		wf_cache_status(s->cache, &before);
-		struct timespec t0, t1;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		rc = wf_cache_compact(s->cache, ids, c->n_reload, &d);
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		wf_cache_status(s->cache, &after);
-		Weightfloor__V1__CompactReply *cr = wf_ctl_call_alloc(call, sizeof(*cr));
-		if (cr && before && after) {
-			weightfloor__v1__compact_reply__init(cr);
-			uint64_t reloaded = 0;
-			for (size_t i = 0; i < after->n_models; i++)
-				for (size_t k = 0; k < c->n_reload; k++)
-					if (after->models[i].id == ids[k])
-						reloaded += after->models[i].device_bytes;
-			/* Compaction frees every unpinned allocation, then reloads the list. */
-			cr->bytes_freed = before->resident_bytes;
-			cr->bytes_moved = reloaded;
-			cr->reloaded = c->reload;
-			cr->n_reloaded = c->n_reload;
-			cr->duration_ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 +
-			                             (t1.tv_nsec - t0.tv_nsec) / 1000000);
-			reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_COMPACT;
-			reply->compact = cr;
-		}
-		wf_cache_status_free(before);
-		wf_cache_status_free(after);
-		return rc < 0 ? fail(reply, call, rc, &d) : 0;
-	}
+	case WEIGHTFLOOR__V1__REQUEST__BODY_COMPACT:
+		return compact(s, req->compact, agent_ms, reply, call);
 	case WEIGHTFLOOR__V1__REQUEST__BODY_WORKER_STATUS:
 		return worker_info(s, reply, call);
 	default:
