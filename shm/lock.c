@@ -254,29 +254,15 @@ int wf_shm_region_sole_holder(struct wf_shm_region *r, bool *ret_sole)
 	return 0;
 }
 
-int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest, pid_t *pids,
-                       size_t cap, size_t *ret_n, struct wf_diag *diag)
+/* One pass over /proc/locks: the FLOCK holders of st's inode, up to cap of them in pids, all of
+ * them counted in *ret_n. 0 or -errno. */
+static int scan_locks(const struct stat *st, pid_t *pids, size_t cap, size_t *ret_n)
 {
-	char *region = NULL, *guard = NULL, *holders = NULL, line[256];
-	struct stat st;
+	char line[256];
 	size_t n = 0;
-	FILE *f = NULL;
-	int rc;
-
-	if (!digest || !ret_n || (cap && !pids))
-		return WF_EINVAL;
-	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
-	if (rc < 0)
-		return rc;
-	if (stat(holders, &st) != 0) {
-		rc = wf_diag_set(diag, -errno, "stat %s: %s", holders, strerror(errno));
-		goto out;
-	}
-	f = fopen("/proc/locks", "re");
-	if (!f) {
-		rc = wf_diag_set(diag, -errno, "open /proc/locks: %s", strerror(errno));
-		goto out;
-	}
+	FILE *f = fopen("/proc/locks", "re");
+	if (!f)
+		return -errno;
 	/* "1: FLOCK  ADVISORY  READ  1234 00:1a:5678 0 EOF"; waiters' lines carry "->": skip. */
 	while (fgets(line, sizeof(line), f)) {
 		char type[16], mode[16], rw[16];
@@ -288,18 +274,60 @@ int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *
 		if (sscanf(line, "%*d: %15s %15s %15s %d %x:%x:%llu", type, mode, rw, &pid, &maj,
 		           &min, &ino) != 7)
 			continue;
-		if (strcmp(type, "FLOCK") != 0 || ino != (unsigned long long)st.st_ino ||
-		    maj != major(st.st_dev) || min != minor(st.st_dev))
+		if (strcmp(type, "FLOCK") != 0 || ino != (unsigned long long)st->st_ino ||
+		    maj != major(st->st_dev) || min != minor(st->st_dev))
 			continue;
 		if (n < cap)
 			pids[n] = pid;
 		n++;
 	}
+	fclose(f);
+	*ret_n = n;
+	return 0;
+}
+
+/* The kernel lists /proc/locks a page at a time, so while other processes take or drop locks a
+ * read can show an entry twice or miss one; reads are repeated until two in a row agree. */
+#define HOLDER_READS_MAX 8
+
+int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest, pid_t *pids,
+                       size_t cap, size_t *ret_n, struct wf_diag *diag)
+{
+	char *region = NULL, *guard = NULL, *holders = NULL;
+	pid_t *prev = NULL;
+	struct stat st;
+	size_t n = 0, prev_n = 0;
+	int rc;
+
+	if (!digest || !ret_n || (cap && !pids))
+		return WF_EINVAL;
+	rc = wf__shm_paths(cfg, digest, &region, &guard, &holders);
+	if (rc < 0)
+		return rc;
+	if (stat(holders, &st) != 0) {
+		rc = wf_diag_set(diag, -errno, "stat %s: %s", holders, strerror(errno));
+		goto out;
+	}
+	if (cap && !(prev = calloc(cap, sizeof(*prev)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < HOLDER_READS_MAX; i++) {
+		if ((rc = scan_locks(&st, pids, cap, &n)) < 0) {
+			rc = wf_diag_set(diag, rc, "read /proc/locks: %s", strerror(-rc));
+			goto out;
+		}
+		size_t shown = n < cap ? n : cap;
+		if (i > 0 && n == prev_n && memcmp(pids, prev, shown * sizeof(*pids)) == 0)
+			break;
+		if (shown)
+			memcpy(prev, pids, shown * sizeof(*pids));
+		prev_n = n;
+	}
 	*ret_n = n;
 	rc = 0;
 out:
-	if (f)
-		fclose(f);
+	free(prev);
 	free(region);
 	free(guard);
 	free(holders);

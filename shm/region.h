@@ -347,8 +347,9 @@ const char *wf_shm_region_rebuild_reason(const struct wf_shm_region *region);
 int wf_shm_region_sole_holder(struct wf_shm_region *region, bool *ret_sole);
 
 /* Pids holding the region's holders lock, from /proc/locks (FLOCK entries on the holders file's
- * inode); best effort, for status displays: a process with two attachments appears twice, a
- * process outside our pid namespace as 0. Writes up to cap pids and *ret_n = the number of
+ * inode, read until two reads agree: the kernel's listing can repeat or skip an entry while other
+ * processes lock); best effort, for status displays: a process with two attachments appears
+ * twice, a process outside our pid namespace as 0. Writes up to cap pids and *ret_n = the number of
  * holders found (may exceed cap). -ENOENT if there is no holders file. */
 int wf_shm_holder_pids(const struct wf_shm_config *cfg, const struct wf_digest *digest, pid_t *pids,
                        size_t cap, size_t *ret_n, struct wf_diag *diag);
