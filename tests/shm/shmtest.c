@@ -300,6 +300,20 @@ void shmt_sleep_ms(unsigned ms)
 		;
 }
 
+size_t shmt_holders(const struct wf_shm_config *cfg, const struct wf_digest *digest, size_t want,
+                    pid_t *pids, size_t cap)
+{
+	size_t n = 0;
+	for (int i = 0; i < 500; i++) {
+		if (wf_shm_holder_pids(cfg, digest, pids, cap, &n, NULL) < 0)
+			n = 0;
+		if (n == want)
+			break;
+		shmt_sleep_ms(10);
+	}
+	return n;
+}
+
 pid_t shmt_spawn(char *const argv[], const char *out_path)
 {
 	posix_spawn_file_actions_t fa;

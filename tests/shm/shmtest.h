@@ -58,6 +58,13 @@ bool shmt_exists(const char *path);
 /* Sleeps ms milliseconds. */
 void shmt_sleep_ms(unsigned ms);
 
+/* wf_shm_holder_pids(), asked again (every 10 ms, for 5 s at most) until it counts want holders:
+ * /proc/locks, which it reads, can repeat or miss an entry while other processes (parallel tests)
+ * take and drop locks, so one reading may be off. Returns the last count (0 on an error) and the
+ * pids of that reading in pids (up to cap). */
+size_t shmt_holders(const struct wf_shm_config *cfg, const struct wf_digest *digest, size_t want,
+                    pid_t *pids, size_t cap);
+
 /* posix_spawn with stdout+stderr to out_path (or inherited); returns the pid or -1. */
 pid_t shmt_spawn(char *const argv[], const char *out_path);
 /* Waits for pid up to timeout_s (SIGKILL after). Exit status 0..255, 128+signal, -1 on error. */

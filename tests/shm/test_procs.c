@@ -110,6 +110,7 @@ Test(procs, sixteen_attachers_one_fill, .init = setup, .fini = teardown, .timeou
 	    0);
 	size_t n_holders = 0;
 	cr_assert_eq(wf_shm_holder_pids(&cfg, &digest, NULL, 0, &n_holders, NULL), 0);
+	n_holders = shmt_holders(&cfg, &digest, N + 1, NULL, 0);
 	cr_assert_eq(n_holders, N + 1);
 	char why[256];
 	cr_assert_eq(shmt_check_bytes(r, model, why, sizeof(why)), 0, "%s", why);
