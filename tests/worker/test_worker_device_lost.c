@@ -2,7 +2,7 @@
  * for its supervisor to restart it (wf-worker@.service: Restart=on-failure): never a green
  * worker failing every request. The loss is injected: the host device's sticky=N (label integ,
  * everywhere), or on a GPU the CUDA backend's sticky=N, a real illegal address in a kernel
- * (WFT_WORKER_DEVICE, test_cuda_worker_device_lost, label gpu). A generation on the lost device
+ * (WFT_WORKER_DEVICE, test_cuda_worker_device_lost, label gpu). A completion on the lost device
  * fails with the device's error; the test then waits for the states (red, exited), asserting no
  * time window. Real wf-agent and wf-worker processes (tests/agent/agt.h). */
 #include "common/wftest.h"
@@ -59,13 +59,13 @@ Test(worker_device_lost, readyz_turns_red_and_the_worker_exits_for_a_restart)
 		agt_sleep_ms(20);
 	}
 
-	/* The generation's copies reach the injected fault: it fails, with the device's error. */
+	/* The completion's copies reach the injected fault: it fails, with the device's error. */
 	char *out = NULL, *err = NULL;
 	int rc =
 	    agt_ctl(a, &out, &err,
 	            (const char *[]){"generate", "tiny", "--worker", "wl", "--prompt-ids", prompt,
 	                             "--max-tokens", "4", "--temp", "0", "--json", NULL});
-	cr_expect_neq(rc, 0, "a generation on a lost device succeeded:\n%s", out);
+	cr_expect_neq(rc, 0, "a completion on a lost device succeeded:\n%s", out);
 	cr_log_info("generate: rc %d: %s", rc, err);
 	free(out);
 	free(err);
