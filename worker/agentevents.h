@@ -17,7 +17,7 @@
  * Threads and ownership. Callbacks run on the ear's thread, one at a time, in event order; they
  * must not block for long (events queue meanwhile, and a full queue drops them) and must not
  * call close/stop/destroy. Their pointer arguments are valid during the call only. opts.agent is
- * borrowed and must outlive stop(). Shutdown in the three steps of STYLE.md: close (does not
+ * borrowed and must outlive stop(). Shutdown in the tree's three steps: close (does not
  * block; a callback in progress finishes, and the thread starts no other), stop (joins the
  * thread: within one receive poll, WF_AGENT_EVENTS_POLL_MS, or one AgentStatus call, 1 s),
  * destroy. The module
