@@ -198,7 +198,9 @@ Test(agentevents, published_events_reach_the_callback, .timeout = 60)
 	wf_agent_events_close(ae);
 	wf_agent_events_stop(ae);
 	wf_agent_events_destroy(ae);
-	cr_assert_lt(now_ms() - t0, 5000, "stop took %lld ms", (long long)(now_ms() - t0));
+	/* Bounded by one receive poll or one AgentStatus call (1 s): only a stop that never came
+	 * back, or one far off, fails. */
+	cr_assert_lt(now_ms() - t0, 20000, "stop took %lld ms", (long long)(now_ms() - t0));
 	wf_agent_events_destroy(NULL);
 	wf_agent_events_close(NULL);
 	wf_ctl_pub_destroy(pub);
