@@ -50,7 +50,7 @@ wf_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWF_SANITIZE=thread -DWF_
 # here, so a race inside a daemon fails the stage even where the test itself passes.
 tsan_logs=$logdir/tsan
 rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
-TSAN_OPTIONS="log_path=$tsan_logs/report second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
+TSAN_OPTIONS="log_path=$tsan_logs/report second_deadlock_stack=1 print_suppressions=0 suppressions=$PWD/tests/tsan.supp" \
 	ctest --test-dir build-tsan -R '^test_(agent|worker|engine)' --output-on-failure -j "$jobs" \
 	--timeout 900
 if compgen -G "$tsan_logs/report.*" >/dev/null; then
