@@ -57,9 +57,10 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 struct wf_model;
 struct wf_engine;
 struct wf_engine_info;
+struct wf_engine_weights;
 struct bench_postfetch_ctx {
 	const struct wf_model *model;
-	const void *const *tensor_data;
+	const struct wf_engine_weights *weights; /* host bytes (the model's files) */
 	uint32_t n_threads, n_gen;
 	double cpu_decode;       /* tok/s of the CPU-only engine in the same run */
 	uint64_t expert_bytes;   /* the model's routed expert bytes */

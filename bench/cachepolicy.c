@@ -4,9 +4,9 @@
  * 1. Trace. The engine runs the model on the CPU with a host device, post-fetch and an expert
  *    cache; every token (prompt, then greedy decoding, or with --random-tokens a fixed
  *    pseudo-random stream) is decoded as a one-token step, and the
- *    router hook gives each layer's logits, to which the engine's own wf__route picks the top k.
- *    A trace is, per step and layer, the k selected expert ids in the order wf__moe_fetch hands
- *    them to the cache (ascending id).
+ *    router hook gives each layer's logits, to which the host backend's wf_cpu_route picks the top
+ * k. A trace is, per step and layer, the k selected expert ids in the order the engine's post-fetch
+ * step hands them to the cache (ascending id).
  * 2. Simulate, over the trace, caches of C slots (C = 10, 25, 50, 100% of layers x experts; a
  *    slot holds one expert, as the engine's do) under:
  *      lru global    the engine's rule: one pool for every layer, the victim wf_lru_oldest over
@@ -22,7 +22,7 @@
  *                    every candidate is not cached at all (bypass). It bounds every policy
  *                    above, per-layer pools included: they are one of its choices.
  *    A miss when every slot is busy is not cached (the engine computes it from the floor).
- * 3. Check: the simulated policy the engine uses (global LRFU, half-life WF__FETCH_LRFU_HALF_LIFE)
+ * 3. Check: the simulated policy the engine uses (global LRFU, half-life WF_ENGINE_CACHE_HALF_LIFE)
  *    at the engine cache's slot count must give the engine's own hit and miss counts
  *    (policy_sim_vs_engine_hits, ratio 1), so the simulator is the engine's rule (base/lru.h's
  *    functions, which both call) and not a model of it. */
@@ -35,9 +35,9 @@
 #include "base/units.h"
 #include "device/device.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h" /* wf__route: the engine's top k, ties and all */
 #include "engine/postfetch.h"
 #include "engine/tokenizer.h"
+#include "kernels/cpu_ops.h" /* wf_cpu_route: the engine's top k, ties and all */
 #include "model/model.h"
 #include "worker/weights.h"
 
@@ -58,7 +58,7 @@ struct trace {
 	uint32_t n_layer, n_expert, k;
 	uint32_t n_steps, cap_steps;
 	uint16_t *ids; /* [step][layer][k], ascending within a (step, layer) */
-	float *probs;  /* wf__route's scratch */
+	float *probs;  /* wf_cpu_route's scratch */
 	int32_t *top;
 	float *weights;
 	uint32_t step; /* the step being decoded */
@@ -83,17 +83,17 @@ static void on_router(void *arg, uint32_t layer, uint32_t n_tokens, const float 
 		t->err = WF_EINVAL; /* we decode one token per step: anything else is a bug here */
 		return;
 	}
-	wf__route(logits, t->n_expert, t->k, t->probs, t->top, t->weights);
+	wf_cpu_route(logits, t->n_expert, t->k, t->probs, t->top, t->weights);
 	uint16_t *g = &t->ids[((size_t)t->step * t->n_layer + layer) * t->k];
 	for (uint32_t j = 0; j < t->k; j++)
 		g[j] = (uint16_t)t->top[j];
-	/* wf__moe_fetch walks the experts by id: the order the cache sees them in */
+	/* moe.c walks the selected experts by id: the order the cache sees them in */
 	qsort(g, t->k, sizeof *g, cmp_u16);
 }
 
 /* ---- the simulator ---- */
 
-/* A group is one (step, layer): the experts one wf__fetch_step call looks up. */
+/* A group is one (step, layer): the experts one post-fetch step looks up. */
 struct sim_trace {
 	uint32_t n_groups, k, n_layer, n_expert;
 	const uint16_t *ids; /* [group][k] */
@@ -445,7 +445,8 @@ int bench_cachepolicy(const struct bench_opts *o)
 	                               .device = r.dev,
 	                               .postfetch = &pf,
 	                               .expert_cache_mb = cache_mb};
-	if ((rc = wf_engine_create(r.m, r.w.tensor_data, &cfg, &r.e, &d)) < 0) {
+	const struct wf_engine_weights weights = wf_weight_view_engine(&r.w);
+	if ((rc = wf_engine_create(r.m, &weights, &cfg, &r.e, &d)) < 0) {
 		fprintf(stderr, "wf-bench: engine: %s: %s\n", model_path, wf_diag_str(&d, rc));
 		goto out;
 	}
@@ -524,8 +525,10 @@ int bench_cachepolicy(const struct bench_opts *o)
 	const double secs = bench_now() - t0;
 	struct wf_engine_stats st;
 	wf_engine_get_stats(r.e, &st);
-	const size_t slot_bytes = ((size_t)down_max + 255u) & ~(size_t)255u; /* engine/fetch.c */
-	const uint32_t engine_slots = (uint32_t)(st.scratchpad_bytes / slot_bytes);
+	/* The engine's own slots: whole experts (down, gate and up) since the cache keeps them so.
+	 */
+	const uint32_t engine_slots = info.n_slots;
+	const size_t slot_bytes = info.n_slots ? info.slot_bytes / info.n_slots : 0;
 
 	struct sim_trace tr = {.n_groups = t->n_steps * t->n_layer,
 	                       .k = t->k,
@@ -583,7 +586,7 @@ int bench_cachepolicy(const struct bench_opts *o)
 	/* The simulator against the engine's own count at the engine's slot count. */
 	{
 		struct sim_result s;
-		if (simulate(&tr, POL_LRFU, WF__FETCH_LRFU_HALF_LIFE, &engine_slots, 1, &s) < 0)
+		if (simulate(&tr, POL_LRFU, WF_ENGINE_CACHE_HALF_LIFE, &engine_slots, 1, &s) < 0)
 			goto out;
 		char notes[400];
 		snprintf(
@@ -592,7 +595,7 @@ int bench_cachepolicy(const struct bench_opts *o)
 		    "hits %llu misses %llu; simulated global LRFU, half-life %g tokens (the "
 		    "engine's rule): hits %llu misses %llu",
 		    cache_mb, engine_slots, slot_bytes, (unsigned long long)st.fetch_hits,
-		    (unsigned long long)st.fetch_misses, WF__FETCH_LRFU_HALF_LIFE,
+		    (unsigned long long)st.fetch_misses, WF_ENGINE_CACHE_HALF_LIFE,
 		    (unsigned long long)s.hits, (unsigned long long)s.misses);
 		if (!st.fetch_hits) {
 			bench_skip("cachepolicy", "policy_sim_vs_engine_hits", notes);

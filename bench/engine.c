@@ -357,7 +357,8 @@ int bench_engine(const struct bench_opts *o)
 		return 1;
 	struct wf_engine_config cfg = {
 	    .n_ctx = n_prompt > n_gen ? n_prompt : n_gen, .n_seq_max = 8, .n_threads = o->threads};
-	if ((rc = wf_engine_create(v.m, v.w.tensor_data, &cfg, &e, &d)) < 0) {
+	const struct wf_engine_weights weights = wf_weight_view_engine(&v.w);
+	if ((rc = wf_engine_create(v.m, &weights, &cfg, &e, &d)) < 0) {
 		fprintf(stderr, "wf-bench: engine: %s: %s\n", model_path, wf_diag_str(&d, rc));
 		goto out;
 	}
@@ -492,7 +493,7 @@ int bench_engine(const struct bench_opts *o)
 	{
 		struct measure_arg ma = {n_gen, reps, logits};
 		struct bench_postfetch_ctx pc = {.model = v.m,
-		                                 .tensor_data = v.w.tensor_data,
+		                                 .weights = &weights,
 		                                 .n_threads = info.n_threads,
 		                                 .n_gen = n_gen,
 		                                 .cpu_decode = tg,

@@ -1,6 +1,6 @@
-/* wf-bench engine --device SPEC: issue 11's table on a device, with the device forward pass
- * (engine/forward_dev.c: dense weights, KV cache and activations on the device; always so on
- * CUDA, asked for with dense_on_device on the host device). Batch-1 decode tokens/s, measured as
+/* wf-bench engine --device SPEC: issue 11's table on a device, with the dense part on the device
+ * (from the device weight store's copies, the KV cache and activations on the device; always so
+ * on CUDA, asked for with dense_on_device on the host device). Batch-1 decode tokens/s, measured as
  * the CPU rows are, with the routed experts
  *   dev_resident                  all resident on the device (n_cpu_moe 0), over the CPU engine
  *                                 without a device in the same run;

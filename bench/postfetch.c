@@ -16,6 +16,7 @@
 #include "device/device.h"
 #include "engine/engine.h"
 #include "engine/postfetch.h"
+#include "worker/wengine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,11 @@ double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_en
 {
 	/* the measurement's positions and a few more: a model's context_length may be short */
 	cfg->n_ctx = c->n_gen + 8, cfg->n_seq_max = 1, cfg->n_threads = c->n_threads;
-	struct wf_engine *e = NULL;
+	struct wf_worker_engine we = {0};
 	struct wf_diag d = {{0}};
-	int rc = wf_engine_create(c->model, c->tensor_data, cfg, &e, &d);
+	/* The device's copies from a store, as a worker's engine has them. */
+	int rc = wf_worker_engine_open_files(c->model, c->weights, cfg, true, &we, &d);
+	struct wf_engine *e = we.engine;
 	if (rc < 0) {
 		fprintf(stderr, "wf-bench: engine with %s: %s\n",
 		        cfg->device ? wf_device_name(cfg->device) : "no device",
@@ -43,7 +46,7 @@ double bench_engine_decode_cfg(const struct bench_postfetch_ctx *c, struct wf_en
 		tps = c->measure(c->arg, e, &info);
 		wf_engine_get_stats(e, ret_stats);
 	}
-	wf_engine_destroy(e);
+	wf_worker_engine_close(&we);
 	return tps;
 }
 

@@ -4,7 +4,12 @@
  *                             resident pages (/proc/PID/smaps), over the model's size;
  *  first_token_vs_llama_cpp   a new worker, the floor already made: process start to its first
  *                             generated token, over llama-bench's whole run (model load, a
- *                             16-token prompt, one generated token) with a warm page cache.
+ *                             16-token prompt, one generated token) with a warm page cache;
+ *  first_token_pinned_vs_unpinned  a worker computing the dense part on its device (the host
+ *                             device throttled to 16 GB/s, --dense-on-device): Generate to the
+ *                             first token with the model pinned beforehand (the engine computes
+ *                             from the store's copies at once) over the same without (the
+ *                             engine's build loads the dense set into the store first).
  * Children are started with PR_SET_PDEATHSIG so that a benchmark that dies takes them along. */
 #include "anchors.h"
 #include "bench.h"
@@ -150,6 +155,30 @@ static int generate(struct wf_ctl_client *c, uint32_t n_vocab, uint32_t max_toke
 	}
 	wf_ctl_reply_free(r);
 	return rc;
+}
+
+/* Pins the model on the worker (the store loads every set and keeps it). */
+static int pin(struct wf_ctl_client *c)
+{
+	Weightfloor__V1__Pin p = WEIGHTFLOOR__V1__PIN__INIT;
+	p.model = "bench";
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PIN;
+	req.pin = &p;
+	Weightfloor__V1__Reply *r = NULL;
+	int rc = call(c, &req, 120000, &r, "Pin");
+	wf_ctl_reply_free(r);
+	return rc;
+}
+
+static double median(double *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			double x = v[j];
+			v[j] = v[j - 1], v[j - 1] = x;
+		}
+	return n ? v[n / 2] : -1;
 }
 
 /* Resident bytes of a process: all of them, and those of mappings under floor_dir. */
@@ -358,12 +387,7 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 		stop_child(wpid);
 		wpid = -1;
 	}
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double x = v[j];
-			v[j] = v[j - 1], v[j - 1] = x;
-		}
-	double ours = v[n / 2];
+	double ours = median(v, n);
 	double theirs = o->llama_bench ? llama_first_token(o->llama_bench, ctx->model_path,
 	                                                   ctx->n_threads, reps)
 	                               : -1;
@@ -391,6 +415,60 @@ int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_c
 		                                    .goal_op = "<=",
 		                                    .notes = notes});
 	}
+	/* Pinned before the first Generate, or not: fresh workers computing the dense part on a
+	 * throttled host device, the first token timed from the Generate (the pin, when there is
+	 * one, before it). */
+	double t_pin[2][16];
+	int n_pin[2] = {0, 0};
+	char *dargv[sizeof wargv / sizeof wargv[0] + 2];
+	memcpy(dargv, wargv, sizeof wargv);
+	dargv[10] = "host:bw=16G";
+	size_t na = 0;
+	while (dargv[na])
+		na++;
+	dargv[na] = "--dense-on-device";
+	dargv[na + 1] = NULL;
+	for (int i = 0; i < 2 * reps && i < 32; i++) {
+		const int pinned = i % 2;
+		char id[32];
+		snprintf(id, sizeof id, "bench-pin-%d", i);
+		snprintf(wurl, sizeof wurl, "ipc://%s/wp%d.sock", dir, i);
+		snprintf(log, sizeof log, "%s/worker-pin-%d.log", dir, i);
+		dargv[2] = id;
+		dargv[4] = wurl;
+		if ((wpid = spawn_logged(dargv, log)) < 0 || connect_worker(wpid, wurl, &w) < 0 ||
+		    (pinned && pin(w) < 0)) {
+			fprintf(stderr, "wf-bench: worker (log %s) could not start or pin\n", log);
+			goto out;
+		}
+		const double t0 = bench_now();
+		if (generate(w, ctx->n_vocab, 1, true) < 0) {
+			fprintf(stderr, "wf-bench: worker (log %s) could not generate\n", log);
+			goto out;
+		}
+		t_pin[pinned][n_pin[pinned]++] = bench_now() - t0;
+		wf_ctl_client_close(w);
+		w = NULL;
+		stop_child(wpid);
+		wpid = -1;
+	}
+	const double pinned_s = median(t_pin[1], n_pin[1]), unpinned_s = median(t_pin[0], n_pin[0]);
+	snprintf(notes, sizeof notes,
+	         "Generate to the first token of a %d-token prompt on a fresh worker with "
+	         "--device host:bw=16G --dense-on-device, the model pinned before (the engine "
+	         "computes from the store's copies) or not (its build loads the dense set into the "
+	         "store first); medians of %d each",
+	         PROMPT_TOKENS, n_pin[1]);
+	bench_report(&(struct bench_result){.bench = "engine",
+	                                    .metric = "first_token_pinned_vs_unpinned",
+	                                    .value = pinned_s * 1e3,
+	                                    .unit = "ms",
+	                                    .anchor = "the same, unpinned",
+	                                    .anchor_value = unpinned_s * 1e3,
+	                                    .ratio = pinned_s / unpinned_s,
+	                                    .goal = 1.0,
+	                                    .goal_op = "<=",
+	                                    .notes = notes});
 	ret = 0;
 out:
 	wf_ctl_client_close(w);

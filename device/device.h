@@ -10,11 +10,11 @@
  *   cuda     the CUDA runtime (libwfcuda, built when the toolkit exists). libwfdevice does not
  *            depend on it: an executable registers it with wf_device_backend_register().
  *
- * Compute: the interface moves bytes and orders work; it runs no kernels itself. An engine
- * queues host work in stream order (wf_device_host_fn_async), launches its kernels on the
- * backend's native stream (wf_device_stream_native) and finds them in the kernel table
- * registered for the device's kind (wf_device_kernels), so CPU and CUDA kernels plug in the
- * same way.
+ * Compute: the interface moves bytes and orders work; it runs no kernels itself. The compute
+ * backend of a device kind (kernels/backend.h: one op table type, the host backend there, the
+ * CUDA one in cuda/) queues its kernels on the stream's native handle (wf_device_stream_native)
+ * or runs them in stream order as host work (wf_device_host_fn_async), so CPU and CUDA kernels
+ * plug in the same way and libwfdevice depends on neither.
  *
  * Device specs (wf_device_open):
  *   "host"                 host backend with default options
@@ -206,8 +206,8 @@ int wf_device_memcpy_async(struct wf_device_stream *stream, void *dst, const voi
 int wf_device_memset_async(struct wf_device_stream *stream, void *dst, int value, size_t size,
                            struct wf_diag *diag);
 
-/* The device that created stream (NULL for NULL): an engine handed a stream finds its kernel
- * table with wf_device_kernels(wf_device_stream_device(stream)). */
+/* The device that created stream (NULL for NULL): a compute backend handed a stream checks it
+ * is its device's (kernels/backend.h). */
 struct wf_device *wf_device_stream_device(const struct wf_device_stream *stream);
 
 /* ---- Host work and kernels ------------------------------------------------------------------- */
@@ -254,32 +254,6 @@ int wf_device_host_fn_async(struct wf_device_stream *stream, wf_device_host_fn f
  * handle stays owned by the interface: do not destroy it, and work launched on it obeys the
  * same order as work queued through this interface. */
 void *wf_device_stream_native(const struct wf_device_stream *stream);
-
-/* A table of kernels for one device kind. The device interface does not know what a kernel
- * is: `ops` points to the kernel ops struct that the engine defines (one layout for every
- * kind), and `version` says which layout it is, so the engine can refuse a table built for
- * another. Kernel modules register their table once, at start-up, the way an executable
- * registers the CUDA backend (wf_device_backend_register): CPU kernels (kernels/) register
- * for WF_DEVICE_KIND_HOST, cuda/ for WF_DEVICE_KIND_CUDA, and the engine finds the table for
- * its device with wf_device_kernels(). Registration, not link-time symbols, for the same
- * reason as backends: libwfdevice must not depend on the modules that hold kernels. */
-struct wf_device_kernel_table {
-	enum wf_device_kind kind; /* the device kind these kernels run on */
-	const char *name;         /* for logs: "cpu", "cuda" */
-	uint32_t version;         /* of the layout `ops` points to; the engine checks it */
-	const void *ops;          /* the engine's kernel ops for this kind (not NULL) */
-};
-
-/* Makes table the kernels for table->kind. The table (and what it points to) must live for the
- * rest of the process (a static). Registering the same table again is a no-op (0); another
- * table for a kind that has one is WF_EDUPLICATE; a kind out of range, a NULL table, name or
- * ops is WF_EINVAL. Thread-safe. */
-int wf_device_kernels_register(const struct wf_device_kernel_table *table);
-/* The kernels registered for kind, or NULL when none is (or kind is out of range). */
-const struct wf_device_kernel_table *wf_device_kernels_for_kind(enum wf_device_kind kind);
-/* The kernels for dev's kind (wf_device_kind(dev)), or NULL when none is registered or dev is
- * NULL. Thread-safe. */
-const struct wf_device_kernel_table *wf_device_kernels(const struct wf_device *dev);
 
 /* ---- Events ---------------------------------------------------------------------------------- */
 

@@ -1,15 +1,18 @@
-/* The forward pass of a GGUF Mixture-of-Experts model on the CPU, with llama.cpp's semantics
- * (release b10573): architectures "qwen3moe" and "llama" (Mixtral-style, or dense), weight types
- * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, activations quantized as ggml does (Q8_0 / Q8_K),
- * a KV cache in F16 (default) or F32, and several sequences decoded in one batch.
+/* The inference engine: a GGUF Mixture-of-Experts model's forward pass with llama.cpp's semantics
+ * (release b10573): architectures "qwen3moe" and "llama" (Mixtral-style, or dense), each written
+ * once (engine/arch/), weight types F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, a KV cache in
+ * F16 (default) or F32, several sequences decoded in one batch.
  *
- * Weights are a view: the caller hands one pointer per tensor of the model (the floor mapping, or
- * an mmap of the files where no agent exists), and the engine reads them in place for its whole
- * life. It never copies weights, never touches shm, io or control, and never frees the view.
+ * Weights are a view the caller owns: per tensor its bytes in host memory (the floor mapping, or
+ * an mmap of the files where no agent exists), and where the node's device weight store holds
+ * one, its copy in the device's memory. The engine reads them where they lie (host memory in
+ * place on the host backend; device copies on a device) for its life, never copies a weight
+ * into memory of its own, and never frees the view; wf_engine_refresh() points it at new bytes
+ * of some tensors between decodes. It never touches shm, io or control.
  *
  * Threads: an engine owns a persistent thread pool (cfg.n_threads, the caller's thread counted)
- * and runs one decode at a time. wf_engine_decode and wf_engine_seq_* must not be called
- * concurrently on one engine (the batching scheduler serialises them); the read-only getters may
+ * and runs one decode at a time. wf_engine_decode, wf_engine_refresh and wf_engine_seq_* must not
+ * be called concurrently on one engine (the batching scheduler serialises them); the getters may
  * be called from any thread. */
 #ifndef WF_ENGINE_ENGINE_H
 #define WF_ENGINE_ENGINE_H
@@ -28,6 +31,9 @@ extern "C" {
 
 #define WF_ENGINE_MAX_SEQ     256 /* sequences one engine holds KV slots for */
 #define WF_ENGINE_MAX_THREADS 256
+/* The expert cache's LRFU half-life in tokens (a middle value of those `wf-bench cachepolicy`
+ * tried; its simulator takes this constant to replay the engine's rule). */
+#define WF_ENGINE_CACHE_HALF_LIFE 16.0
 
 enum wf_engine_kv_type {
 	WF_ENGINE_KV_F16 = 0, /* llama.cpp's default */
@@ -37,37 +43,60 @@ enum wf_engine_kv_type {
 
 struct wf_device;
 
+/* Where the work runs: the placement plan (engine/exec.c), from these settings:
+ *   no device            everything on the host backend (the CPU), weights read in place.
+ *   a CUDA device        the dense part (attention, norms, router, output) and the KV cache on
+ *                        the device, from the device weight store's copies of the dense
+ *                        tensors; experts per layer as below.
+ *   the host device      CI's model of a GPU: the dense part on the device's stream only with
+ *                        dense_on_device (its memory is host memory: device copies where the
+ *                        store has them, the floor in place otherwise), else on the CPU.
+ * Experts: layers n_cpu_moe and up are resident when experts_on_device (llama.cpp's
+ * --n-cpu-moe N; --cpu-moe is none resident): computed on the device from the store's copies of
+ * their expert stacks, routed on the device (no host wait). The other layers' experts are
+ * host-side, in the floor: right after routing the selected ones are looked up in the expert
+ * cache (a whole expert computed on the device; a cached down projection as below),
+ * post-fetched (down projection copied to a slot while the CPU computes gate and up, then
+ * computed on the device), or computed on the CPU. */
 struct wf_engine_config {
 	uint32_t n_ctx;     /* KV positions per sequence; 0: the model's context_length
 	                       (capped at 4096 when the model says more, to bound memory) */
 	uint32_t n_seq_max; /* sequences with their own KV cache; 0: 1 */
 	uint32_t n_threads; /* 0: the CPUs this process may run on */
 	enum wf_engine_kv_type kv_type;
-	/* The device the engine computes on, and post-fetch (engine/postfetch.h): with a device,
-	 * the selected host-side experts' down projections are copied to it right after routing
-	 * and computed from there. NULL device: CPU only. postfetch NULL: the defaults. The device
-	 * must outlive the engine. A CUDA device runs the whole forward pass there (dense weights,
-	 * KV cache and activations in device memory, engine/devops.h, with the CUDA kernels
-	 * registered for it); the host device does so only when dense_on_device says so, and
-	 * otherwise computes the fetched experts with the CPU forward pass. */
+	/* NULL: CPU only. Must outlive the engine; its kind's backend must be registered
+	 * (kernels/backend.h). */
 	struct wf_device *device;
-	const struct wf_postfetch_settings *postfetch;
-	/* A device expert cache of this many MiB (0: none, the post-fetch scratchpad only): down
-	 * projections (whole experts in the device forward pass) stay in device slots across steps
-	 * and requests, the lowest LRFU score evicted (engine/fetch.c), post-fetch filling the
-	 * misses. Needs post-fetch. */
+	const struct wf_postfetch_settings *postfetch; /* NULL: the defaults */
+	/* A device expert cache of this many MiB (0: the post-fetch scratchpad only): experts stay
+	 * in device slots across steps and requests (whole where the device computes the dense
+	 * part, else their down projections), the lowest LRFU score evicted (engine/fetch.c),
+	 * post-fetch filling the misses. Needs post-fetch. */
 	uint32_t expert_cache_mb;
-	/* Placement of the routed experts (llama.cpp's --cpu-moe / --n-cpu-moe N): false, the
-	 * default, keeps every layer's experts host-side in the floor (computed on the CPU or
-	 * post-fetched); true makes the experts of layers n_cpu_moe and up resident on the device
-	 * (loaded at create, never evicted; the first n_cpu_moe layers stay host-side). Needs a
-	 * device. */
-	bool experts_on_device;
+	bool experts_on_device; /* needs a device */
 	uint32_t n_cpu_moe;
-	/* Dense weights, the KV cache and activations in device memory, the forward pass computed
-	 * by the device's engine ops: always on CUDA; on the host device, CI's model of a GPU, only
-	 * when set (its results are the CPU engine's bit for bit). Needs a device. */
-	bool dense_on_device;
+	bool dense_on_device; /* the host device only (always so on CUDA); needs a device */
+};
+
+/* One mapping the view's host pointers lie in (a file mapping, or the floor region): post-fetch
+ * registers each mapping that holds host-side experts with the device, so its copies are DMA. */
+struct wf_engine_mapping {
+	const void *base;
+	size_t len;
+};
+
+/* The weights, per tensor of the model (model->tensors order). host[i]: tensor i's nbytes in
+ * host memory (NULL for tensors the engine does not use). device (NULL: no copies): device[i] a
+ * copy of them in the engine device's memory where the device weight store holds one (NULL
+ * where it does not). The engine reads a device copy where it computes on the device, host bytes
+ * where it computes on the host; a device that cannot read host memory (CUDA) needs the copies
+ * of every tensor wf_engine_device_tensors() names. maps: the mappings host[] lies in (optional:
+ * without them post-fetch copies are not registered, so slower, never wrong). */
+struct wf_engine_weights {
+	const void *const *host;
+	void *const *device;
+	const struct wf_engine_mapping *maps;
+	uint32_t n_maps;
 };
 
 /* The architecture-level view of a model, resolved at create. */
@@ -80,28 +109,51 @@ struct wf_engine_info {
 	                                    used experts' share); the bandwidth bound's numerator */
 	uint64_t kv_bytes;               /* the KV cache, all sequences */
 	uint64_t scratch_bytes;          /* activations and quantized copies at the largest batch */
-	uint64_t device_bytes;           /* device memory the engine holds for its life (dense
-	                                    weights, KV cache, activations, expert slots and
-	                                    workspaces on the device); 0 without a device. A
-	                                    worker charges it to its device budget. */
+	uint64_t device_bytes;           /* device memory the engine itself holds for its life: KV
+	                                    cache, activations, expert slots, its backend's
+	                                    workspaces; never weights (the store's). 0 without a
+	                                    device. A worker charges it to its device budget. */
+	uint64_t slot_bytes;   /* of device_bytes: the expert slots (scratchpad or cache) */
+	uint32_t n_slots;      /* expert slots */
+	const char *placement; /* what runs where, one line ("dense: cuda, experts:
+	                          layers 0-23 host-side (post-fetch, cache 2048 MiB),
+	                          24-47 resident"); static for the engine's life */
 };
 
 struct wf_engine;
 
+/* Marks in ret_wanted[] (model->n_tensors booleans) the tensors the engine computes from on the
+ * device under cfg: the dense ones when the device computes the dense part, the resident layers'
+ * expert stacks. The caller's device weight store loads them and passes their copies in the
+ * view (required on CUDA; on the host device they may also be read in place). Errors as
+ * wf_engine_create's for the model and cfg. */
+int wf_engine_device_tensors(const struct wf_model *model, const struct wf_engine_config *cfg,
+                             bool *ret_wanted, struct wf_diag *diag);
+
 /* Checks the model (architecture, every tensor it needs with the right type and shape) and
- * builds an engine. tensor_data[i] points at the bytes of model->tensors[i] (model->tensors[i]
- * .nbytes readable bytes); pointers for tensors the engine does not use may be NULL. model and
- * tensor_data must outlive the engine. Errors, with diag naming the tensor or key at fault:
- * WF_EUNSUPPORTED (an architecture or weight type the engine does not run), WF_ENOT_FOUND (a
- * missing tensor or key), WF_EFORMAT (a tensor of the wrong shape, inconsistent hyperparameters),
- * WF_EINVAL (cfg out of range), -ENOMEM. */
-int wf_engine_create(const struct wf_model *model, const void *const *tensor_data,
+ * builds an engine. weights and model must outlive the engine (or be refreshed). Errors, with
+ * diag naming the tensor or key at fault: WF_EUNSUPPORTED (an architecture or weight type the
+ * engine does not run), WF_ENOT_FOUND (a missing tensor or key), WF_EFORMAT (a tensor of the
+ * wrong shape, inconsistent hyperparameters), WF_ENOT_RESIDENT (a tensor the device must compute
+ * from has no device copy), WF_EINVAL (cfg out of range), -ENOMEM. */
+int wf_engine_create(const struct wf_model *model, const struct wf_engine_weights *weights,
                      const struct wf_engine_config *cfg, struct wf_engine **ret_engine,
                      struct wf_diag *diag);
 /* Stops the pool and frees everything the engine allocated; accepts NULL. */
 void wf_engine_destroy(struct wf_engine *engine);
 
 void wf_engine_get_info(const struct wf_engine *engine, struct wf_engine_info *ret_info);
+
+/* Points the engine at new bytes of n tensors (model tensor indices; each with its new host
+ * pointer in weights->host and, where the store refreshed its copy, its new device pointer in
+ * weights->device; other entries are ignored): the refresh seam of docs/ARCHITECTURE.md. Called
+ * between decodes (the scheduler's step boundary, never under a running step): the next decode
+ * reads the new bytes, and when it returns, nothing the engine queued reads the old ones any
+ * more (expert slots holding a refreshed stack's experts are forgotten), so the caller may free
+ * them. A tensor's type and shape must not change (WF_EFORMAT, nothing changed). WF_EINVAL for an
+ * index out of range; a tensor the engine does not use is ignored. */
+int wf_engine_refresh(struct wf_engine *engine, uint32_t n, const uint32_t *tensors,
+                      const struct wf_engine_weights *weights, struct wf_diag *diag);
 
 /* One decode step: n tokens, each of one sequence at one position. Tokens of one sequence must
  * come in increasing position order, and each position must be the sequence's next (its KV
@@ -153,6 +205,10 @@ struct wf_engine_stats {
 };
 void wf_engine_get_stats(const struct wf_engine *engine, struct wf_engine_stats *ret_stats);
 void wf_engine_reset_stats(struct wf_engine *engine);
+
+/* The experts the expert cache holds now: up to max (layer << 16 | expert) keys into ret_keys,
+ * the count of filled slots returned. Thread-safe (a snapshot; may be a step old). */
+uint32_t wf_engine_cached_experts(const struct wf_engine *engine, uint32_t *ret_keys, uint32_t max);
 
 /* Where WF_POSTFETCH_DEBUG lines go (one per layer and step); none without it. */
 typedef void (*wf_engine_log_fn)(void *arg, const char *line);

@@ -35,6 +35,15 @@ struct req {
 	double t_submit, t_start, t_first, t_last;
 };
 
+/* Work for the step boundary (wf_sched_between): on the poster's stack until it is done. */
+struct between {
+	struct between *next;
+	wf_sched_between_fn fn;
+	void *arg;
+	int rc;
+	bool done;
+};
+
 struct wf_sched {
 	struct wf_engine *engine;
 	const struct wf_tokenizer *tok;
@@ -46,6 +55,8 @@ struct wf_sched {
 	uint32_t nq;
 	struct req **slot; /* [n_seq]; written under mu by the step thread, read by cancel */
 	uint32_t running;
+	struct between *bhead, *btail; /* under mu */
+	bool ended;                    /* the step thread left its loop (under mu) */
 	bool closing, started, joined;
 	pthread_t thread;
 	uint64_t next_id;
@@ -210,7 +221,7 @@ int wf_sched_submit(struct wf_sched *s, const struct wf_sched_request *q, uint64
 		s->qtail = r;
 		s->nq++;
 		*ret_id = r->id;
-		pthread_cond_signal(&s->cv);
+		pthread_cond_broadcast(&s->cv);
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc == 0)
@@ -235,7 +246,7 @@ int wf_sched_cancel(struct wf_sched *s, uint64_t id)
 			rc = 0;
 		}
 	if (rc == 0)
-		pthread_cond_signal(&s->cv);
+		pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return rc;
 }
@@ -448,14 +459,52 @@ static void admit_locked(struct wf_sched *s, struct req **ret_cancel)
 	}
 }
 
+/* The boundary's work, in posting order, with mu held (dropped while each runs). */
+static void run_between_locked(struct wf_sched *s)
+{
+	while (s->bhead) {
+		struct between *b = s->bhead;
+		s->bhead = b->next;
+		if (!s->bhead)
+			s->btail = NULL;
+		pthread_mutex_unlock(&s->mu);
+		const int rc = b->fn(b->arg, s->engine);
+		pthread_mutex_lock(&s->mu);
+		b->rc = rc;
+		b->done = true;
+		pthread_cond_broadcast(&s->cv);
+	}
+}
+
+int wf_sched_between(struct wf_sched *s, wf_sched_between_fn fn, void *arg)
+{
+	struct between b = {.fn = fn, .arg = arg};
+	pthread_mutex_lock(&s->mu);
+	if (s->ended || !s->started) { /* no step thread: nothing decodes */
+		pthread_mutex_unlock(&s->mu);
+		return fn(arg, s->engine);
+	}
+	if (s->btail)
+		s->btail->next = &b;
+	else
+		s->bhead = &b;
+	s->btail = &b;
+	pthread_cond_broadcast(&s->cv);
+	while (!b.done)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	return b.rc;
+}
+
 static void *step_main(void *arg)
 {
 	struct wf_sched *s = arg;
 	for (;;) {
 		struct req *canceled = NULL;
 		pthread_mutex_lock(&s->mu);
-		while (!s->closing && s->nq == 0 && s->running == 0)
+		while (!s->closing && s->nq == 0 && s->running == 0 && !s->bhead)
 			pthread_cond_wait(&s->cv, &s->mu);
+		run_between_locked(s);
 		bool closing = s->closing;
 		admit_locked(s, &canceled);
 		/* Running requests to end now, in slot order. */
@@ -493,6 +542,10 @@ static void *step_main(void *arg)
 		if (closing) {
 			pthread_mutex_lock(&s->mu);
 			bool drained = s->nq == 0 && s->running == 0;
+			if (drained) { /* work posted from now on runs in its poster's thread */
+				s->ended = true;
+				run_between_locked(s);
+			}
 			pthread_mutex_unlock(&s->mu);
 			if (drained)
 				break;
@@ -575,7 +628,7 @@ void wf_sched_close(struct wf_sched *s)
 		return;
 	pthread_mutex_lock(&s->mu);
 	s->closing = true;
-	pthread_cond_signal(&s->cv);
+	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 }
 

@@ -113,6 +113,14 @@ int wf_sched_submit(struct wf_sched *sched, const struct wf_sched_request *req, 
  * thread). Returns 0, or WF_ENOT_FOUND when it has finished already or never existed. */
 int wf_sched_cancel(struct wf_sched *sched, uint64_t id);
 
+/* Runs fn(arg, engine) on the step thread between two steps, never under a decode, and returns
+ * its result: the step boundary of the refresh seam (wf_engine_refresh there). Blocks until it
+ * has run: at once when no request runs, else after the step in progress. Works posted together
+ * run in posting order. Once the step thread has ended (after wf_sched_stop) fn runs in the
+ * caller's thread. fn must not call the scheduler. Thread-safe. */
+typedef int (*wf_sched_between_fn)(void *arg, struct wf_engine *engine);
+int wf_sched_between(struct wf_sched *sched, wf_sched_between_fn fn, void *arg);
+
 struct wf_sched_stats {
 	uint32_t running, queued;
 	uint64_t steps, tokens_decoded, requests_done;

@@ -7,6 +7,7 @@
 #include "kernels/ref.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -231,13 +232,18 @@ F16C_FNS static void mad_h(uint16_t *acc, const uint16_t *vp, uint32_t D, float 
 
 static const struct f16_ops f16_f16c = {dot_h_lanes_f16c, scale_h, mad_h};
 
+/* Asked by every thread of the pool: an atomic (relaxed: every thread computes the same answer),
+ * so the first callers may each compute it once. */
 static bool have_f16c(void)
 {
-	static int cached = -1;
-	if (cached < 0)
-		cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		         __builtin_cpu_supports("f16c");
-	return cached;
+	static _Atomic int cached = -1;
+	int c = atomic_load_explicit(&cached, memory_order_relaxed);
+	if (c < 0) {
+		c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		    __builtin_cpu_supports("f16c");
+		atomic_store_explicit(&cached, c, memory_order_relaxed);
+	}
+	return c;
 }
 #endif
 

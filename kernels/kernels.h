@@ -1,7 +1,4 @@
-/* The engine's CPU kernel table: what it calls per weight type, registered with the device layer
- * (device.h, struct wf_device_kernel_table) for WF_DEVICE_KIND_HOST, so that an engine finds its
- * kernels through wf_device_kernels(dev) whichever backend it runs on. The CUDA kernels will sit
- * behind the same lookup for WF_DEVICE_KIND_CUDA.
+/* The CPU kernel table: what the host backend (kernels/backend_host.c) calls per weight type.
  *
  * For a weight type W the engine quantizes each activation row once with
  * from_float[types[W].vec_dot_type] (ggml's type_traits_cpu from_float of the vec_dot_type) and
@@ -30,9 +27,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Bumped whenever struct wf_kernel_ops changes layout; the table's `version` carries it. */
-#define WF_KERNEL_OPS_VERSION 2u
 
 typedef void (*wf_kernel_dequantize_row_fn)(const void *x, float *y, int64_t n);
 typedef void (*wf_kernel_from_float_fn)(const float *x, void *y, int64_t n);
@@ -88,11 +82,6 @@ int wf_kernels_cpu_level(enum wf_kernel_level *ret_level);
 /* The CPU kernel ops of the chosen level (static storage), or NULL when WF_KERNELS is refused
  * (wf_kernels_cpu_level says why). */
 const struct wf_kernel_ops *wf_kernels_cpu_ops(void);
-
-/* Registers the CPU table for WF_DEVICE_KIND_HOST (name "cpu", version WF_KERNEL_OPS_VERSION).
- * Idempotent and thread-safe; returns 0, WF_EDUPLICATE when another table holds the kind, or
- * wf_kernels_cpu_level's error when WF_KERNELS is refused. */
-int wf_kernels_cpu_register(void);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-/* A persistent thread pool for the host backend's parallel loops: n_threads - 1 workers created once,
- * plus the caller's thread, which takes part in every run.
+/* A persistent thread pool for the host backend's parallel loops: n_threads - 1 workers created
+ * once, plus the caller's thread, which takes part in every run.
  *
  * A run splits [0, n_tasks) among the threads: each task index is executed exactly once, by
  * whichever thread claims it first (an atomic counter, so uneven tasks balance themselves), and

@@ -1,9 +1,7 @@
-/* The CPU kernel tables (one per level), the choice among them, and the registration with the
- * device layer. */
+/* The CPU kernel tables (one per level) and the choice among them. */
 #include "kernels/kernels.h"
 
 #include "base/error.h"
-#include "device/device.h"
 #include "kernels/ref.h"
 #include "kernels/simd.h"
 
@@ -54,7 +52,6 @@ static struct {
 	bool have[WF_KERNEL_LEVEL_MAX_];
 	int choice_err; /* 0, or why WF_KERNELS was refused */
 	enum wf_kernel_level choice;
-	struct wf_device_kernel_table table;
 } cpu = {.once = PTHREAD_ONCE_INIT};
 
 #if defined(WF_KERNELS_X86)
@@ -114,12 +111,6 @@ static void cpu_build(void)
 		else
 			cpu.choice = (enum wf_kernel_level)l;
 	}
-	cpu.table = (struct wf_device_kernel_table){
-	    .kind = WF_DEVICE_KIND_HOST,
-	    .name = "cpu",
-	    .version = WF_KERNEL_OPS_VERSION,
-	    .ops = &cpu.ops[cpu.choice],
-	};
 }
 
 static void cpu_init(void)
@@ -160,12 +151,4 @@ const struct wf_kernel_ops *wf_kernels_cpu_ops(void)
 {
 	cpu_init();
 	return cpu.choice_err ? NULL : &cpu.ops[cpu.choice];
-}
-
-int wf_kernels_cpu_register(void)
-{
-	cpu_init();
-	if (cpu.choice_err)
-		return cpu.choice_err;
-	return wf_device_kernels_register(&cpu.table);
 }

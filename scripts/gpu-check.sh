@@ -12,11 +12,12 @@
 #                                      without a GPU; unpacks .gpu/*.deb into a private prefix
 #                                      (never over /), builds Release for this GPU's
 #                                      architecture only against that prefix, runs every test
-#                                      labelled gpu (serially), wf-bench residency and engine
-#                                      on cuda:0, then compute-sanitizer memcheck and racecheck
-#                                      on the contract and engine gpu tests. Logs and JSON go
-#                                      to DIR (default $OUT, else build-gpu/out), 7 files at
-#                                      most; a summary table is printed last (and saved). Every
+#                                      labelled gpu (serially), wf-bench kernels, residency and
+#                                      engine on cuda:0, then compute-sanitizer memcheck and
+#                                      racecheck on the contract, backend and engine gpu tests.
+#                                      Logs and JSON go to DIR (default $OUT, else
+#                                      build-gpu/out), 8 files at most; a summary table is
+#                                      printed last (and saved). Every
 #                                      step has its own time limit inside one budget (465 s, so
 #                                      the whole run stays under 8 minutes), and a failed step
 #                                      does not stop the next ones. Exit 0 when every step
@@ -251,7 +252,8 @@ BUILD_LOG=$OUTDIR/build.log
 TESTS_LOG=$OUTDIR/gpu-tests.log
 SAN_LOG=$OUTDIR/sanitizer.log
 BENCH_LOG=$OUTDIR/bench.log
-# The 7 files that come back (the tool takes 8 at most, 16 MiB each).
+# The 8 files that come back (the tool takes 8 at most, 16 MiB each): these five, and
+# kernels.json, residency.json, engine.json.
 : >"$BUILD_LOG"
 
 ROWS=()
@@ -479,7 +481,7 @@ sanitizer_tests() {
 import json, sys, re
 d = json.load(sys.stdin)
 for t in d.get("tests", []):
-    if re.search(r"contract|engine", t["name"]):
+    if re.search(r"contract|engine|backend", t["name"]):
         print(t["name"] + "\t" + "\t".join(t["command"]))
 '
 }
@@ -801,6 +803,11 @@ row gpu-tests "$([ $rc = 0 ] && echo ok || echo FAIL)" $(($(date +%s) - t0)) "$T
 
 : >"$BENCH_LOG"
 bdir=$(mktemp -d "${TMPDIR:-/var/tmp}/wf-gpu-bench.XXXXXX")
+t0=$(date +%s)
+run_bench kernels "$(step_budget 45 140)" "$OUTDIR/kernels.json" --device cuda:0
+rc=$?
+row kernels "$([ $rc = 0 ] && echo ok || echo FAIL)" $(($(date +%s) - t0)) "$BENCH_FIGURES"
+
 t0=$(date +%s)
 run_bench residency "$(step_budget 60 110)" "$OUTDIR/residency.json" --device cuda:0 \
 	--dir "$bdir" --size 1G

@@ -231,8 +231,9 @@ int wf_cache_cancel(struct wf_cache *cache, uint32_t id);
  * The unit of residency is a weight set (worker/wset.h): a model is the union of its sets, which
  * wf_cache_model_add() classifies ("dense", then one "blk.N.ffn_*_exps" per layer). The model
  * calls above move all of a model's sets at once; a model is DEVICE (PINNED_DEVICE) when every
- * set is resident (pinned), and only then can it be acquired. The calls below move one set; they
- * serve the expert cache, and tests. The LRU evicts a model's unpinned sets together. */
+ * set is resident (pinned), and only then can it be acquired (an engine holds the sets it computes
+ * from with wf_cache_acquire_sets instead). The calls below move one set (a control plane's
+ * partial residency, and tests). The LRU evicts a model's unpinned sets together. */
 
 struct wf_cache_wset_status {
 	char name[WF_WSET_NAME_MAX];
@@ -260,9 +261,10 @@ int wf_cache_wset_evict(struct wf_cache *cache, uint32_t id, uint32_t set, struc
 
 /* ---- reservations ------------------------------------------------------------------------------
  *
- * Device memory that its owner, not the cache, allocated and frees: a completion engine's post-
- * fetch scratchpad, expert cache slots and resident experts (and, on CUDA, its dense weights
- * and KV cache). A reservation counts against the on-demand budget exactly as a model's unpinned
+ * Device memory that its owner, not the cache, allocated and frees: a completion engine's own
+ * (its KV cache and activations on the device, the post-fetch scratchpad or expert cache slots,
+ * its compute backend's workspaces; never weights, which are the store's sets). A reservation
+ * counts against the on-demand budget exactly as a model's unpinned
  * sets do, and it is an item of the same LRU planner: a load, a budget change or another
  * reservation that needs room evicts it, least recently used first. While acquired it is never
  * a victim (nor are acquired models). Evicting one calls the owner's evict function on the
@@ -292,6 +294,11 @@ int wf_cache_resv_create(struct wf_cache *cache, const char *name, uint64_t byte
  * acquired. */
 int wf_cache_resv_acquire(struct wf_cache *cache, uint32_t resv);
 int wf_cache_resv_release(struct wf_cache *cache, uint32_t resv);
+/* Evicts reservation resv now, as the LRU would: its owner's evict function runs (on the manager
+ * thread) before this returns. 0, also when it was gone already; -EBUSY while it is acquired.
+ * For an owner that wants its idle users' memory back (a residency command is about to take a
+ * model away from an idle engine). */
+int wf_cache_resv_evict(struct wf_cache *cache, uint32_t resv);
 /* The owner freed the memory: the reservation is forgotten (acquired or not), without a call to
  * evict. Accepts a NULL cache, 0 and ids no longer there. Thread-safe, does not wait. */
 void wf_cache_resv_drop(struct wf_cache *cache, uint32_t resv);
@@ -318,6 +325,30 @@ struct wf_cache_view {
  * WF_ENOT_RESIDENT. view optional. Thread-safe. */
 int wf_cache_acquire(struct wf_cache *cache, uint32_t id, struct wf_cache_view *ret_view,
                      struct wf_diag *diag);
+/* For an engine (engine/engine.h), which computes from the device copies of some of a model's
+ * sets for its life (the dense set, the resident layers' experts: wf_engine_device_tensors names
+ * their tensors): loads the sets holding a wanted tensor that are not resident (self-managed
+ * mode, with the LRU making room; external mode loads nothing: the control plane decides) and
+ * acquires the model, as wf_cache_acquire does, without needing every set resident: never an LRU
+ * victim, an eviction fails with -EBUSY, until the matching wf_cache_release. ret_tensors (the
+ * caller's array of n_tensors): the device address of each wanted tensor whose set is resident,
+ * NULL for the rest (an engine on a device that reads host memory reads those in place; on one
+ * that does not, it refuses with WF_ENOT_RESIDENT). Errors as wf_cache_set_residency's loads.
+ * One device weight store: what the control plane pins is what the engine runs from, and a
+ * byte is on the device once. */
+int wf_cache_acquire_sets(struct wf_cache *cache, uint32_t id, const bool *wanted,
+                          void **ret_tensors, struct wf_diag *diag);
+/* The store's part of the refresh seam (docs/ARCHITECTURE.md): the model's floor published new
+ * bytes of n tensors (model indices). For each one whose set is resident a new device copy is
+ * made from the floor's current bytes: ret_device[i] (the caller's n pointers) gets it, NULL for
+ * a tensor not resident. The tensors' lookups point at the new copies from now on; the copies
+ * they replace stay valid, for the engines still reading them, until wf_cache_refresh_done (once
+ * every engine of the model swapped at its step boundary). Through the manager thread. Errors:
+ * WF_ESTATE (no floor attached), WF_EINVAL (an index out of range), WF_EFORMAT (the floor's entry
+ * changed size), -ENOMEM: then nothing changed. */
+int wf_cache_refresh(struct wf_cache *cache, uint32_t id, uint32_t n, const uint32_t *tensors,
+                     void **ret_device, struct wf_diag *diag);
+int wf_cache_refresh_done(struct wf_cache *cache, uint32_t id);
 /* Drops one hold; WF_ESTATE if the model was not acquired, WF_ENOT_FOUND. Thread-safe. */
 int wf_cache_release(struct wf_cache *cache, uint32_t id);
 

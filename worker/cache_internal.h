@@ -43,6 +43,10 @@ enum cmd_type {
 	CMD_WSET_EVICT,
 	CMD_RESV_CREATE,
 	CMD_EVICT_OLDEST,
+	CMD_ACQUIRE_SETS,
+	CMD_REFRESH,
+	CMD_REFRESH_DONE,
+	CMD_RESV_EVICT,
 };
 
 struct cmd {
@@ -60,6 +64,8 @@ struct cmd {
 	wf_cache_resv_evict_fn *evict; /* CMD_RESV_CREATE */
 	void *evict_ctx;
 	uint32_t out_id;
+	const bool *wanted; /* CMD_ACQUIRE_SETS: per tensor */
+	void **out_tensors; /* CMD_ACQUIRE_SETS, CMD_REFRESH */
 	bool async, done;
 	int result;
 	struct wf_diag diag;
@@ -102,8 +108,20 @@ struct model {
 	 * the model). */
 	void **tensors;
 	uint64_t *src_off; /* where each tensor's bytes came from (floor or file offset) */
-	bool from_floor;   /* of the last load */
-	uint32_t n_segs;   /* sums over the resident sets */
+	/* Refreshed tensors (wf_cache_refresh): a copy of their published bytes of their own, which
+	 * m->tensors points at instead of the set's segment; and the copies they superseded, freed
+	 * once every engine swapped (wf_cache_refresh_done). Both count in their set's
+	 * device_bytes. */
+	void **rcopy;
+	uint64_t *rcopy_bytes;
+	struct superseded {
+		void *ptr;
+		uint64_t bytes;
+		uint32_t tensor;
+	} * superseded;
+	size_t n_superseded, cap_superseded;
+	bool from_floor; /* of the last load */
+	uint32_t n_segs; /* sums over the resident sets */
 	uint64_t device_bytes;
 
 	unsigned acquired;

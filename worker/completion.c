@@ -9,6 +9,7 @@
 #include "worker/cache.h"
 #include "worker/service.h"
 #include "worker/weights.h"
+#include "worker/wengine.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -36,8 +37,10 @@ struct engine_model {
 	struct wf_shm_region *region; /* our own attachment; NULL: file mappings */
 	struct wf_weight_view view;
 	struct wf_tokenizer *tok;
-	struct wf_engine *engine;
+	struct wf_worker_engine we; /* the engine, holding the store's sets it computes from */
+	struct wf_engine *engine;   /* we.engine */
 	struct wf_sched *sched;
+	unsigned refreshing; /* refreshes in progress (under wf_completions.mu): not to be freed */
 	uint32_t n_ctx;
 	struct wf_completion_metrics metrics; /* under wf_completions.mu */
 };
@@ -124,7 +127,7 @@ static void gmodel_free_heavy(struct engine_model *gm)
 {
 	wf_sched_destroy(gm->sched);
 	gm->sched = NULL;
-	wf_engine_destroy(gm->engine);
+	wf_worker_engine_close(&gm->we); /* lets go of the store's sets */
 	gm->engine = NULL;
 	wf_tokenizer_destroy(gm->tok);
 	gm->tok = NULL;
@@ -246,6 +249,8 @@ static int model_get(struct wf_completions *cs, const char *name, int agent_ms,
 
 static bool gm_used_locked(const struct wf_completions *cs, const struct engine_model *gm)
 {
+	if (gm->refreshing)
+		return true;
 	for (uint32_t i = 0; i < cs->n_runs; i++)
 		if (cs->runs[i]->gm == gm)
 			return true;
@@ -383,23 +388,34 @@ static int build_model(struct wf_completions *cs, const char *name, int agent_ms
 	/* The device refusing the engine's memory although the budget has room for it: weights
 	 * the LRU may evict hold it (the budget's slack, or fragmentation). Make room one victim
 	 * at a time, as the cache does for its own allocations. */
+	/* The engine computes from the store's copies of what its plan puts on the device
+	 * (worker/wengine.h): loaded here in self-managed mode, held for the engine's life. */
 	for (int tries = 0;; tries++) {
-		rc = wf_engine_create(gm->model, gm->view.tensor_data, &ec, &gm->engine, &d);
+		const struct wf_engine_weights ew = wf_weight_view_engine(&gm->view);
+		rc = wf_worker_engine_open(s->cache, id, gm->model, &ew, &ec, &gm->we, &d);
 		if (rc != -ENOMEM || !ec.device || tries >= WF_COMPLETION_EVICT_TRIES ||
 		    wf_cache_evict_oldest(s->cache, NULL) < 0)
 			break;
 		wf_diag_clear(&d);
 	}
 	if (rc < 0) {
-		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
+		wf_diag_set(
+		    diag, rc, "model '%s': %s%s", name, wf_diag_str(&d, rc),
+		    rc == WF_ENOT_RESIDENT && external
+		        ? " (external residency: load or pin the model on this worker first)"
+		        : "");
 		goto out;
 	}
+	gm->engine = gm->we.engine;
 	struct wf_engine_info info;
 	wf_engine_get_info(gm->engine, &info);
 	gm->n_ctx = info.n_ctx;
 	gm->cache = s->cache;
 	gm->device_bytes = info.device_bytes;
-	if (info.device_bytes) {
+	/* A reservation for the engine's own device bytes (KV cache, activations, expert slots),
+	 * and for the hold it keeps on the store's sets even when it has none of its own: the LRU
+	 * and residency commands free an idle engine through it (on_resv_evict). */
+	if (info.device_bytes || gm->we.device) {
 		char what[WF_CACHE_NAME_MAX + 16];
 		snprintf(what, sizeof what, "engine of '%s'", name);
 		rc = wf_cache_resv_create(s->cache, what, info.device_bytes, on_resv_evict, cs,
@@ -1010,6 +1026,100 @@ static int handle_read(struct wf_completions *cs, const Weightfloor__V1__Generat
 	return rc;
 }
 
+/* ---- what residency commands and published generations need of the engines --------------- */
+
+/* Frees the idle engines of model (NULL: every one) through their reservations, as the LRU would
+ * (on_resv_evict): an engine with a completion running keeps its reservation acquired, and
+ * stays. */
+static void release_idle(struct wf_completions *cs, const char *model)
+{
+	uint32_t resv[WF_COMPLETION_MODELS_MAX], n = 0;
+	struct wf_cache *cache = NULL;
+	pthread_mutex_lock(&cs->mu);
+	for (uint32_t i = 0; i < cs->n_models; i++) {
+		const struct engine_model *gm = cs->models[i];
+		if (gm->resv && (!model || strcmp(gm->name, model) == 0)) {
+			resv[n++] = gm->resv;
+			cache = gm->cache;
+		}
+	}
+	pthread_mutex_unlock(&cs->mu);
+	for (uint32_t i = 0; i < n; i++)
+		(void)wf_cache_resv_evict(cache, resv[i]);
+}
+
+struct refresh_job {
+	struct engine_model *gm;
+	uint32_t n;
+	const uint32_t *ids;
+	struct wf_diag *diag;
+};
+
+/* On the scheduler's step thread, between two steps. */
+static int refresh_step(void *arg, struct wf_engine *e)
+{
+	struct refresh_job *j = arg;
+	struct wf_engine_weights w = wf_weight_view_engine(&j->gm->view);
+	w.device = j->gm->we.device;
+	return wf_engine_refresh(e, j->n, j->ids, &w, j->diag);
+}
+
+/* The model's engine takes the floor's new bytes of the tensors (its own attachment: the new
+ * entries' places in the spare area) and the store's new copies of those it holds, at its step
+ * boundary. An engine being built is waited for first (its view may predate the publish). */
+static int refresh(struct wf_completions *cs, const char *model, uint32_t n, const uint32_t *ids,
+                   void *const *device, struct wf_diag *diag)
+{
+	pthread_mutex_lock(&cs->mu);
+	while (loading_locked(cs, model) && !cs->closing)
+		pthread_cond_wait(&cs->cv, &cs->mu);
+	struct engine_model *gm = find_model_locked(cs, model);
+	/* Held: neither evicted (its reservation acquired) nor freed (refreshing) meanwhile. */
+	if (gm && gm->resv && wf_cache_resv_acquire(gm->cache, gm->resv) < 0)
+		gm = NULL; /* being evicted: the next build reads the new bytes */
+	if (gm)
+		gm->refreshing++;
+	pthread_mutex_unlock(&cs->mu);
+	if (!gm)
+		return 0;
+	int rc = 0;
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		if (ids[i] >= gm->model->n_tensors) {
+			rc = wf_diag_set(diag, WF_EINVAL, "model '%s' has no tensor %u", model,
+			                 ids[i]);
+			break;
+		}
+		if (gm->region) {
+			struct wf_shm_tensor_info info;
+			if ((rc = wf_shm_region_tensor(gm->region, ids[i], &info)) < 0) {
+				wf_diag_set(diag, rc, "model '%s': floor entry %u", model, ids[i]);
+				break;
+			}
+			gm->view.tensor_data[ids[i]] = info.data;
+		}
+		if (gm->we.device && gm->we.device[ids[i]]) {
+			if (!device[i])
+				rc = wf_diag_set(
+				    diag, WF_ESTATE,
+				    "model '%s': the store did not refresh tensor %u that "
+				    "the engine holds",
+				    model, ids[i]);
+			else
+				gm->we.device[ids[i]] = device[i];
+		}
+	}
+	struct refresh_job j = {gm, n, ids, diag};
+	if (rc == 0)
+		rc = wf_sched_between(gm->sched, refresh_step, &j);
+	pthread_mutex_lock(&cs->mu);
+	gm->refreshing--;
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
+	if (gm->resv)
+		(void)wf_cache_resv_release(gm->cache, gm->resv);
+	return rc;
+}
+
 /* ---- the service's dispatch table (worker/service.h) -------------------------------------- */
 
 static int ext_handle(void *ctx, const Weightfloor__V1__Request *req, int agent_ms,
@@ -1026,8 +1136,44 @@ static void ext_model_to_disk(void *ctx, const char *model)
 	retire(ctx, model);
 }
 
+static void ext_release_idle(void *ctx, const char *model)
+{
+	release_idle(ctx, model);
+}
+
+static int ext_refresh(void *ctx, const char *model, uint32_t n, const uint32_t *ids,
+                       void *const *device, struct wf_diag *diag)
+{
+	return refresh(ctx, model, n, ids, device, diag);
+}
+
+/* What the model's engine holds and how it places the work (docs/PROTOCOL.md "What a worker
+ * holds"). The engine's getters may run beside a decode; the lock keeps it from being freed. */
+static void describe_engine(struct wf_completions *cs, const char *model,
+                            Weightfloor__V1__ModelResidency *r, struct wf_ctl_call *call)
+{
+	pthread_mutex_lock(&cs->mu);
+	const struct engine_model *gm = find_model_locked(cs, model);
+	if (gm && gm->engine) {
+		struct wf_engine_info info;
+		wf_engine_get_info(gm->engine, &info);
+		r->placement = wf_ctl_call_strdup(call, info.placement);
+		r->engine_device_bytes = info.device_bytes;
+		r->expert_slots = info.n_slots;
+		r->cached_experts =
+		    info.n_slots ? wf_ctl_call_calloc(call, info.n_slots, sizeof(uint32_t)) : NULL;
+		if (r->cached_experts) {
+			const uint32_t n =
+			    wf_engine_cached_experts(gm->engine, r->cached_experts, info.n_slots);
+			r->n_cached_experts = n < info.n_slots ? n : info.n_slots;
+		}
+	}
+	pthread_mutex_unlock(&cs->mu);
+}
+
 /* The engine's metrics in a model's residency (docs/PROTOCOL.md "Engine metrics"). */
-static void ext_describe_model(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r)
+static void ext_describe_model(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r,
+                               struct wf_ctl_call *call)
 {
 	struct wf_completion_metrics m;
 	if (wf_completion_model_metrics(ctx, model, &m) < 0)
@@ -1046,6 +1192,7 @@ static void ext_describe_model(void *ctx, const char *model, Weightfloor__V1__Mo
 	r->fetch_fallbacks = m.fetch_fallbacks;
 	r->fetch_hits = m.fetch_hits;
 	r->fetch_misses = m.fetch_misses;
+	describe_engine(ctx, model, r, call);
 }
 
 static int serve(struct wf_completions *cs)
@@ -1054,6 +1201,8 @@ static int serve(struct wf_completions *cs)
 	    .handle = ext_handle,
 	    .model_to_disk = ext_model_to_disk,
 	    .describe_model = ext_describe_model,
+	    .release_idle = ext_release_idle,
+	    .refresh = ext_refresh,
 	};
 	static const Weightfloor__V1__Request__BodyCase kinds[] = {
 	    WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE,

@@ -15,6 +15,7 @@
 #include "engine/postfetch.h"
 #include "model/model.h"
 #include "worker/weights.h"
+#include "worker/wengine.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -153,6 +154,7 @@ int wf_worker_eval_main(int argc, char **argv)
 	struct wf_model *m = NULL;
 	struct wf_weight_view view = {0};
 	struct wf_engine *e = NULL;
+	struct wf_worker_engine we = {0};
 	struct wf_device *dev = NULL;
 	struct wf_postfetch_settings pf;
 	wf_postfetch_settings_default(&pf);
@@ -182,8 +184,10 @@ int wf_worker_eval_main(int argc, char **argv)
 	                               .experts_on_device = experts_on_device,
 	                               .n_cpu_moe = n_cpu_moe,
 	                               .dense_on_device = dense_on_device};
-	if ((rc = wf_engine_create(m, view.tensor_data, &cfg, &e, &d)) < 0)
+	const struct wf_engine_weights weights = wf_weight_view_engine(&view);
+	if ((rc = wf_worker_engine_open_files(m, &weights, &cfg, false, &we, &d)) < 0)
 		goto out;
+	e = we.engine;
 	if (pf.debug)
 		wf_engine_set_log(e, log_line, NULL);
 	struct wf_engine_info info;
@@ -265,7 +269,7 @@ out:
 	free(want);
 	free(prompt_ids);
 	free(feed_ids);
-	wf_engine_destroy(e);
+	wf_worker_engine_close(&we);
 	wf_device_close(dev);
 	wf_weight_view_release(&view);
 	wf_model_close(m);

@@ -967,7 +967,7 @@ int main(int argc, char **argv)
 		if ((rc = wf_agentlink_start(link)) < 0)
 			wf_log_error("agent link threads: %s; not registering with the agent",
 			             wf_strerror(rc));
-		if ((rc = wf_worker_refresh_create(svc.agent, &o.tls, &refresh)) < 0)
+		if ((rc = wf_worker_refresh_create(svc.agent, &o.tls, &svc, &refresh)) < 0)
 			wf_log_error("agent events: %s", wf_strerror(rc));
 	}
 	atomic_store(&probes.serving, true);

@@ -14,12 +14,46 @@
 /* Takes sets of m off the device: one set, or every set (ALL_SETS); unpinned_only leaves pinned
  * sets (the LRU's victims). -EBUSY when the model is acquired (checked under the lock,
  * atomically with the state change). 0 when there was nothing to evict. */
+/* The refreshed copies of set w's tensors, and the superseded ones among them, taken out of m
+ * into *list (lock held), to be freed once the lock is dropped. */
+static size_t take_refreshed_locked(struct model *m, const struct wset *w, void **list, size_t n)
+{
+	for (uint32_t k = 0; k < w->def.n_tensors; k++) {
+		const uint32_t t = w->def.tensors[k];
+		if (m->rcopy[t])
+			list[n++] = m->rcopy[t];
+		m->rcopy[t] = NULL;
+		m->rcopy_bytes[t] = 0;
+		for (size_t i = 0; i < m->n_superseded;) {
+			if (m->superseded[i].tensor == t) {
+				list[n++] = m->superseded[i].ptr;
+				m->superseded[i] = m->superseded[--m->n_superseded];
+			} else {
+				i++;
+			}
+		}
+	}
+	return n;
+}
+
+static void free_list(struct wf_cache *c, void **list, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		(void)wf_device_mem_free(c->dev, list[i], NULL);
+}
+
 static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool unpinned_only,
                       bool by_lru, const char *why)
 {
 	struct devcopy *d = NULL;
 	uint32_t nd = 0;
 	bool had_pinned = false;
+	/* Every refreshed copy once, and every superseded one: at most two per tensor plus the
+	 * superseded list. */
+	void **freed = calloc(2u * m->model->n_tensors + m->n_superseded + 1, sizeof(*freed));
+	size_t n_freed = 0;
+	if (!freed)
+		return -ENOMEM;
 
 	d = calloc(m->n_sets ? m->n_sets : 1, sizeof(*d));
 	pthread_mutex_lock(&c->lock);
@@ -31,16 +65,19 @@ static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool un
 	if (!nd) {
 		pthread_mutex_unlock(&c->lock);
 		free(d);
+		free(freed);
 		return 0;
 	}
 	if (m->acquired) {
 		pthread_mutex_unlock(&c->lock);
 		free(d);
+		free(freed);
 		return -EBUSY;
 	}
 	if (!d) {
 		/* Nothing changed yet: the caller sees the failure like any other. */
 		pthread_mutex_unlock(&c->lock);
+		free(freed);
 		return -ENOMEM;
 	}
 	nd = 0;
@@ -56,6 +93,7 @@ static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool un
 		nd++;
 		for (uint32_t k = 0; k < w->def.n_tensors; k++)
 			m->tensors[w->def.tensors[k]] = NULL;
+		n_freed = take_refreshed_locked(m, w, freed, n_freed);
 		w->resident = false;
 		w->pinned = false;
 		w->n_segs = 0;
@@ -76,6 +114,8 @@ static int evict_sets(struct wf_cache *c, struct model *m, uint32_t set, bool un
 	for (uint32_t k = 0; k < nd; k++)
 		wf__cache_devcopy_free(c, &d[k]);
 	free(d);
+	free_list(c, freed, n_freed);
+	free(freed);
 	wf__cache_emit(c, WF_CACHE_EVENT_EVICTED, m, 0, why);
 	wf__cache_emit(c, WF_CACHE_EVENT_RESIDENCY, m, 0, NULL);
 	return 0;
@@ -849,6 +889,158 @@ fail:
 	return ret;
 }
 
+/* The sets holding a wanted tensor loaded (self-managed mode: one load per set missing; loading
+ * one never evicts another of the model, the target of its own room), then the model acquired
+ * and the wanted tensors' device addresses given where their set is resident. */
+static int cmd_acquire_sets(struct wf_cache *c, struct model *m, const bool *wanted, bool self,
+                            void **out, struct wf_diag *diag)
+{
+	const uint32_t nt = m->model->n_tensors;
+	for (uint32_t s = 0; s < m->n_sets && self; s++) {
+		const struct wset *w = &m->sets[s];
+		bool want = false;
+		for (uint32_t k = 0; k < w->def.n_tensors && !want; k++)
+			want = wanted[w->def.tensors[k]];
+		if (!want || w->resident)
+			continue;
+		int ret = load_sets(c, m, s, false, false, true, diag);
+		if (ret < 0)
+			return ret;
+	}
+	pthread_mutex_lock(&c->lock);
+	for (uint32_t i = 0; i < nt; i++)
+		out[i] = wanted[i] ? m->tensors[i] : NULL;
+	m->acquired++;
+	m->lru = ++c->tick;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* The set holding tensor t, or NULL. */
+static struct wset *set_of(struct model *m, uint32_t t)
+{
+	for (uint32_t s = 0; s < m->n_sets; s++) {
+		const struct wf_wset_def *def = &m->sets[s].def;
+		uint32_t lo = 0, hi = def->n_tensors; /* def->tensors is ascending */
+		while (lo < hi) {
+			const uint32_t mid = lo + (hi - lo) / 2;
+			if (def->tensors[mid] < t)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo < def->n_tensors && def->tensors[lo] == t)
+			return &m->sets[s];
+	}
+	return NULL;
+}
+
+/* The store's part of the refresh seam: a new device copy of each listed tensor that is resident,
+ * from the floor's current (published) bytes; the copies it replaces stay valid until
+ * CMD_REFRESH_DONE. All copies are made before any pointer changes: a failure changes nothing. */
+static int cmd_refresh(struct wf_cache *c, struct model *m, uint32_t n, const uint32_t *ids,
+                       void **out, struct wf_diag *diag)
+{
+	if (!m->region)
+		return wf_diag_set(diag, WF_ESTATE,
+		                   "model '%s': no floor attached, nothing to refresh from",
+		                   m->name);
+	struct wf_device_stream *st = NULL;
+	int ret = wf_device_stream_create(c->dev, &st, diag);
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = NULL;
+	for (uint32_t i = 0; ret == 0 && i < n; i++) {
+		if (ids[i] >= m->model->n_tensors) {
+			ret = wf_diag_set(diag, WF_EINVAL, "model '%s' has no tensor %u", m->name,
+			                  ids[i]);
+			break;
+		}
+		pthread_mutex_lock(&c->lock);
+		const struct wset *w = set_of(m, ids[i]);
+		const bool res = w && w->resident;
+		pthread_mutex_unlock(&c->lock);
+		if (!res)
+			continue;
+		struct wf_shm_tensor_info info;
+		if ((ret = wf_shm_region_tensor(m->region, ids[i], &info)) < 0) {
+			wf_diag_set(diag, ret, "model '%s': floor entry %u", m->name, ids[i]);
+			break;
+		}
+		if (info.nbytes != m->model->tensors[ids[i]].nbytes) {
+			ret = wf_diag_set(
+			    diag, WF_EFORMAT,
+			    "model '%s': tensor '%s' changed size in the floor: a refresh "
+			    "copies bytes of the same size only",
+			    m->name, m->model->tensors[ids[i]].name);
+			break;
+		}
+		if ((ret = wf_device_mem_alloc(c->dev, info.nbytes, &out[i], diag)) < 0)
+			break;
+		ret = wf_device_memcpy_async(st, out[i], info.data, info.nbytes, WF_DEVICE_COPY_H2D,
+		                             diag);
+	}
+	if (ret == 0)
+		ret = wf_device_stream_synchronize(st, diag);
+	wf_device_stream_destroy(st);
+	if (ret < 0) {
+		for (uint32_t i = 0; i < n; i++)
+			if (out[i])
+				(void)wf_device_mem_free(c->dev, out[i], NULL);
+		for (uint32_t i = 0; i < n; i++)
+			out[i] = NULL;
+		return ret;
+	}
+	pthread_mutex_lock(&c->lock);
+	for (uint32_t i = 0; i < n; i++) {
+		if (!out[i])
+			continue;
+		const uint32_t t = ids[i];
+		struct wset *w = set_of(m, t);
+		if (m->rcopy[t]) {
+			if (m->n_superseded == m->cap_superseded) {
+				size_t cap = m->cap_superseded ? 2 * m->cap_superseded : 16;
+				struct superseded *ns =
+				    realloc(m->superseded, cap * sizeof(*m->superseded));
+				if (!ns) { /* keep it then: freed with its set */
+					continue;
+				}
+				m->superseded = ns;
+				m->cap_superseded = cap;
+			}
+			m->superseded[m->n_superseded++] =
+			    (struct superseded){m->rcopy[t], m->rcopy_bytes[t], t};
+		}
+		m->rcopy[t] = out[i];
+		m->rcopy_bytes[t] = m->model->tensors[t].nbytes;
+		m->tensors[t] = out[i];
+		w->device_bytes += m->rcopy_bytes[t];
+	}
+	wf__cache_model_refresh_locked(m);
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* Every engine swapped: the superseded copies go. */
+static int cmd_refresh_done(struct wf_cache *c, struct model *m)
+{
+	pthread_mutex_lock(&c->lock);
+	struct superseded *list = m->superseded;
+	const size_t n = m->n_superseded;
+	for (size_t i = 0; i < n; i++) {
+		struct wset *w = set_of(m, list[i].tensor);
+		if (w)
+			w->device_bytes -= list[i].bytes;
+	}
+	m->superseded = NULL;
+	m->n_superseded = m->cap_superseded = 0;
+	wf__cache_model_refresh_locked(m);
+	pthread_mutex_unlock(&c->lock);
+	for (size_t i = 0; i < n; i++)
+		(void)wf_device_mem_free(c->dev, list[i].ptr, NULL);
+	free(list);
+	return 0;
+}
+
 static int check_budget(const struct wf_cache_budget *b, struct wf_diag *diag)
 {
 	struct wf_devbudget_in in = {b->arena, b->weight_fraction, b->wiggle_fraction,
@@ -877,6 +1069,8 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 		return cmd_release_all(c, &k->diag);
 	case CMD_RESV_CREATE:
 		return cmd_resv_create(c, k);
+	case CMD_RESV_EVICT:
+		return evict_resv(c, k->id, false, "released");
 	case CMD_EVICT_OLDEST:
 		ret = evict_one_lru(c, NULL);
 		if (ret == WF_ENO_SPACE)
@@ -934,6 +1128,15 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 	case CMD_PREFETCH:
 		ret = load_model(c, m, false, false, self, &k->diag);
 		break;
+	case CMD_ACQUIRE_SETS:
+		ret = cmd_acquire_sets(c, m, k->wanted, self, k->out_tensors, &k->diag);
+		break;
+	case CMD_REFRESH:
+		ret = cmd_refresh(c, m, (uint32_t)k->n_ids, k->ids, k->out_tensors, &k->diag);
+		break;
+	case CMD_REFRESH_DONE:
+		ret = cmd_refresh_done(c, m);
+		break;
 	case CMD_ACQUIRE:
 		/* The mode may have changed since the request was queued. */
 		if (!self && !resident(m))
@@ -953,6 +1156,7 @@ static int run_cmd(struct wf_cache *c, struct cmd *k)
 static bool is_load(const struct cmd *k)
 {
 	return k->type == CMD_PREFETCH || k->type == CMD_ACQUIRE || k->type == CMD_WSET_LOAD ||
+	       k->type == CMD_ACQUIRE_SETS ||
 	       (k->type == CMD_SET_RESIDENCY && k->state >= WF_RESIDENCY_DEVICE);
 }
 
@@ -1401,6 +1605,38 @@ int wf_cache_resv_create(struct wf_cache *c, const char *name, uint64_t bytes,
 	if (ret == 0)
 		*ret_resv = k.out_id;
 	return ret;
+}
+
+int wf_cache_acquire_sets(struct wf_cache *c, uint32_t id, const bool *wanted, void **ret_tensors,
+                          struct wf_diag *diag)
+{
+	struct cmd k = {
+	    .type = CMD_ACQUIRE_SETS, .id = id, .wanted = wanted, .out_tensors = ret_tensors};
+	if (!c || !wanted || !ret_tensors)
+		return wf_diag_set(diag, WF_EINVAL, "acquire sets: NULL argument");
+	return wf__cache_post(c, &k, diag);
+}
+
+int wf_cache_refresh(struct wf_cache *c, uint32_t id, uint32_t n, const uint32_t *tensors,
+                     void **ret_device, struct wf_diag *diag)
+{
+	struct cmd k = {
+	    .type = CMD_REFRESH, .id = id, .ids = tensors, .n_ids = n, .out_tensors = ret_device};
+	if (!c || (n && (!tensors || !ret_device)))
+		return wf_diag_set(diag, WF_EINVAL, "refresh: NULL argument");
+	return wf__cache_post(c, &k, diag);
+}
+
+int wf_cache_resv_evict(struct wf_cache *c, uint32_t resv)
+{
+	struct cmd k = {.type = CMD_RESV_EVICT, .id = resv};
+	return c ? wf__cache_post(c, &k, NULL) : WF_EINVAL;
+}
+
+int wf_cache_refresh_done(struct wf_cache *c, uint32_t id)
+{
+	struct cmd k = {.type = CMD_REFRESH_DONE, .id = id};
+	return c ? wf__cache_post(c, &k, NULL) : WF_EINVAL;
 }
 
 int wf_cache_evict_oldest(struct wf_cache *c, struct wf_diag *diag)

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "worker/agentevents.h"
+#include "worker/service.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -11,6 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Tensor ids a log line lists before "and N more". */
 #define LOG_IDS 16
@@ -23,7 +32,8 @@ struct published {
 
 struct wf_worker_refresh {
 	struct wf_agent_events *ear;
-	pthread_mutex_t mu; /* guards the table below; memory only */
+	struct wf_worker_svc *svc; /* NULL: record and log only */
+	pthread_mutex_t mu;        /* guards the table below; memory only */
 	struct published *v;
 	size_t n, cap;
 };
@@ -84,10 +94,22 @@ void wf_worker_refresh_published(void *ctx, const char *model, const struct wf_d
 		snprintf(ids + at, sizeof ids - at, " and %" PRIu32 " more", n - LOG_IDS);
 	char hex[WF_DIGEST_HEX_LEN];
 	wf_digest_hex(digest, hex);
+	struct wf_diag d = {{0}};
+	const double t0 = now_s();
+	const int applied = r->svc ? wf_worker_svc_refresh(r->svc, model, n, tensor_ids, &d) : 0;
+	const double secs = now_s() - t0;
 	int rc = record(r, model, digest, generation);
-	wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = model, .event = "published"),
-	             "tensors [%s] published at generation %" PRIu64 " (floor %.12s)%s", ids,
-	             generation, hex, rc < 0 ? " (not recorded: out of memory)" : "");
+	if (applied < 0)
+		wf_log_event(WF_LOG_ERROR, WF_LOG_F(.model = model, .event = "refresh_failed"),
+		             "tensors [%s] published at generation %" PRIu64
+		             " (floor %.12s): not applied on this worker: %s",
+		             ids, generation, hex, wf_diag_str(&d, applied));
+	else
+		wf_log_event(WF_LOG_INFO, WF_LOG_F(.model = model, .event = "published"),
+		             "tensors [%s] published at generation %" PRIu64
+		             " (floor %.12s)%s, refreshed in %.1f ms%s",
+		             ids, generation, hex, rc < 0 ? " (not recorded: out of memory)" : "",
+		             secs * 1e3, r->svc ? "" : " (nothing here reads it)");
 }
 
 bool wf_worker_refresh_generation(struct wf_worker_refresh *r, const char *model,
@@ -141,7 +163,7 @@ static void on_note(void *ctx, enum wf_agent_events_note note, const char *text)
 }
 
 int wf_worker_refresh_create(struct wf_ctl_client *agent, const struct wf_ctl_tls_opts *tls,
-                             struct wf_worker_refresh **ret)
+                             struct wf_worker_svc *svc, struct wf_worker_refresh **ret)
 {
 	const char *url = getenv("WF_AGENT_EVENTS");
 	if (url && !*url)
@@ -156,6 +178,7 @@ int wf_worker_refresh_create(struct wf_ctl_client *agent, const struct wf_ctl_tl
 	if (!r)
 		return -ENOMEM;
 	pthread_mutex_init(&r->mu, NULL);
+	r->svc = svc;
 	struct wf_agent_events_opts o = {.url = url,
 	                                 .agent = agent,
 	                                 .on_published = wf_worker_refresh_published,

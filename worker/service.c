@@ -259,6 +259,35 @@ Weightfloor__V1__Residency wf_worker_residency_pb(enum wf_residency r)
 	}
 }
 
+/* The model's weight sets resident in the store. */
+static int add_sets(struct wf_worker_svc *s, struct wf_ctl_call *call,
+                    const struct wf_cache_model_status *ms, Weightfloor__V1__ModelResidency *r)
+{
+	uint32_t n = 0;
+	if (wf_cache_wset_count(s->cache, ms->id, &n) < 0 || n == 0)
+		return 0;
+	r->sets = wf_ctl_call_calloc(call, n, sizeof(*r->sets));
+	if (!r->sets)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < n; k++) {
+		struct wf_cache_wset_status ws;
+		if (wf_cache_wset_status(s->cache, ms->id, k, &ws) < 0 ||
+		    (ws.state != WF_RESIDENCY_DEVICE && ws.state != WF_RESIDENCY_PINNED_DEVICE))
+			continue;
+		Weightfloor__V1__WeightSet *w = wf_ctl_call_alloc(call, sizeof(*w));
+		if (!w)
+			return -ENOMEM;
+		weightfloor__v1__weight_set__init(w);
+		if (!(w->name = wf_ctl_call_strdup(call, ws.name)))
+			return -ENOMEM;
+		w->device_bytes = ws.device_bytes;
+		w->pinned = ws.state == WF_RESIDENCY_PINNED_DEVICE;
+		w->tensors = ws.n_tensors;
+		r->sets[r->n_sets++] = w;
+	}
+	return 0;
+}
+
 /* The registered modules' figures (the engines' metrics) ride along. */
 static Weightfloor__V1__ModelResidency *residency_pb(struct wf_worker_svc *s,
                                                      struct wf_ctl_call *call,
@@ -276,9 +305,11 @@ static Weightfloor__V1__ModelResidency *residency_pb(struct wf_worker_svc *s,
 	r->device_bytes = ms->device_bytes;
 	r->bytes_done = ms->loading ? ms->load_done : (ms->device_bytes ? ms->bytes : 0);
 	r->bytes_total = ms->loading ? ms->load_total : ms->bytes;
+	if (add_sets(s, call, ms, r) < 0)
+		return NULL;
 	for (size_t i = 0; i < s->n_exts; i++)
 		if (s->exts[i].ext->describe_model)
-			s->exts[i].ext->describe_model(s->exts[i].ctx, ms->name, r);
+			s->exts[i].ext->describe_model(s->exts[i].ctx, ms->name, r, call);
 	return r;
 }
 
@@ -481,6 +512,46 @@ int wf_worker_svc_extend(struct wf_worker_svc *s, const struct wf_worker_svc_ext
 	return 0;
 }
 
+/* Before a residency command takes device memory from model (NULL: every model). */
+static void release_idle(struct wf_worker_svc *s, const char *model)
+{
+	for (size_t i = 0; i < s->n_exts; i++)
+		if (s->exts[i].ext->release_idle)
+			s->exts[i].ext->release_idle(s->exts[i].ctx, model);
+}
+
+int wf_worker_svc_refresh(struct wf_worker_svc *s, const char *model, uint32_t n,
+                          const uint32_t *ids, struct wf_diag *diag)
+{
+	uint32_t id;
+	if (!n || wf_cache_model_find(s->cache, model, &id) < 0)
+		return 0;
+	void **dev = calloc(n, sizeof(*dev));
+	if (!dev)
+		return wf_diag_set(diag, -ENOMEM, "refresh of %u tensors", n);
+	struct wf_diag d = {{0}};
+	/* The store first: a store without the floor attached (or nothing resident) refreshes
+	 * nothing, and the engines still take the floor's new bytes where they read them. */
+	int rc = wf_cache_refresh(s->cache, id, n, ids, dev, &d);
+	if (rc == WF_ESTATE) {
+		rc = 0;
+		wf_diag_clear(&d);
+	}
+	if (rc < 0) {
+		free(dev);
+		return wf_diag_set(diag, rc, "the device store: %s", wf_diag_str(&d, rc));
+	}
+	for (size_t i = 0; rc == 0 && i < s->n_exts; i++)
+		if (s->exts[i].ext->refresh)
+			rc = s->exts[i].ext->refresh(s->exts[i].ctx, model, n, ids, dev, diag);
+	/* Only once every engine swapped: the old copies may go. (On an error some engine may
+	 * still read them: they stay until the next refresh or an eviction frees them.) */
+	if (rc == 0)
+		(void)wf_cache_refresh_done(s->cache, id);
+	free(dev);
+	return rc;
+}
+
 /* Compact: evicts every unpinned model and reloads the listed ones; the reply says what moved. */
 static int compact(struct wf_worker_svc *s, const Weightfloor__V1__Compact *c, int agent_ms,
                    Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
@@ -497,6 +568,7 @@ static int compact(struct wf_worker_svc *s, const Weightfloor__V1__Compact *c, i
 	wf_cache_status(s->cache, &before);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	release_idle(s, NULL);
 	rc = wf_cache_compact(s->cache, ids, c->n_reload, &d);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	wf_cache_status(s->cache, &after);
@@ -566,6 +638,8 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 			reply->message = "target must be DISK, HOST, DEVICE or PINNED_DEVICE";
 			return WF_EINVAL;
 		}
+		if (target < WF_RESIDENCY_DEVICE)
+			release_idle(s, model);
 		rc = wf_cache_set_residency(s->cache, id, target, &d);
 		for (size_t i = 0; rc == 0 && target == WF_RESIDENCY_DISK && i < s->n_exts; i++)
 			if (s->exts[i].ext->model_to_disk)
@@ -579,6 +653,7 @@ int wf_worker_svc_handle(void *ctx, const Weightfloor__V1__Request *req,
 		rc = wf_cache_unpin(s->cache, id, &d);
 		break;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_EVICT:
+		release_idle(s, model);
 		rc = wf_cache_evict(s->cache, id, &d);
 		break;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PREFETCH:

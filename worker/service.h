@@ -37,8 +37,21 @@ struct wf_worker_svc_ext {
 	/* The model was sent back to disk (SetResidency DISK succeeded). */
 	void (*model_to_disk)(void *ctx, const char *model);
 	/* Adds the module's figures to a model's residency (WorkerStatus, and the replies of
-	 * residency commands): ModelResidency's engine fields. */
-	void (*describe_model)(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r);
+	 * residency commands): ModelResidency's engine fields, allocated from call. */
+	void (*describe_model)(void *ctx, const char *model, Weightfloor__V1__ModelResidency *r,
+	                       struct wf_ctl_call *call);
+	/* A residency command is about to take device memory from a model (Evict, SetResidency
+	 * below DEVICE; Compact: model NULL, every model): the module lets go of what its idle
+	 * users hold of it (an idle engine's hold on the store's sets), so that the command does
+	 * not fail for them; users with work running keep theirs (the command then fails with
+	 * -EBUSY, as for any model in use). */
+	void (*release_idle)(void *ctx, const char *model);
+	/* The refresh seam (docs/ARCHITECTURE.md): the model's floor published new bytes of n
+	 * tensors (model indices); device[i] is the store's new copy of ids[i], NULL where the
+	 * store holds none. The module swaps them into its engines at their step boundary and
+	 * returns once none reads the old bytes. 0 or an error (diag says why). */
+	int (*refresh)(void *ctx, const char *model, uint32_t n, const uint32_t *ids,
+	               void *const *device, struct wf_diag *diag);
 };
 
 struct wf_worker_model {
@@ -94,6 +107,14 @@ int wf_worker_svc_resolve(struct wf_worker_svc *s, const char *name, int agent_m
 /* The open model of a name the cache knows (resolved before), or NULL. Models stay open until
  * wf_worker_svc_fini, so the pointer stays valid as long as the service. */
 const struct wf_model *wf_worker_svc_model(struct wf_worker_svc *s, const char *name);
+
+/* The refresh seam on this worker: the model's floor published a new generation of n tensors
+ * (the agent's PUBLISHED event). The store makes new device copies of those it holds
+ * (wf_cache_refresh), every module swaps them in at its engines' step boundary, then the copies
+ * they replaced are freed (wf_cache_refresh_done). A model the worker does not know is nothing
+ * to do (0). Returns 0 or the first error; diag says which part failed. */
+int wf_worker_svc_refresh(struct wf_worker_svc *s, const char *model, uint32_t n,
+                          const uint32_t *ids, struct wf_diag *diag);
 
 /* Registers a module that serves the given request kinds (at most WF_WORKER_SVC_EXT_KINDS, of
  * those the service routes to modules: Generate and GenerateRead; another kind, or one served

@@ -68,9 +68,9 @@ int wf_weight_view_map_files(const struct wf_model *model, struct wf_weight_view
 	int rc = -ENOMEM;
 	wf_diag_clear(diag);
 	v.tensor_data = calloc(model->n_tensors ? model->n_tensors : 1, sizeof(*v.tensor_data));
-	v.map_base = calloc(model->n_files, sizeof(*v.map_base));
-	v.map_len = calloc(model->n_files, sizeof(*v.map_len));
-	if (!v.tensor_data || !v.map_base || !v.map_len) {
+	v.maps = calloc(model->n_files ? model->n_files : 1, sizeof(*v.maps));
+	v.own_maps = true;
+	if (!v.tensor_data || !v.maps) {
 		wf_diag_set(diag, rc, "weight view");
 		goto fail;
 	}
@@ -102,17 +102,16 @@ int wf_weight_view_map_files(const struct wf_model *model, struct wf_weight_view
 			rc = wf_diag_set(diag, -errno, "mmap %s", mf->path);
 			goto fail;
 		}
-		v.map_base[f] = p;
-		v.map_len[f] = mf->size;
+		v.maps[f] = (struct wf_engine_mapping){p, mf->size};
 		v.n_maps = f + 1;
 	}
 	for (uint32_t i = 0; i < model->n_tensors; i++) {
 		const struct wf_tensor *t = &model->tensors[i];
-		v.tensor_data[i] = (const uint8_t *)v.map_base[t->file] + t->offset;
+		v.tensor_data[i] = (const uint8_t *)v.maps[t->file].base + t->offset;
 	}
 	for (uint32_t f = 0; f < v.n_maps; f++)
-		if (v.map_base[f])
-			populate(v.map_base[f], v.map_len[f]);
+		if (v.maps[f].base)
+			populate(v.maps[f].base, v.maps[f].len);
 	*ret_view = v;
 	return 0;
 fail:
@@ -128,13 +127,21 @@ int wf_weight_view_from_floor(const struct wf_model *model, const struct wf_shm_
 		return wf_diag_set(diag, WF_EFORMAT, "the floor holds %u tensors, the model %u",
 		                   wf_shm_region_n_tensors(region), model->n_tensors);
 	v.tensor_data = calloc(model->n_tensors ? model->n_tensors : 1, sizeof(*v.tensor_data));
-	if (!v.tensor_data)
+	v.maps = calloc(1, sizeof(*v.maps));
+	if (!v.tensor_data || !v.maps) {
+		free(v.tensor_data);
+		free(v.maps);
 		return wf_diag_set(diag, -ENOMEM, "weight view");
+	}
+	v.maps[0] =
+	    (struct wf_engine_mapping){wf_shm_region_data(region), wf_shm_region_size(region)};
+	v.n_maps = 1;
 	for (uint32_t i = 0; i < model->n_tensors; i++) {
 		struct wf_shm_tensor_info info;
 		int rc = wf_shm_region_tensor(region, i, &info);
 		if (rc < 0 || info.nbytes != model->tensors[i].nbytes) {
 			free(v.tensor_data);
+			free(v.maps);
 			return wf_diag_set(diag, rc < 0 ? rc : WF_EFORMAT,
 			                   "floor entry %u does not match tensor '%s'", i,
 			                   model->tensors[i].name);
@@ -148,11 +155,20 @@ int wf_weight_view_from_floor(const struct wf_model *model, const struct wf_shm_
 
 void wf_weight_view_release(struct wf_weight_view *view)
 {
-	for (uint32_t f = 0; f < view->n_maps; f++)
-		if (view->map_base[f])
-			munmap(view->map_base[f], view->map_len[f]);
-	free(view->map_base);
-	free(view->map_len);
+	for (uint32_t f = 0; view->own_maps && f < view->n_maps; f++)
+		if (view->maps[f].base)
+			munmap((void *)view->maps[f].base, view->maps[f].len);
+	free(view->maps);
 	free(view->tensor_data);
 	memset(view, 0, sizeof(*view));
+}
+
+struct wf_engine_weights wf_weight_view_engine(const struct wf_weight_view *view)
+{
+	return (struct wf_engine_weights){
+	    .host = view->tensor_data,
+	    .device = NULL,
+	    .maps = view->maps,
+	    .n_maps = view->n_maps,
+	};
 }

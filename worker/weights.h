@@ -11,6 +11,7 @@
 #define WF_WORKER_WEIGHTS_H
 
 #include "base/diag.h"
+#include "engine/engine.h"
 #include "model/model.h"
 
 #ifdef __cplusplus
@@ -21,10 +22,15 @@ struct wf_shm_region;
 
 struct wf_weight_view {
 	const void **tensor_data; /* [model->n_tensors] */
+	/* The mappings the bytes lie in: each file's (owned: unmapped on release), or the floor
+	 * region's (borrowed). */
 	uint32_t n_maps;
-	void **map_base;
-	size_t *map_len;
+	struct wf_engine_mapping *maps;
+	bool own_maps;
 };
+
+/* The view as the engine takes it (host bytes and their mappings; no device copies). */
+struct wf_engine_weights wf_weight_view_engine(const struct wf_weight_view *view);
 
 /* Maps every file of model (opened again through wf_model_file_open, and refused with
  * WF_ECHANGED when a file is no longer the one the model was read from). Returns 0 and fills

@@ -371,7 +371,9 @@ int wf__cache_model_sets_init(struct model *m)
 	m->sets = calloc(n, sizeof(*m->sets));
 	m->tensors = calloc(nt ? nt : 1, sizeof(*m->tensors));
 	m->src_off = calloc(nt ? nt : 1, sizeof(*m->src_off));
-	if (!m->sets || !m->tensors || !m->src_off) {
+	m->rcopy = calloc(nt ? nt : 1, sizeof(*m->rcopy));
+	m->rcopy_bytes = calloc(nt ? nt : 1, sizeof(*m->rcopy_bytes));
+	if (!m->sets || !m->tensors || !m->src_off || !m->rcopy || !m->rcopy_bytes) {
 		wf_wset_defs_free(defs, n);
 		return -ENOMEM;
 	}
@@ -392,6 +394,9 @@ void wf__cache_model_free(struct model *m)
 	free(m->sets);
 	free(m->tensors);
 	free(m->src_off);
+	free(m->rcopy);
+	free(m->rcopy_bytes);
+	free(m->superseded);
 	free(m);
 }
 

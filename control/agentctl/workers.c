@@ -131,6 +131,33 @@ static void engine_note(struct cli_table *t, const Weightfloor__V1__ModelResiden
 	    fmt_pct(m->cache_hit_rate, hit, sizeof hit));
 }
 
+/* What the worker holds of the model: its resident weight sets, and its engine's placement,
+ * own device bytes and the experts its cache holds (docs/PROTOCOL.md "What a worker holds"). */
+static void holds_note(struct cli_table *t, const Weightfloor__V1__ModelResidency *m)
+{
+	char line[1024], b[32];
+	size_t at = 0;
+	for (size_t i = 0; i < m->n_sets && at < sizeof line - 64; i++)
+		at += (size_t)snprintf(line + at, sizeof line - at, "%s%s %s%s", i ? ", " : "",
+		                       m->sets[i]->name,
+		                       cli_fmt_bytes(m->sets[i]->device_bytes, b, sizeof b),
+		                       m->sets[i]->pinned ? " pinned" : "");
+	if (m->n_sets)
+		cli_table_note(t, "  sets: %s", line);
+	if (!m->placement || !m->placement[0])
+		return;
+	cli_table_note(t, "  placement: %s; own device bytes %s", m->placement,
+	               cli_fmt_bytes(m->engine_device_bytes, b, sizeof b));
+	if (!m->expert_slots)
+		return;
+	at = 0;
+	for (size_t i = 0; i < m->n_cached_experts && at < sizeof line - 16; i++)
+		at += (size_t)snprintf(line + at, sizeof line - at, "%s%u:%u", i ? " " : "",
+		                       m->cached_experts[i] >> 16, m->cached_experts[i] & 0xffffu);
+	cli_table_note(t, "  expert cache: %zu of %u slots hold experts (layer:expert) %s",
+	               m->n_cached_experts, m->expert_slots, m->n_cached_experts ? line : "-");
+}
+
 int cmd_workers(struct cli *cli, int argc, char **argv)
 {
 	static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {0}};
@@ -149,7 +176,10 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 			    "pinned host\n"
 			    "  memory, endpoint; then each model's residency and device bytes, and "
 			    "for\n"
-			    "  a model with a completion engine its metrics (tokens/s of the last\n"
+			    "  a model its weight sets on the device, and with a completion engine "
+			    "its\n"
+			    "  placement, own device bytes, the experts its cache holds and its\n"
+			    "  metrics (tokens/s of the last\n"
 			    "  completion, post-fetched bytes per token, copy overlap, fallback "
 			    "rate,\n"
 			    "  scratchpad bytes, expert cache hit rate). -o wide\n"
@@ -245,6 +275,7 @@ int cmd_workers(struct cli *cli, int argc, char **argv)
 				cli_table_note(t, "%s  %s  %s on device", m->model,
 				               residency_name(m->state),
 				               cli_fmt_bytes(m->device_bytes, b, sizeof b));
+				holds_note(t, m);
 				if (m->engine)
 					engine_note(t, m);
 			}

@@ -74,6 +74,9 @@ Test(bench_engine, tiny_model_every_row, .fini = fini, .timeout = 50)
 	expect_measured(o, "batch8_vs_batch1");
 	expect_measured(o, "private_memory_over_model");
 	expect_measured(o, "batch8_vs_bandwidth_bound");
+	/* Issue 19's: pinned or not before a worker's first token (measured, whatever the ratio:
+	 * speed belongs in the benchmark's figures, not in a test). */
+	expect_measured(o, "first_token_pinned_vs_unpinned");
 	/* Issue 11's rows (two host-device rates each; the first of each is checked). */
 	expect_measured(o, "postfetch_vs_cpu_experts");
 	expect_measured(o, "cache25_vs_cpu_experts");

@@ -924,56 +924,6 @@ Test(WFT_SUITE, destroy_and_close_run_queued_host_fns, .timeout = 60)
 	cr_assert_eq(atomic_load(&calls), 8, "close returned before every queued fn ran");
 }
 
-/* Kernel tables: one per kind, found through the device. The ops are opaque to the interface;
- * an int stands in for the engine's ops struct. */
-static const int cpu_ops_stub = 1, cuda_ops_stub = 2, other_ops_stub = 3;
-static const struct wf_device_kernel_table host_kernels = {
-    .kind = WF_DEVICE_KIND_HOST, .name = "cpu-test", .version = 1, .ops = &cpu_ops_stub};
-static const struct wf_device_kernel_table cuda_kernels = {
-    .kind = WF_DEVICE_KIND_CUDA, .name = "cuda-test", .version = 1, .ops = &cuda_ops_stub};
-
-Test(WFT_SUITE, kernel_tables_register_and_resolve_per_kind, .timeout = 60)
-{
-	struct wf_device *dev = open_dev();
-	const struct wf_device_kernel_table *mine =
-	    WFT_KIND == WF_DEVICE_KIND_HOST ? &host_kernels : &cuda_kernels;
-	const struct wf_device_kernel_table *theirs =
-	    WFT_KIND == WF_DEVICE_KIND_HOST ? &cuda_kernels : &host_kernels;
-	struct wf_device_kernel_table other = *mine, bad;
-
-	/* Each Criterion test is its own process: nothing is registered yet. */
-	cr_assert_null(wf_device_kernels(dev));
-	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_HOST));
-
-	cr_assert_eq(wf_device_kernels_register(theirs), 0);
-	cr_assert_null(wf_device_kernels(dev), "another kind's table must not serve this device");
-	cr_assert_eq(wf_device_kernels_register(mine), 0);
-	cr_assert_eq(wf_device_kernels(dev), mine);
-	cr_assert_eq(wf_device_kernels(dev)->ops, mine->ops);
-	cr_assert_eq(wf_device_kernels_for_kind(theirs->kind), theirs);
-	cr_assert_eq(wf_device_kernels_register(mine), 0, "the same table again is a no-op");
-
-	/* One table per kind: a second is refused and the first stays. */
-	other.name = "other";
-	other.ops = &other_ops_stub;
-	cr_assert_eq(wf_device_kernels_register(&other), WF_EDUPLICATE);
-	cr_assert_eq(wf_device_kernels(dev), mine);
-
-	cr_assert_eq(wf_device_kernels_register(NULL), WF_EINVAL);
-	bad = *mine;
-	bad.kind = WF_DEVICE_KIND_MAX;
-	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
-	bad = *mine;
-	bad.name = NULL;
-	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
-	bad = *mine;
-	bad.ops = NULL;
-	cr_assert_eq(wf_device_kernels_register(&bad), WF_EINVAL);
-	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_MAX));
-	cr_assert_null(wf_device_kernels(NULL));
-	wf_device_close(dev);
-}
-
 /* ---- Fault injection (device.h: fail=N, bw=RATE, sticky=N), the same on every backend ---- */
 
 static double now_s(void)

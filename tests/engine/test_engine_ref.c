@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "common/wftest.h"
 #include "engine/engine.h"
+#include "eweights.h"
 #include "model/model.h"
 #include "ondev.h"
 #include "worker/weights.h"
@@ -102,7 +103,7 @@ static struct wf_engine *engine_of(const struct ref *r, const struct wf_engine_c
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
 	const struct wf_engine_config on = wft_on_device(*cfg);
-	int rc = wf_engine_create(r->m, r->view.tensor_data, &on, &e, &d);
+	int rc = wft_engine_new(r->m, &r->view, &on, false, &e, &d);
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
 	return e;
 }
@@ -205,7 +206,7 @@ static void check_model(const char *name, bool strict, float router_tol)
 		}
 	}
 	free(got);
-	wf_engine_destroy(e);
+	wft_engine_free(e);
 	ref_close(&r);
 }
 
@@ -248,8 +249,8 @@ Test(engine_ref, split_model_bitwise_equal_to_single_file)
 	          "split model logits differ from the single file: %s", why);
 	free(ga);
 	free(gb);
-	wf_engine_destroy(ea);
-	wf_engine_destroy(eb);
+	wft_engine_free(ea);
+	wft_engine_free(eb);
 	ref_close(&a);
 	ref_close(&b);
 }
@@ -265,7 +266,7 @@ Test(engine_ref, f32_kv_cache_within_strict_tolerance)
 	float mx, rms;
 	check_criteria(&r, got, true, &mx, &rms);
 	free(got);
-	wf_engine_destroy(e);
+	wft_engine_free(e);
 	ref_close(&r);
 }
 
@@ -285,8 +286,8 @@ Test(engine_ref, thread_count_does_not_change_results)
 	cr_expect(wft_rows_match(g1, g3, 32u, r.n_vocab, why, sizeof why), "%s", why);
 	free(g1);
 	free(g3);
-	wf_engine_destroy(e1);
-	wf_engine_destroy(e3);
+	wft_engine_free(e1);
+	wft_engine_free(e3);
 	ref_close(&r);
 }
 
@@ -351,8 +352,8 @@ Test(engine_ref, batched_sequences_equal_alone)
 	}
 	free(bl);
 	free(al);
-	wf_engine_destroy(alone);
-	wf_engine_destroy(batch);
+	wft_engine_free(alone);
+	wft_engine_free(batch);
 	ref_close(&r);
 }
 
@@ -394,7 +395,7 @@ Test(engine_ref, bad_batches_are_refused_and_change_nothing)
 	cr_expect_eq(wf_engine_seq_len(e, 0), 0);
 	cr_expect_eq(wf_engine_seq_truncate(e, 2, 0), WF_EINVAL);
 	free(out);
-	wf_engine_destroy(e);
+	wft_engine_free(e);
 	ref_close(&r);
 }
 
@@ -402,7 +403,8 @@ static int create_rc(struct wf_model *m, const struct wf_weight_view *v, struct 
 {
 	struct wf_engine *e = NULL;
 	struct wf_engine_config cfg = {.n_ctx = 16, .n_threads = 1};
-	int rc = wf_engine_create(m, v->tensor_data, &cfg, &e, d);
+	const struct wf_engine_weights w = wf_weight_view_engine(v);
+	int rc = wf_engine_create(m, &w, &cfg, &e, d);
 	wf_engine_destroy(e);
 	return rc;
 }
@@ -441,7 +443,8 @@ Test(engine_ref, models_the_engine_cannot_run_are_refused)
 	/* A context longer than the model's. */
 	struct wf_engine *e = NULL;
 	struct wf_engine_config big = {.n_ctx = r.m->hp.n_ctx_train + 1, .n_threads = 1};
-	cr_expect_eq(wf_engine_create(r.m, r.view.tensor_data, &big, &e, &d), WF_ELIMIT);
+	const struct wf_engine_weights w = wf_weight_view_engine(&r.view);
+	cr_expect_eq(wf_engine_create(r.m, &w, &big, &e, &d), WF_ELIMIT);
 	cr_expect_null(e);
 	/* And the untouched model still runs. */
 	cr_expect_eq(create_rc(r.m, &r.view, &d), 0, "%s", d.msg);

@@ -1,14 +1,14 @@
 /* Expert post-fetch (engine/postfetch.h) on the host device: every setting gives bitwise the
  * logits of the CPU-only engine (same bytes, same kernels), the copies are used when the policy
  * waits and skipped when it does not and they are slow, and bad settings are refused. Each
- * placement test runs twice: with the CPU forward pass computing the fetched experts, and with
- * the device forward pass (dense_on_device: engine/forward_dev.c over the host device's engine
- * ops), the path the CUDA engine takes. */
+ * placement test runs twice: with the dense part on the CPU, and with it on the device from the
+ * device weight store's copies (dense_on_device: the plan the CUDA engine takes). */
 #include "base/error.h"
 #include "common/wftest.h"
 #include "device/device.h"
 #include "engine/engine.h"
 #include "engine/postfetch.h"
+#include "eweights.h"
 #include "model/model.h"
 #include "ondev.h"
 #include "worker/weights.h"
@@ -49,7 +49,7 @@ static void model_close(struct model *md)
 
 /* The prompt in one batch (logits for every position), then 8 greedy steps: 24 rows, with the
  * engine cfg describes (n_ctx 64 and 2 threads filled in). */
-/* The placement tests' second run: the device forward pass. */
+/* The placement tests' second run: the dense part on the device, from the store's copies. */
 static bool dense_on_device;
 
 static float *run_with(struct model *md, struct wf_engine_config cfg,
@@ -58,15 +58,16 @@ static float *run_with(struct model *md, struct wf_engine_config cfg,
 	cfg.n_ctx = 64;
 	cfg.dense_on_device = cfg.device && (dense_on_device || wft_engine_device());
 	cfg.n_threads = 2;
-	struct wf_engine *e = NULL;
+	struct wft_engine x;
 	struct wf_diag d = {{0}};
-	int rc = wf_engine_create(md->m, md->v.tensor_data, &cfg, &e, &d);
+	int rc = wft_engine_open(md->m, &md->v, &cfg, cfg.dense_on_device, &x, &d);
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
+	struct wf_engine *e = x.e;
 	struct wf_engine_info info;
 	wf_engine_get_info(e, &info);
-	if (cfg.dense_on_device) /* the device holds at least the weights it computes with */
-		cr_assert_gt(info.device_bytes, md->v.map_len[0] / 4, "%llu device bytes",
-		             (unsigned long long)info.device_bytes);
+	if (cfg.dense_on_device) /* its KV cache and activations, never weights (the store's) */
+		cr_assert_geq(info.device_bytes, info.kv_bytes, "%llu device bytes",
+		              (unsigned long long)info.device_bytes);
 	const size_t V = info.n_vocab;
 	float *out = malloc(24 * V * sizeof(float));
 	uint32_t pos[16], seq[16] = {0};
@@ -90,7 +91,7 @@ static float *run_with(struct model *md, struct wf_engine_config cfg,
 		             d.msg);
 	}
 	wf_engine_get_stats(e, ret_stats);
-	wf_engine_destroy(e);
+	wft_engine_close(&x);
 	return out;
 }
 
@@ -327,8 +328,8 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 				cr_expect_leq(st.fetch_misses, 48u);
 				cr_expect_gt(st.fetch_hits, st.fetch_misses);
 				cr_expect_eq(st.fetch_experts, st.fetch_misses);
-				/* The device path keeps experts whole: hits then run on the device.
-				 */
+				/* Where the device computes the dense part the cache keeps experts
+				 * whole (hits run wholly on the device), else down projections. */
 				if (dense_on_device || wft_engine_device())
 					cr_expect_gt(st.fetch_whole, 0);
 				else
@@ -342,7 +343,8 @@ static void every_cache_size_gives_the_cpu_engines_logits(void)
 	    .n_ctx = 64, .device = fx.dev, .postfetch = &off, .expert_cache_mb = 8};
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
-	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &cfg, &e, &d), WF_EINVAL);
+	const struct wf_engine_weights w = wf_weight_view_engine(&fx.md.v);
+	cr_expect_eq(wf_engine_create(fx.md.m, &w, &cfg, &e, &d), WF_EINVAL);
 	cr_expect_null(e);
 	fixture_close(&fx);
 }
@@ -390,7 +392,8 @@ static void every_placement_gives_the_cpu_engines_logits(void)
 	struct wf_engine_config bad = {.n_ctx = 64, .experts_on_device = true};
 	struct wf_engine *e = NULL;
 	struct wf_diag d = {{0}};
-	cr_expect_eq(wf_engine_create(fx.md.m, fx.md.v.tensor_data, &bad, &e, &d), WF_EINVAL);
+	const struct wf_engine_weights w = wf_weight_view_engine(&fx.md.v);
+	cr_expect_eq(wf_engine_create(fx.md.m, &w, &bad, &e, &d), WF_EINVAL);
 	fixture_close(&fx);
 }
 

@@ -64,7 +64,8 @@ static void setup(struct fixture *f, uint32_t n_seq, uint32_t n_ctx, uint32_t n_
 	/* F32 KV: the strict model's criteria are for exact arithmetic. */
 	struct wf_engine_config ec = {
 	    .n_ctx = n_ctx, .n_seq_max = n_seq, .n_threads = 2, .kv_type = WF_ENGINE_KV_F32};
-	rc = wf_engine_create(f->m, f->view.tensor_data, &ec, &f->e, &d);
+	const struct wf_engine_weights w = wf_weight_view_engine(&f->view);
+	rc = wf_engine_create(f->m, &w, &ec, &f->e, &d);
 	cr_assert_eq(rc, 0, "engine: %s", wf_diag_str(&d, rc));
 	rc = wf_tokenizer_create(&f->m->kv, &f->tok, &d);
 	cr_assert_eq(rc, 0, "tokenizer: %s", wf_diag_str(&d, rc));

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "common/wftest.h"
 #include "device/device.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
 #include "model/model.h"
@@ -736,33 +737,42 @@ Test(kernels, table_types)
 	cr_assert_null(wf_kernel_ops_type(NULL, WF_DTYPE_F32));
 }
 
-Test(kernels, table_registered_per_kind)
+/* The backends by device kind (kernels/backend.h): the host backend from the start, one table
+ * per kind, refusals of anything else. */
+Test(kernels, backends_registered_per_kind)
 {
+	const struct wf_backend_ops *host = wf_backend_host();
+	cr_assert_not_null(host);
+	cr_assert_str_eq(host->name, "host");
+	cr_assert_eq(host->version, WF_BACKEND_OPS_VERSION);
+	cr_assert(host->host_memory);
+	cr_assert_eq(wf_backend_for_kind(WF_DEVICE_KIND_HOST), host);
+	cr_assert_eq(wf_backend_for(NULL), host, "no device: the CPU");
+	/* nothing in this process registered CUDA's */
+	cr_assert_null(wf_backend_for_kind(WF_DEVICE_KIND_CUDA));
+	cr_assert_null(wf_backend_for_kind(WF_DEVICE_KIND_MAX));
 	struct wf_device *dev = NULL;
 	struct wf_diag diag = {{0}};
-
-	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_HOST));
-	cr_assert_eq(wf_kernels_cpu_register(), 0);
-	cr_assert_eq(wf_kernels_cpu_register(), 0); /* idempotent */
-	const struct wf_device_kernel_table *t = wf_device_kernels_for_kind(WF_DEVICE_KIND_HOST);
-	cr_assert_not_null(t);
-	cr_assert_eq(t->kind, WF_DEVICE_KIND_HOST);
-	cr_assert_str_eq(t->name, "cpu");
-	cr_assert_eq(t->version, WF_KERNEL_OPS_VERSION);
-	cr_assert_eq(t->ops, (const void *)wf_kernels_cpu_ops());
-	/* nothing in this process registered CUDA kernels */
-	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_CUDA));
-	cr_assert_null(wf_device_kernels_for_kind(WF_DEVICE_KIND_MAX));
-
-	/* a host device finds the table through its kind */
 	cr_assert_eq(wf_device_open("host", &dev, &diag), 0, "%s", diag.msg);
-	cr_assert_eq(wf_device_kernels(dev), t);
+	cr_assert_eq(wf_backend_for(dev), host, "a host device finds it through its kind");
 	wf_device_close(dev);
-
-	/* another table for the kind is refused, and the CPU one stays */
-	static const struct wf_kernel_ops other_ops;
-	static const struct wf_device_kernel_table other = {WF_DEVICE_KIND_HOST, "other", 1,
-	                                                    &other_ops};
-	cr_assert_eq(wf_device_kernels_register(&other), WF_EDUPLICATE);
-	cr_assert_eq(wf_device_kernels_for_kind(WF_DEVICE_KIND_HOST), t);
+	/* Another table for a kind that has one is refused; the same again is a no-op. */
+	static struct wf_backend_ops other;
+	other = *host;
+	other.name = "other";
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_HOST, &other), WF_EDUPLICATE);
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_HOST, host), 0);
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_CUDA, &other), 0);
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_CUDA, &other), 0);
+	cr_assert_eq(wf_backend_for_kind(WF_DEVICE_KIND_CUDA), &other);
+	static struct wf_backend_ops another;
+	another = other;
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_CUDA, &another), WF_EDUPLICATE);
+	/* A table built against another header, a NULL one, a kind out of range. */
+	static struct wf_backend_ops old;
+	old = *host;
+	old.version = WF_BACKEND_OPS_VERSION - 1;
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_CUDA, &old), WF_EINVAL);
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_CUDA, NULL), WF_EINVAL);
+	cr_assert_eq(wf_backend_register(WF_DEVICE_KIND_MAX, host), WF_EINVAL);
 }

@@ -332,3 +332,74 @@ Test(engine_budget, a_load_that_needs_the_room_evicts_the_engine_then_it_is_rebu
 	cr_assert_eq(waitpid(wm.pid, NULL, WNOHANG), 0, "the worker exited");
 	teardown(&f);
 }
+
+/* One device weight store (issue 19): a pinned model is what the engine computes from. A worker
+ * computing the dense part on the device (--dense-on-device, host device) with the model pinned,
+ * then a completion: its device bytes are the model's once plus the engine's own (KV cache,
+ * activations, expert slots), within 5% of that sum, never the weights twice; WorkerStatus (and
+ * `agentctl workers`) say which sets are resident and which experts the cache holds; an eviction
+ * of the idle engine's model succeeds, and the next completion rebuilds (and reloads) it. */
+Test(engine_budget, a_pinned_model_is_what_the_engine_runs_from_and_bytes_count_once)
+{
+	struct fixture f;
+	setup(&f, "budget-once");
+	struct agt_worker w;
+	agt_spawn_worker(f.a, &w, "wonce", NULL, "host:mem=256Mi",
+	                 (const char *[]){"--threads", "1", "--dense-on-device",
+	                                  "--expert-cache-mb", "2", NULL});
+	agt_wait_worker_ready(&w);
+	agt_wait_worker_registered(f.a, &w, "wonce");
+	cr_assert_eq(set_residency(&w, "tiny", RES(PINNED_DEVICE), NULL), AGT_ST(OK));
+	Weightfloor__V1__Reply *r = status(&w);
+	const uint64_t model_bytes = entry(r, "tiny")->device_bytes, before = used(&w);
+	wf_ctl_reply_free(r);
+	cr_assert_gt(model_bytes, 0);
+	cr_assert_eq(generate(&f, &w, NULL), AGT_ST(OK));
+	r = status(&w);
+	Weightfloor__V1__ModelResidency *m = entry(r, "tiny");
+	cr_assert(m && m->engine && m->placement, "an engine after the completion");
+	const uint64_t after = r->worker_info->device_used_bytes;
+	cr_expect_eq(m->device_bytes, model_bytes, "the pinned sets did not grow");
+	cr_expect_gt(m->engine_device_bytes, 0, "its KV cache and activations");
+	cr_expect_leq(after, (model_bytes + m->engine_device_bytes) * 105 / 100,
+	              "device bytes %llu for a model of %llu and an engine of %llu: the weights "
+	              "are on the device once",
+	              (unsigned long long)after, (unsigned long long)model_bytes,
+	              (unsigned long long)m->engine_device_bytes);
+	cr_expect_eq(after, before + m->engine_device_bytes, "the engine adds only its own bytes");
+	cr_expect(strstr(m->placement, "dense: host") != NULL, "%s", m->placement);
+	cr_expect_gt(m->n_sets, 0);
+	bool dense = false;
+	for (size_t i = 0; i < m->n_sets; i++)
+		dense |= strcmp(m->sets[i]->name, "dense") == 0 && m->sets[i]->pinned;
+	cr_expect(dense, "the pinned dense set is listed");
+	cr_expect_gt(m->expert_slots, 0);
+	cr_expect_gt(m->n_cached_experts, 0, "the expert cache holds experts after a completion");
+	for (size_t i = 0; i < m->n_cached_experts; i++)
+		cr_expect_lt(m->cached_experts[i] >> 16, 3u, "layer of a cached expert");
+	wf_ctl_reply_free(r);
+	/* agentctl says the same. */
+	char *out = NULL, *err = NULL;
+	int rc = agt_ctl(f.a, &out, &err, (const char *const[]){"workers", NULL});
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_expect(strstr(out, "sets: dense") && strstr(out, "expert cache:") &&
+	              strstr(out, "placement:"),
+	          "agentctl workers:\n%s", out);
+	free(out);
+	free(err);
+	/* Unpin and evict: the idle engine lets go, the model leaves the device; the next
+	 * completion rebuilds the engine, loading the dense set again (self-managed). */
+	cr_assert_eq(set_residency(&w, "tiny", RES(DEVICE), NULL), AGT_ST(OK));
+	char *msg = NULL;
+	cr_assert_eq(set_residency(&w, "tiny", RES(HOST), &msg), AGT_ST(OK), "%s", msg);
+	free(msg);
+	r = status(&w);
+	cr_expect_eq(entry(r, "tiny")->device_bytes, 0, "nothing of tiny on the device");
+	wf_ctl_reply_free(r);
+	cr_assert_eq(generate(&f, &w, NULL), AGT_ST(OK));
+	r = status(&w);
+	m = entry(r, "tiny");
+	cr_expect(m && m->engine && m->n_sets > 0, "rebuilt, with the dense set loaded");
+	wf_ctl_reply_free(r);
+	teardown(&f);
+}
