@@ -57,6 +57,9 @@ struct floor_entry {
 	enum wf_floor_state state;
 	bool pin_host;
 	bool stale; /* a file changed since the floor was materialized (told once per change) */
+	/* The files' identities the floor's bytes were last reconciled with by a reload
+	 * (agent/reload.h), n_files of them; NULL: the inventory's, as materialized. */
+	struct wf_reload_ident *ident;
 	struct wf_shm_region *region; /* the agent's hold: HOST and PINNED_HOST */
 	struct fill_job *job;         /* the current materialization, or NULL */
 
@@ -110,6 +113,8 @@ struct wf_floors {
 	char *state_file;
 	pthread_mutex_t persist_mu;
 	uint64_t persist_seq, persist_written;
+
+	pthread_mutex_t reload_mu; /* one reload at a time (agent/reload.h) */
 
 	const char *reader_backend;
 	bool o_direct;
@@ -253,12 +258,32 @@ static bool inv_stale(const struct floor_inv *inv)
 	return false;
 }
 
+/* A copy of a reload's baseline (n identities), or NULL for none or no memory (the janitor
+ * then compares against the inventory: a stale report too many, never one too few). */
+static struct wf_reload_ident *ident_copy(const struct wf_reload_ident *id, uint32_t n)
+{
+	struct wf_reload_ident *c = id ? malloc(n * sizeof(*c)) : NULL;
+	if (c)
+		memcpy(c, id, n * sizeof(*c));
+	return c;
+}
+
+/* inv_stale() against a reload's baseline: a file moved since the last reload. */
+static bool ident_stale(const struct floor_inv *inv, const struct wf_reload_ident *id)
+{
+	for (uint32_t i = 0; i < inv->model->n_files; i++)
+		if (wf_reload_ident_moved(inv->model->files[i].path, &id[i]))
+			return true;
+	return false;
+}
+
 static void entry_free(struct floor_entry *e)
 {
 	if (!e)
 		return;
 	free(e->name);
 	free(e->path);
+	free(e->ident);
 	inv_unref(e->inv);
 	pthread_mutex_destroy(&e->keep_mu);
 	free(e);
@@ -543,6 +568,7 @@ int wf_floors_create(const struct wf_floors_opts *opts, struct wf_floors **ret,
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->cv, NULL);
 	pthread_mutex_init(&f->persist_mu, NULL);
+	pthread_mutex_init(&f->reload_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -725,6 +751,8 @@ static void *job_thread(void *arg)
 			region = NULL;
 			e->state = e->pin_host ? WF_FLOOR_PINNED_HOST : WF_FLOOR_HOST;
 			e->stale = false;
+			free(e->ident); /* a new floor: its bytes are the inventory's files' */
+			e->ident = NULL;
 			e->last_error[0] = '\0';
 			double secs = (double)(now_ns() - job->started_ns) / 1e9;
 			e->done = e->total;
@@ -1274,6 +1302,203 @@ out:
 	return rc;
 }
 
+/* ---- reloading ---------------------------------------------------------------------------- */
+
+void wf_floor_reload_result_fini(struct wf_floor_reload_result *r)
+{
+	if (r)
+		wf_reload_plan_free(&r->plan);
+}
+
+/* What a reload needs of the entry, copied under the lock: its path, its floor's digest and the
+ * baseline identities (the last reload's, or the inventory's). */
+static int reload_target(struct wf_floors *f, const char *name, char **ret_path,
+                         struct wf_digest *ret_digest, struct wf_reload_ident **ret_base,
+                         uint32_t *ret_n, struct wf_diag *diag)
+{
+	int rc = publish_target(f, name, ret_digest, diag);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&f->mu);
+	struct floor_entry *e = find_locked(f, name);
+	uint32_t n = e ? e->inv->model->n_files : 0;
+	char *path = e ? strdup(e->path) : NULL;
+	struct wf_reload_ident *base = n ? malloc(n * sizeof(*base)) : NULL;
+	for (uint32_t i = 0; base && i < n; i++)
+		base[i] = e->ident ? e->ident[i] : wf_reload_ident_of(&e->inv->model->files[i]);
+	pthread_mutex_unlock(&f->mu);
+	if (!e || !path || !base) {
+		free(path);
+		free(base);
+		return e ? -ENOMEM : wf_diag_set(diag, WF_ENOT_FOUND, "no model named '%s'", name);
+	}
+	*ret_path = path;
+	*ret_base = base;
+	*ret_n = n;
+	return 0;
+}
+
+/* The plan of a reload: the model's files opened again (the agent's model roots checked, as at
+ * registration) and compared with the floor through an attachment of our own. */
+static int reload_plan(struct wf_floors *f, const char *name, const char *path,
+                       const struct wf_digest *d, const struct wf_reload_ident *base,
+                       uint32_t n_base, struct wf_floor_reload_result *ret, struct wf_diag *diag)
+{
+	struct wf_model *m = NULL;
+	struct wf_shm_region *w = NULL;
+	struct wf_diag sd = {{0}};
+	int rc = wf_model_open(path, &m, &sd);
+	if (rc == 0)
+		rc = wf_agent_config_check_model(f->cfg, m, &sd);
+	if (rc < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&sd, rc));
+		goto out;
+	}
+	rc = wf_shm_region_attach(&f->shm, d, NULL, WF_SHM_ATTACH_WRITE | WF_SHM_ATTACH_OWNED, NULL,
+	                          NULL, &w, &sd);
+	if (rc == -ENOENT) {
+		rc = wf_diag_set(diag, WF_ENOT_RESIDENT,
+		                 "model '%s': its floor was released meanwhile: ensure it again",
+		                 name);
+		goto out;
+	}
+	if (rc < 0) {
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&sd, rc));
+		goto out;
+	}
+	wf_diag_clear(&sd);
+	ret->generation = wf_shm_region_generation(w);
+	rc = wf_reload_plan(w, m, base, n_base, &ret->plan, &sd);
+	if (rc < 0)
+		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&sd, rc));
+out:
+	wf_shm_region_detach(w);
+	wf_model_close(m);
+	return rc;
+}
+
+/* Publishes the plan's CHANGED tensors (one generation). */
+static int reload_publish(struct wf_floors *f, const char *name, const struct wf_reload_plan *plan,
+                          struct wf_floor_reload_result *res, struct wf_diag *diag)
+{
+	struct wf_floor_publish_tensor *t = calloc(plan->n_changed, sizeof(*t));
+	uint32_t *ids = calloc(plan->n_changed, sizeof(*ids));
+	int rc = -ENOMEM;
+	if (t && ids) {
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < plan->n_tensors; i++)
+			if (plan->tensors[i].status == WF_RELOAD_CHANGED)
+				t[k++] = (struct wf_floor_publish_tensor){
+				    .name = plan->tensors[i].name,
+				    .data = plan->tensors[i].data,
+				    .nbytes = plan->tensors[i].nbytes};
+		struct wf_floor_publish_result pr;
+		rc = wf_floors_publish(f, name, t, k, false, ids, &pr, diag);
+		if (rc == 0) {
+			res->generation = pr.generation;
+			res->published = true;
+		}
+	}
+	free(t);
+	free(ids);
+	return rc;
+}
+
+/* The plan's identities become the entry's baseline, if the entry still holds the floor the
+ * reload looked at; the stale mark goes with it. */
+static void reload_adopt_idents(struct wf_floors *f, const char *name, const struct wf_digest *d,
+                                struct wf_reload_plan *plan)
+{
+	pthread_mutex_lock(&f->mu);
+	struct floor_entry *e = find_locked(f, name);
+	struct wf_digest now = {0};
+	if (e && e->region)
+		wf_shm_region_digest(e->region, &now);
+	if (e && e->region && now.hi == d->hi && now.lo == d->lo &&
+	    e->inv->model->n_files == plan->n_files) {
+		free(e->ident);
+		e->ident = plan->idents;
+		plan->idents = NULL;
+		e->stale = false;
+	}
+	pthread_mutex_unlock(&f->mu);
+}
+
+static void reload_emit(struct wf_floors *f, const char *name, int rc,
+                        const struct wf_floor_reload_result *r, bool dry_run,
+                        const struct wf_diag *diag)
+{
+	char msg[320];
+	const struct wf_reload_plan *p = &r->plan;
+	if (rc < 0)
+		snprintf(msg, sizeof(msg), "reload failed: %s", wf_diag_str(diag, rc));
+	else
+		snprintf(msg, sizeof(msg),
+		         "%s%u reloaded, %u unchanged, %u refused (%u of %u files changed, %llu "
+		         "bytes read)%s",
+		         dry_run ? "dry run: " : "", p->n_changed, p->n_unchanged, p->n_refused,
+		         p->files_moved, p->n_files, (unsigned long long)p->bytes_read,
+		         p->n_refused ? ": nothing published" : "");
+	struct wf_floor_event ev = {.kind = WF_FLOOR_EV_RELOADED,
+	                            .model = name,
+	                            .state = WF_FLOOR_HOST,
+	                            .code = rc < 0 ? rc : 0,
+	                            .message = msg,
+	                            .seconds = r->seconds,
+	                            .digest_hex = r->digest_hex,
+	                            .generation = r->generation,
+	                            .n_tensors = r->published ? p->n_changed : 0,
+	                            .bytes_done = r->published ? p->bytes_changed : 0};
+	ev.reload_result = rc < 0         ? "failed"
+	                   : p->n_refused ? "refused"
+	                   : dry_run      ? "dry_run"
+	                   : r->published ? "published"
+	                                  : "unchanged";
+	pthread_mutex_lock(&f->mu);
+	struct floor_entry *e = find_locked(f, name);
+	if (e)
+		ev.state = e->state;
+	pthread_mutex_unlock(&f->mu);
+	emit(f, &ev);
+}
+
+int wf_floors_reload(struct wf_floors *f, const char *name, bool dry_run,
+                     struct wf_floor_reload_result *ret, struct wf_diag *diag)
+{
+	struct wf_floor_reload_result res = {0};
+	struct wf_reload_ident *base = NULL;
+	char *path = NULL;
+	struct wf_digest d;
+	uint32_t n_base = 0;
+	int64_t t0 = now_ns();
+
+	if (!name || !ret)
+		return wf_diag_set(diag, WF_EINVAL, "reload: name the model");
+	/* Serialized: two reloads of one floor would each publish what the other already did. */
+	pthread_mutex_lock(&f->reload_mu);
+	int rc = reload_target(f, name, &path, &d, &base, &n_base, diag);
+	if (rc == 0) {
+		wf_digest_hex(&d, res.digest_hex);
+		rc = reload_plan(f, name, path, &d, base, n_base, &res, diag);
+	}
+	if (rc == 0 && !dry_run && res.plan.n_refused == 0 && res.plan.n_changed)
+		rc = reload_publish(f, name, &res.plan, &res, diag);
+	if (rc == 0 && !dry_run && res.plan.n_refused == 0)
+		reload_adopt_idents(f, name, &d, &res.plan);
+	res.seconds = (double)(now_ns() - t0) / 1e9;
+	if (rc != WF_ENOT_FOUND)
+		reload_emit(f, name, rc, &res, dry_run, diag);
+	pthread_mutex_unlock(&f->reload_mu);
+	free(path);
+	free(base);
+	if (rc < 0) {
+		wf_floor_reload_result_fini(&res);
+		return rc;
+	}
+	*ret = res;
+	return 0;
+}
+
 /* ---- adoption ----------------------------------------------------------------------------- */
 
 static void *janitor_thread(void *arg);
@@ -1504,17 +1729,21 @@ static void janitor_pass(struct wf_floors *f)
 	ne = f->n_entries;
 	struct floor_entry **held = calloc(ne ? ne : 1, sizeof(*held));
 	struct floor_inv **invs = calloc(ne ? ne : 1, sizeof(*invs));
+	struct wf_reload_ident **idents = calloc(ne ? ne : 1, sizeof(*idents));
 	size_t nh = 0;
-	for (size_t i = 0; held && invs && i < ne; i++) {
+	for (size_t i = 0; held && invs && idents && i < ne; i++) {
 		struct floor_entry *x = f->entries[i];
 		if (x->region && !x->stale) {
 			held[nh] = x;
+			idents[nh] = ident_copy(x->ident, x->inv->model->n_files);
 			invs[nh++] = inv_ref(x->inv);
 		}
 	}
 	pthread_mutex_unlock(&f->mu);
 	for (size_t i = 0; i < nh; i++) {
-		if (inv_stale(invs[i])) {
+		bool stale = idents[i] ? ident_stale(invs[i], idents[i]) : inv_stale(invs[i]);
+		free(idents[i]);
+		if (stale) {
 			pthread_mutex_lock(&f->mu);
 			bool tell = held[i]->region && !held[i]->stale && held[i]->inv == invs[i];
 			if (tell)
@@ -1536,6 +1765,7 @@ static void janitor_pass(struct wf_floors *f)
 	}
 	free(held);
 	free(invs);
+	free(idents);
 }
 
 static void *janitor_thread(void *arg)
@@ -1758,6 +1988,7 @@ void wf_floors_destroy(struct wf_floors *f)
 	free(f->state_file);
 	pthread_cond_destroy(&f->janitor_cv);
 	pthread_mutex_destroy(&f->persist_mu);
+	pthread_mutex_destroy(&f->reload_mu);
 	pthread_cond_destroy(&f->cv);
 	pthread_mutex_destroy(&f->mu);
 	free(f);

@@ -25,6 +25,7 @@
 #define WF_AGENT_FLOORS_H
 
 #include "agent/config.h"
+#include "agent/reload.h"
 #include "base/diag.h"
 #include "model/model.h"
 
@@ -52,6 +53,9 @@ enum wf_floor_event_kind {
 	/* a floor published a new generation of some tensors (wf_floors_publish()): the fields
 	 * below say which; bytes_done is the bytes published */
 	WF_FLOOR_EV_PUBLISHED = 5,
+	/* a reload ended (wf_floors_reload(), dry runs and failures included): message says what
+	 * it found; code is 0 or the failure's; n_tensors counts the tensors it published */
+	WF_FLOOR_EV_RELOADED = 6,
 };
 struct wf_floor_event {
 	enum wf_floor_event_kind kind;
@@ -72,6 +76,9 @@ struct wf_floor_event {
 	uint32_t n_tensors;
 	const uint32_t *tensor_ids;
 	const char *const *tensor_names;
+	/* RELOADED: "published", "unchanged" (nothing differed), "dry_run", "refused" (a tensor
+	 * could not be reloaded: nothing published) or "failed" */
+	const char *reload_result;
 };
 typedef void (*wf_floor_event_fn)(void *ctx, const struct wf_floor_event *ev);
 
@@ -216,6 +223,29 @@ struct wf_floor_publish_result {
 int wf_floors_publish(struct wf_floors *f, const char *name,
                       const struct wf_floor_publish_tensor *tensors, uint32_t n, bool dry_run,
                       uint32_t *ret_ids, struct wf_floor_publish_result *ret, struct wf_diag *diag);
+
+/* What a reload found and did. */
+struct wf_floor_reload_result {
+	char digest_hex[WF_DIGEST_HEX_LEN]; /* the floor's */
+	uint64_t generation;                /* the floor's now (the new one when published) */
+	bool published;                     /* the CHANGED tensors are the floor's now */
+	double seconds;
+	struct wf_reload_plan plan; /* per tensor (agent/reload.h); free with the result */
+};
+void wf_floor_reload_result_fini(struct wf_floor_reload_result *r);
+
+/* Reloads the tensors of the model's files that changed on disk into its floor (agent/reload.h
+ * decides which, by content), as one generation (wf_floors_publish(), whose PUBLISHED event
+ * makes workers refresh exactly those tensors), and takes the files' identities as the floor's
+ * new baseline, so the janitor's stale check and the next reload compare against them. Nothing
+ * is published when a tensor is refused (the plan says which and why: *ret is filled, 0
+ * returned, published false) or with dry_run. Errors, with nothing changed: WF_ENOT_FOUND,
+ * WF_ENOT_RESIDENT (no READY floor), the model reader's (a truncated file, a header that lies,
+ * a path out of the model roots), the planner's (WF_ESHARD, WF_ECHANGED), the publisher's
+ * (WF_ENO_SPACE: the spare area is full). Every call ends with a WF_FLOOR_EV_RELOADED event.
+ * Reloads are serialized (one at a time per agent); thread-safe. */
+int wf_floors_reload(struct wf_floors *f, const char *name, bool dry_run,
+                     struct wf_floor_reload_result *ret, struct wf_diag *diag);
 
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,
                        struct wf_diag *diag);

@@ -504,6 +504,15 @@ static void on_floor_event(void *ctx, const struct wf_floor_event *ev)
 			publish_published(a, &e, ev);
 		return;
 	}
+	case WF_FLOOR_EV_RELOADED:
+		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RELOADED;
+		e.code = wf_proto_status_from_err(ev->code);
+		e.digest = (char *)(ev->digest_hex ? ev->digest_hex : "");
+		e.generation = ev->generation;
+		wf_log_event(ev->code ? WF_LOG_WARN : WF_LOG_INFO,
+		             WF_LOG_F(.model = ev->model, .event = "reloaded", .code = ev->code),
+		             "%s (%.3f s)", ev->message, ev->seconds);
+		break;
 	case WF_FLOOR_EV_ERROR:
 		e.kind = WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_ERROR;
 		e.code = wf_proto_status_from_err(ev->code);

@@ -20,6 +20,7 @@ struct wf_agent_metrics {
 	struct wf_ctl_reqmetrics req; /* control requests, and errors_total */
 	struct wf_metric *materializations, *materialize_seconds, *materialized_bytes;
 	struct wf_metric *publishes, *published_tensors, *published_bytes;
+	struct wf_metric *reloads, *reload_seconds;
 	/* scrape time */
 	struct wf_metric *info, *floors_by_state, *floor_state, *floor_bytes, *floor_resident,
 	    *floor_holders, *floor_stale, *materialize_rate, *reaped, *budget, *used, *orphan,
@@ -171,6 +172,12 @@ int wf_agent_metrics_create(struct wf_agent_metrics **ret)
 	     "Tensor versions published into a model's floor.", L_model},
 	    {&am->published_bytes, C, "weightfloor_published_bytes_total",
 	     "Bytes published into a model's floor (its spare area).", L_model},
+	    {&am->reloads, C, "weightfloor_reloads_total",
+	     "Reloads of a model's changed files (ReloadModel): published, unchanged (nothing "
+	     "differed), dry_run, refused (a tensor could not be reloaded), failed.",
+	     (const char *const[]){"model", "result", NULL}},
+	    {&am->reload_seconds, H, "weightfloor_reload_duration_seconds",
+	     "Duration of the reloads that did not fail.", L_none},
 	    {&am->materialize_rate, G, "weightfloor_materialize_rate_bytes_per_second",
 	     "A model's materialization rate (in progress, or its last).", L_model},
 	    {&am->floors_by_state, G, "weightfloor_floors", "Registered models by floor state.",
@@ -250,6 +257,12 @@ void wf_agent_metrics_floor_event(struct wf_agent_metrics *am, const struct wf_f
 		const char *l[] = {wf_proto_status_name(wf_proto_status_from_err(ev->code)),
 		                   "floor"};
 		wf_metric_add(am->req.errors, l, 1);
+		return;
+	}
+	if (ev->kind == WF_FLOOR_EV_RELOADED) {
+		wf_metric_add(am->reloads, (const char *[]){ev->model, ev->reload_result}, 1);
+		if (!ev->code)
+			wf_metric_observe(am->reload_seconds, NULL, ev->seconds);
 		return;
 	}
 	if (ev->kind == WF_FLOOR_EV_PUBLISHED) {

@@ -293,6 +293,82 @@ static int do_publish(struct wf_agent_service *svc, const Weightfloor__V1__Publi
 	return 0;
 }
 
+/* Reply entries at most: the counts are always whole, the list stops here (a reload that
+ * refuses every tensor of a large model must still fit the agent's max_message). */
+#define RELOAD_REPLY_MAX_TENSORS 4096u
+
+static Weightfloor__V1__TensorReload *reload_entry(struct wf_ctl_call *call,
+                                                   const struct wf_reload_tensor *t)
+{
+	Weightfloor__V1__TensorReload *e = wf_ctl_call_alloc(call, sizeof(*e));
+	if (!e)
+		return NULL;
+	weightfloor__v1__tensor_reload__init(e);
+	e->name = wf_ctl_call_strdup(call, t->name);
+	e->reason = wf_ctl_call_strdup(call, t->why);
+	if (!e->name || !e->reason)
+		return NULL;
+	e->outcome = t->status == WF_RELOAD_CHANGED
+	                 ? WEIGHTFLOOR__V1__RELOAD_OUTCOME__RELOAD_OUTCOME_RELOADED
+	                 : WEIGHTFLOOR__V1__RELOAD_OUTCOME__RELOAD_OUTCOME_REFUSED;
+	e->size = t->nbytes;
+	e->old_checksum = t->old_checksum;
+	e->new_checksum = t->new_checksum;
+	return e;
+}
+
+static int reload_reply(const Weightfloor__V1__ReloadModel *m,
+                        const struct wf_floor_reload_result *r, Weightfloor__V1__Reply *reply,
+                        struct wf_ctl_call *call)
+{
+	const struct wf_reload_plan *p = &r->plan;
+	Weightfloor__V1__ReloadReply *rr = wf_ctl_call_alloc(call, sizeof(*rr));
+	if (!rr)
+		return -ENOMEM;
+	weightfloor__v1__reload_reply__init(rr);
+	rr->name = m->name;
+	rr->digest_hex = wf_ctl_call_strdup(call, r->digest_hex);
+	uint32_t n =
+	    p->n_tensors < RELOAD_REPLY_MAX_TENSORS ? p->n_tensors : RELOAD_REPLY_MAX_TENSORS;
+	rr->tensors = wf_ctl_call_calloc(call, n ? n : 1, sizeof(*rr->tensors));
+	if (!rr->digest_hex || !rr->tensors)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		if (!(rr->tensors[i] = reload_entry(call, &p->tensors[i])))
+			return -ENOMEM;
+	rr->n_tensors = n;
+	rr->generation = r->generation;
+	rr->published = r->published;
+	rr->dry_run = m->dry_run;
+	rr->files = p->n_files;
+	rr->files_changed = p->files_moved;
+	rr->tensors_unchanged = p->n_unchanged;
+	rr->tensors_reloaded = p->n_changed;
+	rr->tensors_refused = p->n_refused;
+	rr->bytes_read = p->bytes_read;
+	rr->bytes_reloaded = p->bytes_changed;
+	rr->seconds = r->seconds;
+	reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY_RELOAD;
+	reply->reload = rr;
+	return 0;
+}
+
+/* ReloadModel: wf_floors_reload(), its plan as the reply. */
+static int do_reload(struct wf_agent_service *svc, const Weightfloor__V1__ReloadModel *m,
+                     Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
+{
+	struct wf_diag d = {{0}};
+	if (!m->name || !*m->name)
+		return fail(reply, call, WF_EINVAL, &(struct wf_diag){"reload: name the model"});
+	struct wf_floor_reload_result r;
+	int rc = wf_floors_reload(svc->floors, m->name, m->dry_run, &r, &d);
+	if (rc < 0)
+		return fail(reply, call, rc, &d);
+	rc = reload_reply(m, &r, reply, call);
+	wf_floor_reload_result_fini(&r);
+	return rc;
+}
+
 int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
                             Weightfloor__V1__Reply *reply, struct wf_ctl_call *call)
 {
@@ -365,6 +441,8 @@ int wf_agent_service_handle(void *ctx, const Weightfloor__V1__Request *req,
 		return do_status(svc, reply, call);
 	case WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS:
 		return do_publish(svc, req->publish_tensors, reply, call);
+	case WEIGHTFLOOR__V1__REQUEST__BODY_RELOAD_MODEL:
+		return do_reload(svc, req->reload_model, reply, call);
 	default:
 		if (svc->worker_handle)
 			return svc->worker_handle(svc->worker_handle_ctx, req, reply, call);

@@ -818,6 +818,7 @@ static int fill_model(struct wf_model *m, struct gguf_file *shards, uint32_t cou
 		f->id.real_path = NULL;
 		mf->dev = f->id.dev;
 		mf->ino = f->id.ino;
+		mf->ctime_ns = f->id.ctime_ns;
 		for (uint32_t j = 0; j < f->n_tensors; j++) {
 			struct wf_tensor *t = &m->tensors[m->n_tensors++];
 			*t = f->tensors[j];

@@ -464,6 +464,7 @@ int wf__model_record_file(struct wf_model_file *f, int fd, const struct stat *st
 	f->real_path = p;
 	f->dev = (uint64_t)st->st_dev;
 	f->ino = (uint64_t)st->st_ino;
+	f->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
 	return 0;
 }
 

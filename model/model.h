@@ -58,6 +58,8 @@ struct wf_model_file {
 	                          since path or a shard sibling may be a symlink */
 	uint64_t dev, ino;     /* identity of that file at open: whoever opens path again later
 	                          (the materializer) must find this file, else WF_ECHANGED */
+	int64_t ctime_ns;      /* st_ctim at open: a writer can restore mtime, never ctime, so a
+	                          reload (agent/reload.h) looks at files whose ctime moved too */
 };
 
 struct wf_tensor {

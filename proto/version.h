@@ -7,7 +7,7 @@
 #define WF_PROTO_VERSION_H
 
 #define WF_PROTO_API_MAJOR            1u
-#define WF_PROTO_API_MINOR            5u
+#define WF_PROTO_API_MINOR            6u
 #define WF_PROTO_API_VERSION          ((WF_PROTO_API_MAJOR << 16) | WF_PROTO_API_MINOR)
 #define WF_PROTO_API_VERSION_MAJOR(v) ((unsigned)(v) >> 16)
 #define WF_PROTO_API_VERSION_MINOR(v) ((unsigned)(v)&0xffffu)

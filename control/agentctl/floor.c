@@ -555,6 +555,8 @@ static const char *event_kind(Weightfloor__V1__EventKind k)
 		return "stale";
 	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_PUBLISHED:
 		return "published";
+	case WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_RELOADED:
+		return "reloaded"; /* its message says what the reload found */
 	default:
 		return "?";
 	}

@@ -1,0 +1,357 @@
+/* Reloading a model's changed files into its floor, end to end (ReloadModel, `agentctl reload`):
+ * a real wf-agent with model roots and a real wf-worker (host device, the dense part on the
+ * device from the store's copies). Change is decided by content: a touched file reloads nothing;
+ * a tensor rewritten in place with the file's mtime restored is found (ctime moved) and reloaded
+ * as one generation, and the worker's next completion is a fresh engine's on the new file; a
+ * changed shape, a truncated file, a FIFO or a symlink out of the roots in the file's place are
+ * refused and change nothing; a reload event reaches the PUB socket and /metrics counts it.
+ * Waits poll states with deadlines. */
+#include "base/error.h"
+#include "common/wftest.h"
+#include "model/model.h"
+#include "proto/status.h"
+#include "shm/region.h"
+#include "tests/agent/agt.h"
+#include "tests/http/httpc.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+TestSuite(agent_reload, .fini = agt_fini, .timeout = 300);
+
+#define PROMPT  "1,17,300,42,99,7,256,311"
+#define N_GEN   "12"
+#define KIND(x) WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
+
+/* The greedy ids `wf-worker eval` computes for PROMPT on a model file. */
+static char *eval_ids(struct agt *a, const char *model)
+{
+	char *exe = wft_exe("worker/wf-worker");
+	char *const argv[] = {exe,          "eval", "--model",   (char *)model, "--prompt", PROMPT,
+	                      "--generate", N_GEN,  "--threads", "2",           NULL};
+	char *out = NULL, *err = NULL;
+	int rc = agt_run(argv, &out, &err, 120, a->dir);
+	cr_assert_eq(rc, 0, "wf-worker eval %s: %s", model, err);
+	char *end = out + strlen(out);
+	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
+		*--end = '\0';
+	char *last = strrchr(out, '\n');
+	char *ids = strdup(last ? last + 1 : out);
+	free(out);
+	free(err);
+	free(exe);
+	return ids;
+}
+
+/* The greedy ids of a completion on the worker, through the agent. */
+static char *generate_ids(struct agt *a)
+{
+	char *out = NULL, *err = NULL;
+	int rc =
+	    agt_ctl(a, &out, &err,
+	            (const char *const[]){"generate", "m", "--prompt-ids", PROMPT, "--max-tokens",
+	                                  N_GEN, "--ignore-eos", "--json", NULL});
+	cr_assert_eq(rc, 0, "agentctl generate: exit %d: %s", rc, err);
+	char ids[1024] = "";
+	size_t at = 0;
+	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+		struct json_object *o = json_tokener_parse(line), *id = NULL;
+		if (o && json_object_object_get_ex(o, "id", &id))
+			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
+			                       json_object_get_int(id));
+		json_object_put(o);
+	}
+	free(out);
+	free(err);
+	return strdup(ids);
+}
+
+static Weightfloor__V1__Reply *reload(struct agt *a, bool dry)
+{
+	Weightfloor__V1__ReloadModel rm = WEIGHTFLOOR__V1__RELOAD_MODEL__INIT;
+	rm.name = "m";
+	rm.dry_run = dry;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_RELOAD_MODEL;
+	req.reload_model = &rm;
+	return agt_call(a, &req, 60000);
+}
+
+static Weightfloor__V1__Reply *publish(struct agt *a, const char *tensor, const uint8_t *data,
+                                       uint64_t size)
+{
+	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
+	Weightfloor__V1__TensorBytes *tbp = &tb;
+	tb.name = (char *)tensor;
+	tb.size = size;
+	tb.data.data = (uint8_t *)data;
+	tb.data.len = size;
+	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
+	pt.name = "m";
+	pt.tensors = &tbp;
+	pt.n_tensors = 1;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
+	req.publish_tensors = &pt;
+	return agt_call(a, &req, 10000);
+}
+
+static void pwrite_all(const char *path, const void *b, size_t n, off_t off)
+{
+	int fd = open(path, O_WRONLY);
+	cr_assert_geq(fd, 0, "%s", path);
+	cr_assert_eq(pwrite(fd, b, n, off), (ssize_t)n);
+	cr_assert_eq(close(fd), 0);
+}
+
+static struct timespec mtime_of(const char *path)
+{
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0, "%s", path);
+	return st.st_mtim;
+}
+
+static void set_mtime(const char *path, struct timespec t)
+{
+	struct timespec ts[2] = {t, t};
+	cr_assert_eq(utimensat(AT_FDCWD, path, ts, 0), 0, "%s", path);
+}
+
+/* A reload that is refused as a whole: its status, a word of the message, the generation kept. */
+static void expect_reload_error(struct agt *a, const struct wf_shm_region *r,
+                                Weightfloor__V1__Status want, const char *needle)
+{
+	uint64_t gen = wf_shm_region_generation(r);
+	Weightfloor__V1__Reply *rep = reload(a, false);
+	agt_expect_code(rep, want, needle);
+	cr_assert(rep->message && strstr(rep->message, needle), "'%s' not in: %s", needle,
+	          rep->message);
+	wf_ctl_reply_free(rep);
+	cr_assert_eq(wf_shm_region_generation(r), gen, "a refused reload moved the generation");
+}
+
+/* Waits until the worker's log holds needle (20 s), never a failed refresh. */
+static void wait_worker_log(struct agt_worker *w, const char *needle)
+{
+	for (int i = 0;; i++) {
+		char *log = agt_worker_log(w);
+		bool found = strstr(log, needle) != NULL;
+		cr_assert(!strstr(log, "not applied"), "the worker failed a refresh:\n%s", log);
+		free(log);
+		if (found)
+			return;
+		cr_assert_lt(i, 200, "the worker never logged '%s'", needle);
+		agt_sleep_ms(100);
+	}
+}
+
+/* The next RELOADED event for m (20 s). */
+static Weightfloor__V1__Event *wait_reloaded(struct wf_ctl_sub *sub)
+{
+	int64_t end = agt_now_ms() + 20000;
+	while (agt_now_ms() < end) {
+		Weightfloor__V1__Event *ev = NULL;
+		int rc = wf_ctl_sub_recv(sub, 200, &ev, NULL);
+		if (rc == WF_ETIMEOUT || rc == WF_EFORMAT)
+			continue;
+		cr_assert_eq(rc, 0, "sub recv: %s", wf_strerror(rc));
+		if (ev->kind == KIND(RELOADED) && strcmp(ev->model, "m") == 0)
+			return ev;
+		wf_ctl_event_free(ev);
+	}
+	cr_assert_fail("no RELOADED event within 20 s");
+	return NULL;
+}
+
+Test(agent_reload, changed_tensors_by_content_reach_floor_and_worker)
+{
+	struct agt *a = agt_new("reload");
+	char *pa = agt_gen(a, "m", 3, NULL), *pp = agt_gen(a, "ping", 4, NULL);
+	struct wf_model *m = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_model_open(pa, &m, &d), 0, "%s", d.msg);
+	/* The new version: layer 0's query projection takes layer 1's bytes (same type, shape). */
+	const struct wf_tensor *changed = wf_model_find_tensor(m, "blk.0.attn_q.weight"),
+	                       *source = wf_model_find_tensor(m, "blk.1.attn_q.weight");
+	cr_assert(changed && source && changed->nbytes == source->nbytes);
+	size_t len = 0;
+	uint8_t *orig = (uint8_t *)wft_read_file(pa, &len);
+	cr_assert_not_null(orig);
+	char *pb = agt_printf("%s/b.gguf", a->dir);
+	uint8_t *nb = malloc(len);
+	memcpy(nb, orig, len);
+	memcpy(nb + changed->offset, orig + source->offset, changed->nbytes);
+	FILE *fb = fopen(pb, "wb");
+	cr_assert_eq(fwrite(nb, 1, len, fb), len);
+	cr_assert_eq(fclose(fb), 0);
+	char *want_a = eval_ids(a, pa), *want_b = eval_ids(a, pb);
+	cr_assert_str_neq(want_a, want_b, "the two versions must generate differently");
+
+	char *cfg = agt_printf("%s/agent.json", a->dir);
+	uint16_t port = httpc_free_port();
+	cr_assert(port);
+	char *json = agt_printf("{\"model_roots\": [\"%s\"], \"metrics\": \"127.0.0.1:%u\"}",
+	                        a->models, (unsigned)port);
+	FILE *fc = fopen(cfg, "w");
+	fputs(json, fc);
+	fclose(fc);
+	char *marg = agt_printf("m=%s", pa);
+	agt_start(a, NULL,
+	          (const char *[]){"--config", cfg, "--model", marg, "--spare", "8M", NULL});
+	struct agt_worker w;
+	agt_spawn_worker(a, &w, "w1", NULL, "host:mem=512Mi",
+	                 (const char *const[]){"--dense-on-device", "--threads", "2", NULL});
+	agt_wait_worker_registered(a, &w, "w1");
+	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
+	agt_ensure_ok(a, "m");
+	char *hex = agt_digest_of(a, "m");
+	struct wf_shm_region *r = agt_attach_reader(a, hex, NULL);
+	char *got = generate_ids(a);
+	cr_expect_str_eq(got, want_a, "before the reload: the model as materialized");
+	free(got);
+	/* The worker must be listening before the publish it is to hear (PUB keeps no history):
+	 * publish the tensor's current bytes until it has applied one. */
+	for (int i = 0;; i++) {
+		Weightfloor__V1__Reply *rep =
+		    publish(a, changed->name, orig + changed->offset, changed->nbytes);
+		agt_expect_code(rep, AGT_ST(OK), "sync publish");
+		wf_ctl_reply_free(rep);
+		char *log = agt_worker_log(&w);
+		const bool heard = strstr(log, "refreshed in") != NULL;
+		free(log);
+		if (heard)
+			break;
+		cr_assert_lt(i, 60, "the worker never applied a publish");
+		agt_sleep_ms(200);
+	}
+	uint64_t gen = wf_shm_region_generation(r);
+
+	/* Nothing changed on disk: no file is read. */
+	Weightfloor__V1__Reply *rep = reload(a, false);
+	agt_expect_code(rep, AGT_ST(OK), "reload of unchanged files");
+	cr_assert_eq(rep->reload->files_changed, 0);
+	cr_assert_eq(rep->reload->bytes_read, 0);
+	cr_assert_not(rep->reload->published);
+	wf_ctl_reply_free(rep);
+	Weightfloor__V1__Event *ev = wait_reloaded(sub);
+	cr_assert_eq(ev->code, AGT_ST(OK));
+	wf_ctl_event_free(ev);
+
+	/* Touched, not changed: the file is read, every tensor is unchanged, nothing published. */
+	cr_assert(wft_wait_past_ctime(pa));
+	cr_assert_eq(utimensat(AT_FDCWD, pa, NULL, 0), 0);
+	rep = reload(a, false);
+	agt_expect_code(rep, AGT_ST(OK), "reload of a touched file");
+	cr_assert_eq(rep->reload->files_changed, 1);
+	cr_assert_eq(rep->reload->tensors_unchanged, m->n_tensors);
+	cr_assert_eq(rep->reload->tensors_reloaded, 0);
+	cr_assert_not(rep->reload->published);
+	cr_assert_eq(rep->reload->generation, gen);
+	wf_ctl_reply_free(rep);
+	cr_assert_eq(wf_shm_region_generation(r), gen);
+
+	/* One tensor rewritten in place with the size and the mtime of the baseline (the touched
+	 * file's) restored: only the ctime gives it away, and a later ctime than the touch's needs
+	 * the coarse clock to tick first. A dry run (agentctl, --json): found, nothing published.
+	 */
+	struct timespec t1 = mtime_of(pa);
+	cr_assert(wft_wait_past_ctime(pa));
+	pwrite_all(pa, orig + source->offset, changed->nbytes, (off_t)changed->offset);
+	set_mtime(pa, t1);
+	char *out = NULL, *err = NULL;
+	int rc = agt_ctl(a, &out, &err,
+	                 (const char *const[]){"reload", "m", "--dry-run", "--json", NULL});
+	cr_assert_eq(rc, 0, "agentctl reload --dry-run: exit %d: %s", rc, err);
+	struct json_object *doc = json_tokener_parse(out), *jv = NULL;
+	cr_assert_not_null(doc, "not JSON: %s", out);
+	cr_assert(json_object_object_get_ex(doc, "tensors_reloaded", &jv), "%s", out);
+	cr_assert_eq(json_object_get_int(jv), 1, "%s", out);
+	json_object_put(doc);
+	free(out);
+	free(err);
+	cr_assert_eq(wf_shm_region_generation(r), gen, "a dry run published");
+
+	rc = agt_ctl(a, &out, &err, (const char *const[]){"reload", "m", NULL});
+	cr_assert_eq(rc, 0, "agentctl reload: exit %d: %s", rc, err);
+	cr_assert(strstr(out, "published") && strstr(out, changed->name), "%s", out);
+	free(out);
+	free(err);
+	gen = wf_shm_region_generation(r);
+	struct wf_shm_tensor_info ti;
+	cr_assert_eq(wf_shm_region_find(r, changed->name, &ti), 0);
+	cr_assert_eq(ti.generation, gen);
+	cr_assert_eq(memcmp(ti.data, orig + source->offset, changed->nbytes), 0);
+	rc = wf_shm_region_verify(r, &d);
+	cr_assert_eq(rc, 0, "verify: %s", wf_diag_str(&d, rc));
+	char *line = agt_printf("published at generation %llu", (unsigned long long)gen);
+	wait_worker_log(&w, line);
+	got = generate_ids(a);
+	cr_expect_str_eq(got, want_b, "after the reload: a fresh engine's on the new file");
+	free(got);
+	/* the baseline moved with it: the same files again change nothing */
+	rep = reload(a, false);
+	agt_expect_code(rep, AGT_ST(OK), "reload after a reload");
+	cr_assert_eq(rep->reload->files_changed, 0);
+	wf_ctl_reply_free(rep);
+
+	/* Refused, nothing changed: a model whose shapes changed (another size, renamed over the
+	 * file: a new inode), a truncated file, a FIFO, a symlink out of the model roots. */
+	char *other = agt_gen(a, "other", 5, "2M");
+	cr_assert_eq(rename(other, pa), 0);
+	rc = agt_ctl(a, &out, &err, (const char *const[]){"reload", "m", NULL});
+	cr_assert_eq(rc, 8, "agentctl reload of other shapes: exit %d: %s %s", rc, out, err);
+	cr_assert(strstr(out, "shape changed") && strstr(err, "nothing was published"), "%s\n%s",
+	          out, err);
+	free(out);
+	free(err);
+	cr_assert_eq(wf_shm_region_generation(r), gen);
+
+	FILE *ft = fopen(pa, "wb");
+	cr_assert_eq(fwrite(nb, 1, len / 2, ft), len / 2);
+	cr_assert_eq(fclose(ft), 0);
+	expect_reload_error(a, r, AGT_ST(INVALID_ARGUMENT), pa);
+
+	cr_assert_eq(unlink(pa), 0);
+	cr_assert_eq(mkfifo(pa, 0644), 0);
+	expect_reload_error(a, r, AGT_ST(INVALID_ARGUMENT), "regular file");
+
+	cr_assert_eq(unlink(pa), 0);
+	cr_assert_eq(symlink(pb, pa), 0); /* pb lies in the test's dir, outside <dir>/models */
+	expect_reload_error(a, r, AGT_ST(PERMISSION_DENIED), "root");
+	got = generate_ids(a);
+	cr_expect_str_eq(got, want_b, "refused reloads changed what the worker computes");
+	free(got);
+
+	/* /metrics counts them by result */
+	struct httpc_reply hr = {0};
+	cr_assert_eq(httpc_request(port, "GET", "/metrics", 5000, &hr), 0);
+	cr_assert_eq(hr.status, 200);
+	const char *metrics = hr.body;
+	cr_assert(strstr(metrics, "weightfloor_reloads_total{model=\"m\",result=\"published\"} 1"),
+	          "%s", metrics);
+	cr_assert(strstr(metrics, "weightfloor_reloads_total{model=\"m\",result=\"refused\"} 1"),
+	          "%s", metrics);
+	httpc_reply_fini(&hr);
+
+	wf_shm_region_detach(r);
+	wf_ctl_sub_close(sub);
+	wf_model_close(m);
+	free(line);
+	free(hex);
+	free(orig);
+	free(nb);
+	free(want_a);
+	free(want_b);
+	free(marg);
+	free(cfg);
+	free(json);
+	free(pb);
+	free(pa);
+	free(pp);
+}
