@@ -19,6 +19,7 @@
 #include "worker/completion.h"
 #include "worker/eval.h"
 #include "worker/metrics.h"
+#include "worker/perplexity.h"
 #include "worker/refresh.h"
 #include "worker/service.h"
 #ifdef WF_HAVE_CUDA
@@ -739,6 +740,8 @@ int main(int argc, char **argv)
 #endif
 		return wf_worker_eval_main(argc - 1, argv + 1);
 	}
+	if (argc > 1 && strcmp(argv[1], "perplexity") == 0)
+		return wf_worker_perplexity_main(argc - 1, argv + 1);
 	struct opts o = {.device = "auto",
 	                 .agent = "ipc:///run/weightfloor/agent.sock",
 	                 .floor_dir = "/dev/shm/weightfloor",
