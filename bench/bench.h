@@ -51,6 +51,8 @@ int bench_engine(const struct bench_opts *o);
 int bench_kernels(const struct bench_opts *o);
 /* Issue 11's expert-cache policies on routing traces (bench/cachepolicy.c). */
 int bench_cachepolicy(const struct bench_opts *o);
+/* Reloading a tensor changed on disk into a floor (bench/hotswap.c, issue 20). */
+int bench_hotswap(const struct bench_opts *o);
 int bench_engine_workers(const struct bench_opts *o, const struct bench_engine_ctx *ctx);
 
 /* Issue 11's rows (bench/postfetch.c): the same model through engines with a host device. */

@@ -65,6 +65,9 @@ static void usage(FILE *out)
 	    "                [--prompt-ids LIST | --prompt TEXT] [--half-life LIST]\n"
 	    "                [--random-tokens]\n"
 	    "                [--threads N] [--dir DIR]\n"
+	    "       wf-bench hotswap [--json] [--dir DIR] [--floor-root DIR] [--only "
+	    "split,single]\n"
+	    "                [--iterations N]\n"
 	    "  --dir         where model files are generated (default /var/tmp/wf-bench;\n"
 	    "                must be a disk file system for the cold figure)\n"
 	    "  --floor-root  where floors are made (default /dev/shm)\n"
@@ -218,6 +221,8 @@ int main(int argc, char **argv)
 		return bench_cachepolicy(&o);
 	if (strcmp(mode, "kernels") == 0)
 		return bench_kernels(&o);
+	if (strcmp(mode, "hotswap") == 0)
+		return bench_hotswap(&o);
 	fprintf(stderr, "wf-bench: unknown mode '%s'\n", mode);
 	usage(stderr);
 	return 2;
