@@ -48,14 +48,20 @@ log "thread sanitizer build (TSan), agent, worker and engine tests"
 wf_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWF_SANITIZE=thread -DWF_WITH_CUDA=OFF
 # Every process (tests, and the wf-agent and wf-worker they start) writes its reports to a file
 # here, so a race inside a daemon fails the stage even where the test itself passes.
+# Tests that run the agent as another uid (65534) need to read the suppressions and write their
+# reports too: a clone under /root (0700) is not readable to them, and a mktemp directory is not
+# writable, so the suppressions are copied into a sticky, world-writable directory (as /tmp is)
+# under a traversable log directory.
 tsan_logs=$logdir/tsan
 rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
-TSAN_OPTIONS="log_path=$tsan_logs/report second_deadlock_stack=1 print_suppressions=0 suppressions=$PWD/tests/tsan.supp" \
+chmod 0711 "$logdir" && chmod 1777 "$tsan_logs"
+install -m 0644 tests/tsan.supp "$tsan_logs/suppressions"
+TSAN_OPTIONS="log_path=$tsan_logs/report second_deadlock_stack=1 print_suppressions=0 suppressions=$tsan_logs/suppressions" \
 	ctest --test-dir build-tsan -R '^test_(agent|worker|engine)' --output-on-failure -j "$jobs" \
 	--timeout 900
 if compgen -G "$tsan_logs/report.*" >/dev/null; then
 	cat "$tsan_logs"/report.* >&2
-	echo "TSan: $(ls "$tsan_logs" | wc -l) processes reported (above)" >&2
+	echo "TSan: $(compgen -G "$tsan_logs/report.*" | wc -l) processes reported (above)" >&2
 	exit 1
 fi
 
