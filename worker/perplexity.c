@@ -379,6 +379,8 @@ int wf_ppl_perplexity(struct wf_engine *engine, const int32_t *tokens, size_t n_
 	size_t n_max = n_tokens / n_ctx;
 	if (save && n_max * n_ctx > WF_PPL_MAX_TOKENS)
 		n_max = WF_PPL_MAX_TOKENS / n_ctx;
+	if (n_max > UINT32_MAX)
+		n_max = UINT32_MAX;
 	const uint32_t n_chunks =
 	    (uint32_t)(params->max_chunks && params->max_chunks < n_max ? params->max_chunks
 	                                                                : n_max);

@@ -157,7 +157,7 @@ uint64_t wf_ppl_base_file_size(const struct wf_ppl_base *base);
 void wf_ppl_base_fini(struct wf_ppl_base *base);
 
 /* KL divergence of the engine's model against a base file whose header and tokens are base and
- * whose rows read continues to give (right after wf_ppl_read_header's bytes). Runs every chunk
+ * whose rows read continues to give (right after wf_ppl_base_read_header's bytes). Runs every chunk
  * of the file (or params->max_chunks). Returns 0 with *ret (ret->ppl: the model's own figures,
  * *ret_kld the rest); WF_EFORMAT (a base of another vocabulary or context: diag says which),
  * WF_ETRUNCATED (its rows end early), and the errors of wf_ppl_perplexity. */
