@@ -447,6 +447,7 @@ static int run_cli(char *const *args, const char *dir, char **ret_out, char **re
 	unlink(err);
 	free(out);
 	free(err);
+	free(argv[0]);
 	return rc;
 }
 
