@@ -60,6 +60,7 @@ void wf_agent_config_fini(struct wf_agent_config *cfg)
 	free(cfg->allowed_gids);
 	free(cfg->io_backend);
 	free(cfg->state_file);
+	free(cfg->reload_dir);
 	free(cfg->metrics);
 	free(cfg->log_format);
 	for (size_t i = 0; i < cfg->n_models; i++) {
@@ -389,6 +390,10 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 			rc = get_string(v, key, &cfg->events_url, diag);
 		else if (strcmp(key, "state_file") == 0)
 			rc = get_string(v, key, &cfg->state_file, diag);
+		else if (strcmp(key, "reload_dir") == 0)
+			rc = get_string(v, key, &cfg->reload_dir, diag);
+		else if (strcmp(key, "watch") == 0)
+			rc = get_bool(v, key, &cfg->watch, diag);
 		else if (strcmp(key, "metrics") == 0) {
 			rc = get_string(v, key, &cfg->metrics, diag);
 			if (rc == 0)
@@ -433,6 +438,9 @@ static int apply(struct wf_agent_config *cfg, struct json_object *root, struct w
 		return wf_diag_set(diag, WF_EINVAL,
 		                   "config: state_file '%s' is neither absolute nor \"none\"",
 		                   cfg->state_file);
+	if (cfg->reload_dir && cfg->reload_dir[0] != '/')
+		return wf_diag_set(diag, WF_EINVAL, "config: reload_dir '%s' is not absolute",
+		                   cfg->reload_dir);
 	return 0;
 }
 
@@ -456,7 +464,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 {
 	*dst = *src;
 	dst->floor_dir = dst->group = dst->socket_url = dst->events_url = dst->io_backend = NULL;
-	dst->state_file = dst->metrics = dst->log_format = NULL;
+	dst->state_file = dst->metrics = dst->log_format = dst->reload_dir = NULL;
 	dst->tls_cert = dst->tls_key = dst->tls_ca = NULL;
 	dst->model_roots = NULL;
 	dst->allowed_uids = NULL;
@@ -477,6 +485,7 @@ static int config_copy(const struct wf_agent_config *src, struct wf_agent_config
 	DUP(state_file);
 	DUP(metrics);
 	DUP(log_format);
+	DUP(reload_dir);
 #undef DUP
 	if (dup_strv(src->model_roots, src->n_model_roots, &dst->model_roots) < 0)
 		goto oom;

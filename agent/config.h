@@ -18,6 +18,9 @@
  *                                             disables; default: beside an ipc:// socket
  *     "metrics": "127.0.0.1:9400"             HTTP /metrics, /healthz, /readyz (HOST omitted:
  *                                             127.0.0.1); default: off
+ *     "reload_dir": "/run/weightfloor/reload", reload requests from files (agent/reloadwatch.h);
+ *                                             absolute; default: off
+ *     "watch": false                          reload a model when its files change (inotify)
  *   }
  *
  * Every key is optional; unknown keys are errors (a typo must not silently fall back to a
@@ -84,6 +87,9 @@ struct wf_agent_config {
 	char *state_file; /* NULL: the default (wf_agent_config_state_path); "none": off */
 	char *metrics;    /* HTTP endpoint "HOST:PORT" (http/server.h); NULL: none */
 	char *log_format; /* "text" or "json"; NULL: text (--log-format wins) */
+	char *
+	    reload_dir; /* control directory of reload requests (agent/reloadwatch.h); NULL: none */
+	bool watch;     /* reload models whose files change (agent/reloadwatch.h) */
 };
 
 /* Fills defaults (no file). */

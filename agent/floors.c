@@ -1499,6 +1499,53 @@ int wf_floors_reload(struct wf_floors *f, const char *name, bool dry_run,
 	return 0;
 }
 
+void wf_floor_model_files_free(struct wf_floor_model_file *v, size_t n)
+{
+	for (size_t i = 0; v && i < n; i++) {
+		free(v[i].model);
+		free(v[i].path);
+	}
+	free(v);
+}
+
+int wf_floors_held_files(struct wf_floors *f, struct wf_floor_model_file **ret, size_t *ret_n)
+{
+	struct wf_floor_model_file *v = NULL;
+	size_t n = 0, cap = 0;
+	int rc = 0;
+	pthread_mutex_lock(&f->mu);
+	for (size_t i = 0; rc == 0 && i < f->n_entries; i++) {
+		const struct floor_entry *e = f->entries[i];
+		if (!e->region)
+			continue;
+		for (uint32_t k = 0; rc == 0 && k < e->inv->model->n_files; k++) {
+			const struct wf_model_file *mf = &e->inv->model->files[k];
+			if (n == cap) {
+				cap = cap ? cap * 2 : 16;
+				struct wf_floor_model_file *nv = realloc(v, cap * sizeof(*nv));
+				if (!nv) {
+					rc = -ENOMEM;
+					break;
+				}
+				v = nv;
+			}
+			v[n].model = strdup(e->name);
+			v[n].path = strdup(mf->real_path ? mf->real_path : mf->path);
+			n++;
+			if (!v[n - 1].model || !v[n - 1].path)
+				rc = -ENOMEM;
+		}
+	}
+	pthread_mutex_unlock(&f->mu);
+	if (rc < 0) {
+		wf_floor_model_files_free(v, n);
+		return rc;
+	}
+	*ret = v;
+	*ret_n = n;
+	return 0;
+}
+
 /* ---- adoption ----------------------------------------------------------------------------- */
 
 static void *janitor_thread(void *arg);

@@ -247,6 +247,16 @@ void wf_floor_reload_result_fini(struct wf_floor_reload_result *r);
 int wf_floors_reload(struct wf_floors *f, const char *name, bool dry_run,
                      struct wf_floor_reload_result *ret, struct wf_diag *diag);
 
+/* The files of every model whose floor the agent holds (HOST or PINNED_HOST), as the model
+ * reader resolved them (real_path), for the reload watch (agent/reloadwatch.h). Returns 0 and
+ * *ret_n pairs (free with wf_floor_model_files_free), or -ENOMEM. Cheap: no file is touched. */
+struct wf_floor_model_file {
+	char *model;
+	char *path;
+};
+int wf_floors_held_files(struct wf_floors *f, struct wf_floor_model_file **ret, size_t *ret_n);
+void wf_floor_model_files_free(struct wf_floor_model_file *v, size_t n);
+
 int wf_floors_snapshot(struct wf_floors *f, const char *name, struct wf_floor_snapshot *ret,
                        struct wf_diag *diag);
 /* All models, sorted by name. Free each with wf_floor_snapshot_fini() and the array with free(). */

@@ -3,6 +3,7 @@
 #include "agent/config.h"
 #include "agent/floors.h"
 #include "agent/metrics.h"
+#include "agent/reloadwatch.h"
 #include "agent/service.h"
 #include "agent/workers.h"
 #include "base/error.h"
@@ -35,6 +36,7 @@ struct agent {
 	struct wf_workers *workers;
 	struct wf_agent_metrics *metrics; /* with --metrics */
 	struct wf_http_server *http;
+	struct wf_reload_watch *reload_watch; /* with --reload-dir or --watch */
 };
 
 static void usage(FILE *out)
@@ -66,6 +68,9 @@ static void usage(FILE *out)
 	    "off;\n"
 	    "                           default: agent-state.json beside an ipc:// socket)\n"
 	    "      --janitor-interval MS  how often floors nobody holds are reaped (default 2000)\n"
+	    "      --reload-dir DIR     serve reload requests written as files there (see\n"
+	    "                           docs/man/wf-agent.md, RELOADS)\n"
+	    "      --watch              reload a model when its files change (inotify)\n"
 	    "      --metrics HOST:PORT  serve /metrics, /healthz and /readyz over HTTP there\n"
 	    "                           (\":9400\": 127.0.0.1:9400; default: off)\n"
 	    "      --check-config       validate the configuration and the models, then exit\n"
@@ -78,6 +83,8 @@ static void usage(FILE *out)
 /* Config-file values first, then flags on top: flags are collected and applied afterwards. */
 struct overrides {
 	const char *config, *floor_dir, *socket, *events, *budget, *group, *io_backend, *state_file;
+	const char *reload_dir;
+	bool watch;
 	const char *metrics;
 	const char *log_format;
 	const char *spare;
@@ -129,7 +136,9 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 		O_VERSION,
 		O_METRICS,
 		O_LOG_FORMAT,
-		O_SPARE
+		O_SPARE,
+		O_RELOAD_DIR,
+		O_WATCH
 	};
 	static const struct option opts[] = {
 	    {"config", required_argument, NULL, 'c'},
@@ -151,6 +160,8 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 	    {"state-file", required_argument, NULL, O_STATE},
 	    {"janitor-interval", required_argument, NULL, O_JANITOR},
 	    {"metrics", required_argument, NULL, O_METRICS},
+	    {"reload-dir", required_argument, NULL, O_RELOAD_DIR},
+	    {"watch", no_argument, NULL, O_WATCH},
 	    {"log-format", required_argument, NULL, O_LOG_FORMAT},
 	    {"verbose", no_argument, NULL, 'v'},
 	    {"help", no_argument, NULL, 'h'},
@@ -189,6 +200,12 @@ static int parse_args(int argc, char **argv, struct overrides *o)
 			break;
 		case O_METRICS:
 			o->metrics = optarg;
+			break;
+		case O_RELOAD_DIR:
+			o->reload_dir = optarg;
+			break;
+		case O_WATCH:
+			o->watch = true;
 			break;
 		case O_LOG_FORMAT: {
 			enum wf_log_format f;
@@ -304,6 +321,9 @@ static int build_config(struct agent *a, const struct overrides *o)
 	SET_STR(group, o->group);
 	SET_STR(state_file, o->state_file);
 	SET_STR(metrics, o->metrics);
+	SET_STR(reload_dir, o->reload_dir);
+	if (o->watch)
+		a->cfg.watch = true;
 	SET_STR(tls_cert, o->tls_cert);
 	SET_STR(tls_key, o->tls_key);
 	SET_STR(tls_ca, o->tls_ca);
@@ -318,6 +338,10 @@ static int build_config(struct agent *a, const struct overrides *o)
 #undef SET_STR
 	if (a->cfg.floor_dir[0] != '/') {
 		wf_log_error("--floor-dir %s is not an absolute path", a->cfg.floor_dir);
+		return WF_EINVAL;
+	}
+	if (a->cfg.reload_dir && a->cfg.reload_dir[0] != '/') {
+		wf_log_error("--reload-dir %s is not an absolute path", a->cfg.reload_dir);
 		return WF_EINVAL;
 	}
 	if (a->cfg.state_file && a->cfg.state_file[0] != '/' && strcmp(a->cfg.state_file, "none")) {
@@ -806,6 +830,17 @@ int main(int argc, char **argv)
 		goto out;
 	wf_log_info("serving %s, events on %s", wf_ctl_server_url(a.srv), a.cfg.events_url);
 	wf_floors_preload(a.floors);
+	struct wf_reload_watch_opts ro = {
+	    .floors = a.floors, .control_dir = a.cfg.reload_dir, .watch_files = a.cfg.watch};
+	wf_diag_clear(&d);
+	if ((rc = wf_reload_watch_start(&ro, &a.reload_watch, &d)) < 0) {
+		wf_log_error("%s", wf_diag_str(&d, rc));
+		goto out;
+	}
+	if (a.reload_watch)
+		wf_log_info("reloads: %s%s%s", a.cfg.watch ? "watching the models' files; " : "",
+		            a.cfg.reload_dir ? "requests from files in " : "",
+		            a.cfg.reload_dir ? a.cfg.reload_dir : "");
 	if (a.http)
 		wf_http_server_set_ready(a.http, true, NULL);
 	wf_sd_notify("READY=1");
@@ -839,6 +874,7 @@ int main(int argc, char **argv)
 		wf_http_server_set_ready(a.http, false, "stopping");
 	exit_code = 0;
 out:
+	wf_reload_watch_stop(a.reload_watch); /* it calls into the floors */
 	if (a.srv) {
 		wf_ctl_server_close(a.srv);
 		wf_ctl_server_stop(a.srv);

@@ -355,3 +355,106 @@ Test(agent_reload, changed_tensors_by_content_reach_floor_and_worker)
 	free(pa);
 	free(pp);
 }
+
+/* Writes text to dir/name through a temporary name and a rename, as a script should. */
+static void put_request(const char *dir, const char *name, const char *text)
+{
+	char *tmp = agt_printf("%s/.%s.tmp", dir, name), *path = agt_printf("%s/%s", dir, name);
+	FILE *f = fopen(tmp, "w");
+	cr_assert_not_null(f, "%s", tmp);
+	fputs(text, f);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(rename(tmp, path), 0);
+	free(tmp);
+	free(path);
+}
+
+/* Waits (20 s) for dir/name to hold a JSON object whose seq is seq; returns it. */
+static struct json_object *wait_status(const char *dir, const char *name, uint64_t seq)
+{
+	char *path = agt_printf("%s/%s", dir, name);
+	for (int i = 0;; i++) {
+		struct json_object *o = json_object_from_file(path), *js = NULL;
+		if (o && json_object_object_get_ex(o, "seq", &js) &&
+		    (uint64_t)json_object_get_int64(js) == seq) {
+			free(path);
+			return o;
+		}
+		json_object_put(o);
+		cr_assert_lt(i, 400, "no status with seq %llu in %s", (unsigned long long)seq,
+		             path);
+		agt_sleep_ms(50);
+	}
+}
+
+static const char *jstr(struct json_object *o, const char *key)
+{
+	struct json_object *v = NULL;
+	cr_assert(json_object_object_get_ex(o, key, &v), "no %s in %s", key,
+	          json_object_to_json_string(o));
+	return json_object_get_string(v);
+}
+
+Test(agent_reload, watch_and_control_directory)
+{
+	struct agt *a = agt_new("reload-watch");
+	char *pa = agt_gen(a, "m", 3, NULL);
+	char *ctl = agt_printf("%s/reload", a->dir);
+	char *marg = agt_printf("m=%s", pa);
+	agt_start(a, NULL,
+	          (const char *[]){"--model", marg, "--spare", "8M", "--watch", "--reload-dir", ctl,
+	                           NULL});
+	agt_ensure_ok(a, "m");
+	char *hex = agt_digest_of(a, "m");
+	struct wf_shm_region *r = agt_attach_reader(a, hex, NULL);
+
+	/* a dry run through the control directory: nothing changed on disk */
+	put_request(ctl, "a.request", "7 m dry-run\n");
+	struct json_object *st = wait_status(ctl, "a.status", 7);
+	cr_assert_str_eq(jstr(st, "result"), "dry_run");
+	cr_assert_str_eq(jstr(st, "model"), "m");
+	json_object_put(st);
+
+	/* a tensor rewritten on disk: the watch reloads it by itself */
+	struct wf_model *m = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_model_open(pa, &m, &d), 0, "%s", d.msg);
+	const struct wf_tensor *t = wf_model_find_tensor(m, "blk.0.attn_q.weight");
+	uint8_t *nb = malloc(t->nbytes);
+	for (uint64_t i = 0; i < t->nbytes; i++)
+		nb[i] = (uint8_t)(i * 7 + 1);
+	pwrite_all(pa, nb, t->nbytes, (off_t)t->offset);
+	for (int i = 0;; i++) {
+		struct wf_shm_tensor_info ti;
+		cr_assert_eq(wf_shm_region_find(r, t->name, &ti), 0);
+		if (ti.generation > 0 && memcmp(ti.data, nb, t->nbytes) == 0)
+			break;
+		cr_assert_lt(i, 400, "the watch never reloaded %s", t->name);
+		agt_sleep_ms(50);
+	}
+
+	/* through the control directory again: the floor is the files' now */
+	put_request(ctl, "a.request", "8 m\n");
+	st = wait_status(ctl, "a.status", 8);
+	cr_assert_str_eq(jstr(st, "result"), "unchanged", "%s", json_object_to_json_string(st));
+	json_object_put(st);
+	/* bad requests get a status that says why */
+	put_request(ctl, "b.request", "x m\n");
+	st = wait_status(ctl, "b.status", 0);
+	cr_assert_str_eq(jstr(st, "result"), "failed");
+	cr_assert(strstr(jstr(st, "error"), "SEQ"), "%s", jstr(st, "error"));
+	json_object_put(st);
+	put_request(ctl, "b.request", "9 nosuch\n");
+	st = wait_status(ctl, "b.status", 9);
+	cr_assert_str_eq(jstr(st, "result"), "failed");
+	cr_assert(strstr(jstr(st, "error"), "nosuch"), "%s", jstr(st, "error"));
+	json_object_put(st);
+
+	wf_shm_region_detach(r);
+	wf_model_close(m);
+	free(nb);
+	free(hex);
+	free(marg);
+	free(ctl);
+	free(pa);
+}

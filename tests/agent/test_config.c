@@ -27,7 +27,8 @@ Test(config, defaults_and_full_file)
 	    "\"allowed_uids\":[1000,1001],\"max_message\":\"1M\","
 	    "\"io\":{\"backend\":\"pread\",\"queue_depth\":32,\"chunk\":\"2M\"},"
 	    "\"models\":[{\"name\":\"q\",\"path\":\"/models/q.gguf\",\"pin_host\":true},"
-	    "{\"name\":\"m\",\"path\":\"/models/m.gguf\",\"preload\":true}]}";
+	    "{\"name\":\"m\",\"path\":\"/models/m.gguf\",\"preload\":true}],"
+	    "\"reload_dir\":\"/run/r\",\"watch\":true}";
 	cr_assert_eq(parse(&cfg, j, &d), 0, "%s", d.msg);
 	cr_assert_str_eq(cfg.floor_dir, "/tmp/f");
 	cr_assert_eq(cfg.host_budget, 2ull << 30);
@@ -41,6 +42,8 @@ Test(config, defaults_and_full_file)
 	cr_assert_eq(cfg.n_models, 2);
 	cr_assert(cfg.models[0].pin_host && !cfg.models[0].preload);
 	cr_assert(cfg.models[1].preload);
+	cr_assert_str_eq(cfg.reload_dir, "/run/r");
+	cr_assert(cfg.watch);
 	cr_assert_eq(wf_agent_config_resolve(&cfg, &d), 0);
 	cr_assert_eq(cfg.gid, 0);
 	wf_agent_config_fini(&cfg);
@@ -95,6 +98,8 @@ Test(config, bad_input_is_named_and_leaves_config_unchanged)
 	    {"{\"spare\":\"0%\"}", "spare"},
 	    {"{\"spare\":-1}", "spare"},
 	    {"{\"spare\":true}", "spare"},
+	    {"{\"reload_dir\":\"rel\"}", "reload_dir 'rel' is not absolute"},
+	    {"{\"watch\":\"yes\"}", "watch"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct wf_agent_config cfg;
