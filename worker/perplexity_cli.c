@@ -9,6 +9,7 @@
  * --kl-divergence-base file (under a temporary name, renamed when complete); --kl-base reads one
  * and prints what llama-perplexity --kl-divergence prints, the tokens taken from the file. */
 #include "worker/perplexity.h"
+#include "worker/ppljob.h"
 
 #include "base/diag.h"
 #include "base/error.h"
@@ -167,36 +168,13 @@ out:
 	return rc;
 }
 
-static int fd_write(void *arg, const void *buf, size_t len)
-{
-	const int fd = *(const int *)arg;
-	const char *p = buf;
-	while (len) {
-		ssize_t w = write(fd, p, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
-static ssize_t fd_read(void *arg, void *buf, size_t len)
-{
-	const int fd = *(const int *)arg;
-	for (;;) {
-		ssize_t n = read(fd, buf, len);
-		if (n >= 0 || errno != EINTR)
-			return n < 0 ? -errno : n;
-	}
-}
-
 static int on_chunk(void *arg, const struct wf_ppl_progress *p)
 {
 	struct cli *c = arg;
+	if (!c->chunk_ppl && p->n_chunks) {
+		c->chunk_ppl = calloc(p->n_chunks, sizeof(double));
+		c->n_chunk_ppl = c->chunk_ppl ? p->n_chunks : 0;
+	}
 	if (c->chunk_ppl && p->chunk <= c->n_chunk_ppl)
 		c->chunk_ppl[p->chunk - 1] = p->ppl;
 	if (!p->kld) {
@@ -342,7 +320,7 @@ static void print_json(const struct cli *c, uint32_t n_ctx, const struct wf_ppl_
 
 int wf_worker_perplexity_main(int argc, char **argv)
 {
-	struct cli c = {.ctx = 512, .kv_type = WF_ENGINE_KV_F16};
+	struct cli c = {.ctx = WF_PPL_DEFAULT_CTX, .kv_type = WF_ENGINE_KV_F16};
 	int rc = parse_args(argc, argv, &c);
 	if (rc)
 		return rc == 1 ? 0 : rc;
@@ -352,47 +330,24 @@ int wf_worker_perplexity_main(int argc, char **argv)
 	struct wf_weight_view view = {0};
 	struct wf_worker_engine we = {0};
 	struct wf_tokenizer *tok = NULL;
-	struct wf_ppl_base base = {0};
-	char *text = NULL, *tmp = NULL;
-	int32_t *ids = NULL, *empty = NULL;
-	size_t n_ids = 0, n_empty = 0, text_len = 0;
-	int base_fd = -1, save_fd = -1;
+	char *text = NULL;
+	size_t text_len = 0;
 	const char *what = c.model; /* what an error message starts with */
 
-	/* The base file first: its header sets the context, and a truncated one is refused before
-	 * anything runs. */
+	/* The base file's context sizes the engine; a bad file is refused before anything runs. */
 	if (c.kl_base) {
+		uint32_t base_ctx = 0;
 		what = c.kl_base;
-		base_fd = open(c.kl_base, O_RDONLY | O_CLOEXEC);
-		if (base_fd < 0) {
-			rc = wf_diag_set(&d, -errno, "%s", strerror(errno));
+		if ((rc = wf_ppl_job_base_ctx(c.kl_base, &base_ctx, &d)) < 0)
 			goto out;
-		}
-		if ((rc = wf_ppl_base_read_header(fd_read, &base_fd, &base, &d)) < 0)
-			goto out;
-		struct stat st;
-		if (fstat(base_fd, &st) < 0) {
-			rc = wf_diag_set(&d, -errno, "%s", strerror(errno));
-			goto out;
-		}
-		const uint64_t want = wf_ppl_base_file_size(&base);
-		if ((uint64_t)st.st_size != want) {
-			rc = wf_diag_set(
-			    &d, (uint64_t)st.st_size < want ? WF_ETRUNCATED : WF_EFORMAT,
-			    "base file has %llu bytes, its header (n_ctx %u, n_vocab %u, "
-			    "%u chunks) says %llu",
-			    (unsigned long long)st.st_size, base.n_ctx, base.n_vocab, base.n_chunks,
-			    (unsigned long long)want);
-			goto out;
-		}
-		if (c.ctx_set && c.ctx != base.n_ctx) {
+		if (c.ctx_set && c.ctx != base_ctx) {
 			rc =
 			    wf_diag_set(&d, WF_EFORMAT,
 			                "base file was computed with a context of %u, not --ctx %u",
-			                base.n_ctx, c.ctx);
+			                base_ctx, c.ctx);
 			goto out;
 		}
-		c.ctx = base.n_ctx;
+		c.ctx = base_ctx;
 	}
 	if (c.file && !c.kl_base) {
 		what = c.file;
@@ -405,106 +360,29 @@ int wf_worker_perplexity_main(int argc, char **argv)
 	    (rc = wf_tokenizer_create(&m->kv, &tok, &d)) < 0 ||
 	    (rc = wf_weight_view_map_files(m, &view, &d)) < 0)
 		goto out;
-	/* The vocabulary's add_bos / add_eos, as the special tokens an empty text gets. */
-	if ((rc = wf_tokenizer_encode(tok, "", 0, true, false, &empty, &n_empty, &d)) < 0)
-		goto out;
-	const int32_t bos = wf_tokenizer_bos(tok), eos = wf_tokenizer_eos(tok);
-	const bool add_bos = n_empty > 0 && empty[0] == bos;
-	if (n_empty > (size_t)add_bos && empty[n_empty - 1] == eos) {
-		rc = wf_diag_set(&d, WF_EUNSUPPORTED,
-		                 "the vocabulary adds EOS to every text (add_eos_token), which "
-		                 "llama-perplexity refuses too");
-		goto out;
-	}
-	if (text &&
-	    (rc = wf_tokenizer_encode(tok, text, text_len, true, false, &ids, &n_ids, &d)) < 0)
-		goto out;
-
 	struct wf_engine_config cfg = {
 	    .n_ctx = c.ctx, .n_seq_max = 1, .n_threads = c.threads, .kv_type = c.kv_type};
 	const struct wf_engine_weights weights = wf_weight_view_engine(&view);
 	if ((rc = wf_worker_engine_open_files(m, &weights, &cfg, false, &we, &d)) < 0)
 		goto out;
-	struct wf_engine_info info;
-	wf_engine_get_info(we.engine, &info);
-	if (wf_tokenizer_n_vocab(tok) != info.n_vocab) {
-		rc = wf_diag_set(&d, WF_EUNSUPPORTED,
-		                 "the vocabulary has %u tokens but the output %u rows",
-		                 wf_tokenizer_n_vocab(tok), info.n_vocab);
+	struct wf_ppl_job job = {.text = text,
+	                         .text_len = text_len,
+	                         .kl_base = c.kl_base,
+	                         .save_base = c.kl_base ? NULL : c.save_base,
+	                         .n_ctx = c.ctx,
+	                         .max_chunks = c.chunks,
+	                         .seq = 0,
+	                         .progress = on_chunk,
+	                         .progress_arg = &c};
+	what = c.kl_base ? c.kl_base : c.save_base ? c.save_base : c.file;
+	if ((rc = wf_ppl_job_run(we.engine, tok, &job, &d)) < 0)
 		goto out;
-	}
-	if (text && n_ids < 2 * (size_t)c.ctx) {
-		what = c.file;
-		rc =
-		    wf_diag_set(&d, WF_EINVAL,
-		                "you need at least %u tokens to evaluate perplexity with a context "
-		                "of %u: the text tokenizes to only %zu",
-		                2 * c.ctx, c.ctx, n_ids);
-		goto out;
-	}
-	const uint32_t n_run =
-	    c.kl_base ? (c.chunks && c.chunks < base.n_chunks ? c.chunks : base.n_chunks)
-	              : (uint32_t)(c.chunks && c.chunks < n_ids / c.ctx ? c.chunks : n_ids / c.ctx);
-	c.chunk_ppl = calloc(n_run ? n_run : 1, sizeof(double));
-	if (!c.chunk_ppl) {
-		rc = wf_diag_set(&d, -ENOMEM, "chunk figures");
-		goto out;
-	}
-	c.n_chunk_ppl = n_run;
-
-	if (c.save_base) {
-		what = c.save_base;
-		if (asprintf(&tmp, "%s.tmp.XXXXXX", c.save_base) < 0) {
-			tmp = NULL;
-			rc = wf_diag_set(&d, -ENOMEM, "temporary name");
-			goto out;
-		}
-		save_fd = mkostemp(tmp, O_CLOEXEC);
-		if (save_fd < 0) {
-			rc = wf_diag_set(&d, -errno, "%s: %s", tmp, strerror(errno));
-			free(tmp);
-			tmp = NULL;
-			goto out;
-		}
-	}
-	const struct wf_ppl_params p = {.n_ctx = c.ctx,
-	                                .max_chunks = c.chunks,
-	                                .add_bos = add_bos,
-	                                .bos = bos,
-	                                .seq = 0,
-	                                .progress = on_chunk,
-	                                .progress_arg = &c};
-	struct wf_ppl_result r;
-	struct wf_ppl_kld k;
-	if (c.kl_base) {
-		what = c.kl_base;
-		rc = wf_ppl_kl_divergence(we.engine, &base, fd_read, &base_fd, &p, &r, &k, &d);
-	} else {
-		what = c.save_base ? c.save_base : c.file;
-		rc = wf_ppl_perplexity(we.engine, ids, n_ids, &p, save_fd >= 0 ? fd_write : NULL,
-		                       &save_fd, &r, &d);
-	}
-	if (rc < 0)
-		goto out;
-	if (save_fd >= 0) {
-		if (fsync(save_fd) < 0 || fchmod(save_fd, 0644) < 0) {
-			rc = wf_diag_set(&d, -errno, "%s: %s", tmp, strerror(errno));
-			goto out;
-		}
-		const int cr = close(save_fd);
-		save_fd = -1;
-		if (cr < 0 || rename(tmp, c.save_base) < 0) {
-			rc = wf_diag_set(&d, -errno, "%s: %s", c.save_base, strerror(errno));
-			goto out;
-		}
-		free(tmp);
-		tmp = NULL;
-	}
+	const struct wf_ppl_result r = job.result;
 	FILE *human = c.json ? stderr : stdout;
 	if (c.kl_base) {
 		fputc('\n', stderr);
-		if (k.has_stats)
-			print_kld(human, &k);
+		if (job.kld.has_stats)
+			print_kld(human, &job.kld);
 		else
 			fprintf(stderr,
 			        "(fewer than 100 tokens scored: no statistics, as llama.cpp)\n");
@@ -514,24 +392,13 @@ int wf_worker_perplexity_main(int argc, char **argv)
 		fprintf(stderr, "Unexpected negative standard deviation of log(prob)\n");
 	}
 	if (c.json)
-		print_json(&c, c.ctx, &r, c.kl_base ? &k : NULL);
+		print_json(&c, c.ctx, &r, c.kl_base ? &job.kld : NULL);
 	rc = 0;
 out:
 	if (rc < 0)
 		fprintf(stderr, "wf-worker perplexity: %s: %s\n", what, wf_diag_str(&d, rc));
-	if (save_fd >= 0)
-		close(save_fd);
-	if (tmp) {
-		unlink(tmp);
-		free(tmp);
-	}
-	if (base_fd >= 0)
-		close(base_fd);
 	free(c.chunk_ppl);
 	free(text);
-	free(ids);
-	free(empty);
-	wf_ppl_base_fini(&base);
 	wf_worker_engine_close(&we);
 	wf_tokenizer_destroy(tok);
 	wf_weight_view_release(&view);
