@@ -474,6 +474,7 @@ struct attn_job {
 	const uint32_t *kv_first, *n_kv;
 	float scale;
 	float *out;
+	bool tiled; /* llama.cpp's tiled flash attention (batches of WF_CPU_FA_TILE rows or more) */
 };
 
 static void attn_task(void *arg, uint32_t task, uint32_t thread)
@@ -484,9 +485,15 @@ static void attn_task(void *arg, uint32_t task, uint32_t thread)
 	const size_t elem = a->type == WF_BACKEND_KV_F16 ? 2 : 4;
 	const size_t row = (size_t)a->n_head_kv * D * elem;
 	const size_t off = (size_t)a->kv_first[t] * row + (size_t)kvh * D * elem;
-	wf_cpu_attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row,
-	              a->n_kv[t], D, a->scale, a->type, a->c->att + thread * a->c->att_floats,
-	              a->out + t * a->q_stride + (size_t)h * D);
+	float *scratch = a->c->att + thread * a->c->att_floats;
+	if (a->tiled)
+		wf_cpu_attend_tiled(a->q + t * a->q_stride + (size_t)h * D, a->kc + off,
+		                    a->vc + off, row, a->n_kv[t], D, a->scale, scratch,
+		                    a->out + t * a->q_stride + (size_t)h * D);
+	else
+		wf_cpu_attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row,
+		              a->n_kv[t], D, a->scale, a->type, scratch,
+		              a->out + t * a->q_stride + (size_t)h * D);
 }
 
 static int host_attention(struct wf_backend_ctx *c, const float *q, size_t q_stride, uint32_t n,
@@ -502,8 +509,11 @@ static int host_attention(struct wf_backend_ctx *c, const float *q, size_t q_str
 	for (uint32_t t = 0; t < n; t++)
 		if (n_kv[t] == 0 || n_kv[t] > c->lim.max_kv)
 			return wf_diag_set(diag, WF_EINVAL, "attention over %u positions", n_kv[t]);
+	/* ggml's CPU flash attention takes its tiled F32 path for a batch (all its sequences) of
+	 * GGML_FA_TILE_Q rows or more, its one-chunk F16 path below that (F16 cache) */
+	const bool tiled = type == WF_BACKEND_KV_F16 && n >= WF_CPU_FA_TILE;
 	struct attn_job a = {c,  q,    q_stride, n_head, n_head_kv, head_dim, kc,
-	                     vc, type, kv_first, n_kv,   scale,     out};
+	                     vc, type, kv_first, n_kv,   scale,     out,      tiled};
 	wf_pool_run(c->cpu.pool, attn_task, &a, n * n_head);
 	return 0;
 }

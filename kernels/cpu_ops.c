@@ -11,6 +11,45 @@
 #include <stdbool.h>
 #include <string.h>
 
+/* ggml_v_expf of the AVX2 build (ggml-cpu/vec.h), one lane: the exponential that
+ * ggml_vec_soft_max_f32 takes, not libm's expf. Written with fmaf (each _mm256_fmadd_ps and
+ * _mm256_fnmadd_ps one fused operation) so that every build and kernel level gives its bits. */
+static inline uint32_t f2u(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float u2f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static float ggml_v_expf(float x)
+{
+	const float r = 0x1.8p23f;
+	const float z = fmaf(x, 0x1.715476p+0f, r);
+	const float n = z - r;
+	const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+	const uint32_t e = f2u(z) << 23;
+	const float k = u2f(e + f2u(1.0f));
+	const float u = b * b;
+	const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+	                          fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+	                     u, 0x1.ffffecp-1f * b);
+	if (!(fabsf(n) > 126.0f))
+		return fmaf(j, k, k);
+	const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+	const float s1 = u2f(g + 0x7f000000u);
+	const float s2 = u2f(e - g);
+	if (fabsf(n) > 192.0f)
+		return s1 * s1;
+	return fmaf(s2, j, s2) * s1;
+}
+
 void wf_cpu_rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps)
 {
 	double sum = 0.0;
@@ -51,8 +90,11 @@ void wf_cpu_rope(float *x, uint32_t n_dims, const float *cs, enum wf_backend_rop
 			b = i0 + 1;
 		}
 		const float x0 = x[a], x1 = x[b];
-		x[a] = x0 * c - x1 * s;
-		x[b] = x0 * s + x1 * c;
+		/* rotate_pairs as gcc contracts it in llama.cpp's -mfma build (-std=gnu++17: fused
+		 * multiply-adds allowed): x0 * c fused with the rounded x1 * s, and x0 * s with x1
+		 * * c */
+		x[a] = fmaf(x0, c, -(x1 * s));
+		x[b] = fmaf(x0, s, x1 * c);
 	}
 }
 
@@ -61,14 +103,23 @@ void wf_cpu_softmax(float *x, uint32_t n)
 	float max = -INFINITY;
 	for (uint32_t i = 0; i < n; i++)
 		max = x[i] > max ? x[i] : max;
+	/* ggml_vec_soft_max_f32 of the AVX2 build: ggml_v_expf eight at a time, each eight summed
+	 * in float in hsum order, the sums in double; the tail with expf */
 	double sum = 0.0;
-	for (uint32_t i = 0; i < n; i++) {
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		float l[8];
+		for (int j = 0; j < 8; j++)
+			l[j] = x[i + j] = ggml_v_expf(x[i + j] - max);
+		sum += (double)(((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])));
+	}
+	for (; i < n; i++) {
 		const float v = expf(x[i] - max);
 		sum += (double)v;
 		x[i] = v;
 	}
 	const float inv = (float)(1.0 / sum);
-	for (uint32_t i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
 		x[i] *= inv;
 }
 
@@ -103,7 +154,13 @@ void wf_cpu_route(const float *logits, uint32_t n_expert, uint32_t k, float *pro
 
 void wf_cpu_swiglu(const float *g, const float *u, float *y, uint32_t n)
 {
-	for (uint32_t i = 0; i < n; i++)
+	/* ggml_vec_swiglu_f32 of the AVX2 build: ggml_v_silu (ggml_v_expf) eight at a time, the
+	 * tail with expf */
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			y[i + j] = g[i + j] / (1.0f + ggml_v_expf(0.0f - g[i + j])) * u[i + j];
+	for (; i < n; i++)
 		y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
@@ -295,6 +352,68 @@ void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv
 		for (uint32_t i = 0; i < head_dim; i++)
 			out[i] += vp[i] * w;
 	}
+}
+
+void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
+                         uint32_t n_kv, uint32_t head_dim, float scale, float *scratch, float *out)
+{
+	enum { KV_TILE = WF_CPU_FA_TILE };
+	float kq[KV_TILE];
+	float *acc = scratch; /* VKQ32: head_dim floats */
+	float M = -INFINITY, S = 0.0f;
+
+	memset(acc, 0, head_dim * sizeof(float));
+	for (uint32_t ic = 0; ic < n_kv; ic += KV_TILE) {
+		const uint32_t nt = n_kv - ic < KV_TILE ? n_kv - ic : KV_TILE;
+		/* simd_gemm: one fused multiply-add chain per score over the head, from 0; then
+		 * ggml_vec_scale_f32; the causal mask's -inf where the tile runs past the query */
+		for (uint32_t tk = 0; tk < KV_TILE; tk++) {
+			if (tk >= nt) {
+				kq[tk] = -INFINITY;
+				continue;
+			}
+			const uint16_t *kp = (const uint16_t *)(k + (size_t)(ic + tk) * kv_stride);
+			float s = 0.0f;
+			for (uint32_t d = 0; d < head_dim; d++)
+				s = fmaf(h2f(kp[d]), q[d], s);
+			kq[tk] = s * scale;
+		}
+		float tile_max = -INFINITY;
+		for (uint32_t tk = 0; tk < KV_TILE; tk++)
+			tile_max = tile_max > kq[tk] ? tile_max : kq[tk];
+		if (tile_max == -INFINITY)
+			continue;
+		const float m_new = fmaxf(M, tile_max);
+		if (m_new > M) {
+			const float ms = expf(M - m_new);
+			for (uint32_t d = 0; d < head_dim; d++)
+				acc[d] *= ms;
+			S *= ms;
+		}
+		M = m_new;
+		/* ggml_vec_soft_max_f32 (AVX2): eight lanes at a time, each eight summed in the
+		 * hsum order (lanes i and i + 4, then pairs), the sums added in double */
+		double sum = 0.0;
+		for (uint32_t g = 0; g < KV_TILE; g += 8) {
+			float l[8];
+			for (int i = 0; i < 8; i++)
+				l[i] = kq[g + i] = ggml_v_expf(kq[g + i] - m_new);
+			const float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6],
+			            a3 = l[3] + l[7];
+			sum += (double)((a0 + a2) + (a1 + a3));
+		}
+		S = (float)((double)S + sum);
+		/* simd_gemm of the probabilities by V: a fused multiply-add per position, in order
+		 * (masked positions add 0 * V, nothing) */
+		for (uint32_t tk = 0; tk < nt; tk++) {
+			const uint16_t *vp = (const uint16_t *)(v + (size_t)(ic + tk) * kv_stride);
+			for (uint32_t d = 0; d < head_dim; d++)
+				acc[d] = fmaf(h2f(vp[d]), kq[tk], acc[d]);
+		}
+	}
+	const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+	for (uint32_t d = 0; d < head_dim; d++)
+		out[d] = acc[d] * inv;
 }
 
 void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,

@@ -34,6 +34,16 @@ void wf_cpu_swiglu(const float *g, const float *u, float *y, uint32_t n);
 void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
                    uint32_t n_kv, uint32_t head_dim, float scale, enum wf_backend_kv type,
                    float *scratch, float *out);
+/* Query rows of one batch from which llama.cpp's CPU flash attention takes its tiled path
+ * (GGML_FA_TILE_Q), and the positions of one of its KV tiles (GGML_FA_TILE_KV). */
+#define WF_CPU_FA_TILE 64
+/* Attention of one query head over n_kv positions of an F16 cache as ggml's
+ * ggml_compute_forward_flash_attn_ext_tiled computes it for batches of WF_CPU_FA_TILE rows or
+ * more: the query kept in F32, positions in tiles of WF_CPU_FA_TILE from the first, scores by
+ * fused multiply-add chains, the softmax per tile with ggml_v_expf (AVX2), an F32 accumulator.
+ * Bit-identical on every build. scratch: head_dim floats. */
+void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
+                         uint32_t n_kv, uint32_t head_dim, float scale, float *scratch, float *out);
 /* The experts' weighted sum of n tokens (backend.h, moe_sum): d's rows token-major. */
 void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,
                     float *y);

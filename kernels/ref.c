@@ -274,13 +274,15 @@ void wf_kernels_ref_quantize_row_q8_0(const float *x, void *y, int64_t n)
 
 		for (int j = 0; j < WF_QK8_0; j++)
 			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-		/* the values are scaled by the full-precision inverse; only the stored d is F16 */
+		/* ggml's x86 quantize_row_q8_0 (what llama.cpp's AVX2 build quantizes with, not
+		 * quantize_row_q8_0_ref): scaled by 127 / amax, rounded half to even; only the
+		 * stored d = amax / 127 is F16 */
 		const float d = amax / 127.0f;
-		const float id = d != 0.0f ? 1.0f / d : 0.0f;
+		const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
 
 		b[i].d = wf_kernels_fp32_to_fp16(d);
 		for (int j = 0; j < WF_QK8_0; j++)
-			b[i].qs[j] = (int8_t)roundf(x[j] * id); /* halves away from zero */
+			b[i].qs[j] = (int8_t)nearbyintf(x[j] * id); /* the default mode: to even */
 	}
 }
 

@@ -6,8 +6,10 @@
  * under tests/data/reference/ were dumped with:
  *  - block layouts: the block_* structs of ggml/src/ggml-common.h (QK_K = 256);
  *  - dequantize_row_*: ggml/src/ggml-quants.c, the same float expression per element;
- *  - the activation quantizers: quantize_row_q8_0_ref (roundf, halves away from zero, d stored as
- *    F16) and quantize_row_q8_K_ref (round half to even, d = max/-127 with the sign of the
+ *  - the activation quantizers: the x86 quantize_row_q8_0 of ggml-cpu/arch/x86/quants.c, which
+ *    llama.cpp's AVX2 build runs (values times 127 / amax rounded half to even, d = amax / 127
+ *    stored as F16; quantize_row_q8_0_ref's 1 / d and halves away from zero differ by an ulp and
+ *    a tie), and quantize_row_q8_K_ref (round half to even, d = max/-127 with the sign of the
  *    element of largest magnitude, 16-element bsums), bit for bit;
  *  - vec_dot_*: the scalar ("generic") paths of ggml/src/ggml-cpu/quants.c and vec.cpp: integer
  *    sums per block, then the scales, with the same float operations in the same order (the

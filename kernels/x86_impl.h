@@ -216,48 +216,47 @@ INLINE float scalar_bf16(const void *p, int64_t i)
 	return f;
 }
 
-/* Two vectors per step so that a single activation row still has two FMA chains in flight. */
+/* llamafile's tinyBLAS (what llama.cpp multiplies F32 batches of two rows or more with, the
+ * MoE router among them): one chain of eight float lanes per activation row, fused multiply-adds
+ * in element order, the lanes summed at the end. Eight lanes at both levels, so that they agree
+ * bit for bit. */
+#define F8_LOAD_F32(p) _mm256_loadu_ps(p)
+#define F8_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define F8_LOAD_BF16(p)                                                                            \
+	_mm256_castsi256_ps(                                                                       \
+	    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define FLOAT_TILE(T, ELT, LOAD, SCALAR)                                                           \
 	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
 	                     float *out, size_t os)                                                \
 	{                                                                                          \
 		const ELT *x = (const ELT *)w;                                                     \
 		const ELT *y[TILE];                                                                \
-		vf acc0[TILE], acc1[TILE];                                                         \
+		__m256 acc[TILE];                                                                  \
 		int64_t i = 0;                                                                     \
                                                                                                    \
 		UNROLL for (int c = 0; c < C; c++)                                                 \
 		{                                                                                  \
 			y[c] = (const ELT *)(act + (size_t)c * as);                                \
-			acc0[c] = VF_ZERO();                                                       \
-			acc1[c] = VF_ZERO();                                                       \
+			acc[c] = _mm256_setzero_ps();                                              \
 		}                                                                                  \
-		for (; i + 2 * VL <= n; i += 2 * VL) {                                             \
-			prefetch_ahead(x + i, 2 * VL * sizeof(ELT));                               \
-			const vf x0 = LOAD(x + i), x1 = LOAD(x + i + VL);                          \
-			UNROLL for (int c = 0; c < C; c++)                                         \
-			{                                                                          \
-				acc0[c] = VF_FMA(x0, LOAD(y[c] + i), acc0[c]);                     \
-				acc1[c] = VF_FMA(x1, LOAD(y[c] + i + VL), acc1[c]);                \
-			}                                                                          \
-		}                                                                                  \
-		for (; i + VL <= n; i += VL) {                                                     \
-			const vf x0 = LOAD(x + i);                                                 \
-			UNROLL for (int c = 0; c < C; c++) acc0[c] =                               \
-			    VF_FMA(x0, LOAD(y[c] + i), acc0[c]);                                   \
+		for (; i + 8 <= n; i += 8) {                                                       \
+			prefetch_ahead(x + i, 8 * sizeof(ELT));                                    \
+			const __m256 x0 = LOAD(x + i);                                             \
+			UNROLL for (int c = 0; c < C; c++) acc[c] =                                \
+			    _mm256_fmadd_ps(x0, LOAD(y[c] + i), acc[c]);                           \
 		}                                                                                  \
 		UNROLL for (int c = 0; c < C; c++)                                                 \
 		{                                                                                  \
-			float s = VF_HSUM(VF_ADD(acc0[c], acc1[c]));                               \
+			float s = hsum_ps(acc[c]);                                                 \
 			for (int64_t k = i; k < n; k++)                                            \
 				s += SCALAR(x, k) * SCALAR(y[c], k);                               \
 			out[(size_t)c * os] = s;                                                   \
 		}                                                                                  \
 	}
 
-FLOAT_TILE(f32, float, VF_LOAD_F32, scalar_f32)
-FLOAT_TILE(f16, uint16_t, VF_LOAD_F16, scalar_f16)
-FLOAT_TILE(bf16, uint16_t, VF_LOAD_BF16, scalar_bf16)
+FLOAT_TILE(f32, float, F8_LOAD_F32, scalar_f32)
+FLOAT_TILE(f16, uint16_t, F8_LOAD_F16, scalar_f16)
+FLOAT_TILE(bf16, uint16_t, F8_LOAD_BF16, scalar_bf16)
 GEMM(f32)
 GEMM(f16)
 GEMM(bf16)
@@ -292,117 +291,80 @@ INLINE __m256i q4_0_values(const struct wf_block_q4_0 *x)
 	return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
 }
 
-#if !WF_X86_AVX512
-/* Blocks go in pairs with their own accumulators so that one activation row has two chains. */
-#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                           \
+/* ggml's Q8_0 x Q8_0 dot (ggml_vec_dot_q8_0_q8_0 of the AVX2 build, and llamafile's
+ * tinyBLAS_Q0_AVX, which llama.cpp multiplies batches of two rows or more with, per element the
+ * same): one chain of eight float lanes per activation row, each block's products scaled by
+ * dx * dy and fused-added in block order, the lanes summed at the end. Both levels keep that
+ * order (the AVX-512 one only gets its integer products from vpdpbusd), so they agree bit for
+ * bit with each other and with llama.cpp. */
+#define Q8_TILE(T, XBLOCK, VALUES)                                                                 \
 	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
 	                     float *out, size_t os)                                                \
 	{                                                                                          \
 		const XBLOCK *x = (const XBLOCK *)w;                                               \
 		const struct wf_block_q8_0 *y[TILE];                                               \
-		__m256 acc0[TILE], acc1[TILE];                                                     \
+		__m256 acc[TILE];                                                                  \
 		const int64_t nb = n / WF_QK8_0;                                                   \
-		int64_t b = 0;                                                                     \
                                                                                                    \
 		UNROLL for (int c = 0; c < C; c++)                                                 \
 		{                                                                                  \
 			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);               \
-			acc0[c] = _mm256_setzero_ps();                                             \
-			acc1[c] = _mm256_setzero_ps();                                             \
+			acc[c] = _mm256_setzero_ps();                                              \
 		}                                                                                  \
-		for (; b + 1 < nb; b += 2) {                                                       \
-			prefetch_ahead(&x[b], 2 * sizeof(*x));                                     \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                       \
-			q8_block(C, VALUES(&x[b + 1]), f16(x[b + 1].d), y, b + 1, acc1);           \
+		for (int64_t b = 0; b < nb; b++) {                                                 \
+			prefetch_ahead(&x[b], sizeof(*x));                                         \
+			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc);                        \
 		}                                                                                  \
-		if (b < nb)                                                                        \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, acc0);                       \
-		UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] =                           \
-		    hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));                                      \
+		UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = hsum_ps(acc[c]);          \
 	}
 
-#define Q4_0_PAIR_VALUES(blk) 0
-#define Q8_0_PAIR_VALUES(blk) 0
-#else
-/* AVX-512: blocks b and b + 1 side by side in one register, weights and activations alike, so
- * the per-block work (products, conversion, scaling) runs once per pair. A block left over goes
- * through the 256-bit path. */
-#define Q8_TILE(T, XBLOCK, VALUES, PAIR)                                                           \
-	INLINE void tile_##T(int C, int64_t n, const char *w, const char *act, size_t as,          \
-	                     float *out, size_t os)                                                \
-	{                                                                                          \
-		const XBLOCK *x = (const XBLOCK *)w;                                               \
-		const struct wf_block_q8_0 *y[TILE];                                               \
-		__m512 acc[TILE];                                                                  \
-		__m256 tail[TILE];                                                                 \
-		const int64_t nb = n / WF_QK8_0;                                                   \
-		int64_t b = 0;                                                                     \
-                                                                                                   \
-		UNROLL for (int c = 0; c < C; c++)                                                 \
-		{                                                                                  \
-			y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);               \
-			acc[c] = _mm512_setzero_ps();                                              \
-			tail[c] = _mm256_setzero_ps();                                             \
-		}                                                                                  \
-		for (; b + 1 < nb; b += 2) {                                                       \
-			prefetch_ahead(&x[b], 2 * sizeof(*x));                                     \
-			q8_pair(C, PAIR(&x[b]), f16_pair(x[b].d, x[b + 1].d), y, b, acc);          \
-		}                                                                                  \
-		if (b < nb)                                                                        \
-			q8_block(C, VALUES(&x[b]), f16(x[b].d), y, b, tail);                       \
-		UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] =                           \
-		    _mm512_reduce_add_ps(acc[c]) + hsum_ps(tail[c]);                               \
-	}
-
-/* two F16s as floats in lanes 0 and 1 */
-INLINE __m128 f16_pair(uint16_t a, uint16_t b)
+#define Q8_0_VALUES(blk) loadu256((blk)->qs)
+Q8_TILE(q8_0, struct wf_block_q8_0, Q8_0_VALUES)
+/* Q4_0 as llama.cpp's AVX2 build computes it: it repacks every Q4_0 matrix of a multiple of 8
+ * rows (q4_0_8x8, ggml-cpu/arch/x86/repack.cpp), whose gemv and gemm keep one float per output
+ * element: each block's products summed exactly in int32, then acc = fma(sum, dx * dy, acc) in
+ * block order, no lanes. The same here at both levels. */
+INLINE int32_t hsum_epi32(__m256i v)
 {
-	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | (uint32_t)b << 16)));
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(s);
 }
 
-/* A pair of blocks of signed weights (64 int8, scales in lanes 0 and 1 of dx) into C
- * activation rows. No vpsignb in AVX-512: the activation is negated under the weights' sign
- * mask instead. */
-INLINE void q8_pair(int C, __m512i qx, __m128 dx, const struct wf_block_q8_0 *const *y, int64_t b,
-                    __m512 *acc)
+INLINE void tile_q4_0(int C, int64_t n, const char *w, const char *act, size_t as, float *out,
+                      size_t os)
 {
-	const __m512i ax = _mm512_abs_epi8(qx);
-	const __mmask64 neg = _mm512_movepi8_mask(qx);
-	const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	const struct wf_block_q4_0 *x = (const struct wf_block_q4_0 *)w;
+	const struct wf_block_q8_0 *y[TILE];
+	__m128 acc[TILE];
+	const int64_t nb = n / WF_QK8_0;
 
 	UNROLL for (int c = 0; c < C; c++)
 	{
-		const __m512i qy = cat256(loadu256(y[c][b].qs), loadu256(y[c][b + 1].qs));
-		const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
-		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
-		const __m128 d = _mm_mul_ps(dx, f16_pair(y[c][b].d, y[c][b + 1].d));
-		const __m512 s = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d));
-
-		acc[c] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[c]);
+		y[c] = (const struct wf_block_q8_0 *)(act + (size_t)c * as);
+		acc[c] = _mm_setzero_ps();
 	}
+	for (int64_t b = 0; b < nb; b++) {
+		prefetch_ahead(&x[b], sizeof(*x));
+		const __m256i qx = q4_0_values(&x[b]);
+		const __m256i ax = _mm256_sign_epi8(qx, qx);
+		const float dx = f16(x[b].d);
+
+		UNROLL for (int c = 0; c < C; c++)
+		{
+			const __m256i qy = loadu256(y[c][b].qs);
+			const int32_t p = hsum_epi32(
+			    mul_sum_u8s8(_mm256_setzero_si256(), ax, _mm256_sign_epi8(qy, qx)));
+
+			acc[c] = _mm_fmadd_ss(_mm_set_ss((float)p), _mm_set_ss(dx * f16(y[c][b].d)),
+			                      acc[c]);
+		}
+	}
+	UNROLL for (int c = 0; c < C; c++) out[(size_t)c * os] = _mm_cvtss_f32(acc[c]);
 }
 
-/* Q4_0 pair: each block's 16 bytes twice in a 256-bit half, the second copy shifted by 4, so the
- * halves read [low nibbles = elements 0..15, high nibbles = 16..31] per block. */
-INLINE __m512i q4_0_pair_values(const struct wf_block_q4_0 *x)
-{
-	const __m512i v =
-	    cat256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[0].qs)),
-	           _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[1].qs)));
-	const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
-	                                        0x0004000400040004, 0x0004000400040004);
-	const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
-
-	return _mm512_sub_epi8(u, _mm512_set1_epi8(8));
-}
-
-#define Q8_0_PAIR_VALUES(blk) cat256(loadu256((blk)[0].qs), loadu256((blk)[1].qs))
-#define Q4_0_PAIR_VALUES(blk) q4_0_pair_values(blk)
-#endif
-
-#define Q8_0_VALUES(blk) loadu256((blk)->qs)
-Q8_TILE(q8_0, struct wf_block_q8_0, Q8_0_VALUES, Q8_0_PAIR_VALUES)
-Q8_TILE(q4_0, struct wf_block_q4_0, q4_0_values, Q4_0_PAIR_VALUES)
 GEMM(q8_0)
 GEMM(q4_0)
 
@@ -838,18 +800,6 @@ GEMM(q6_K)
 
 /* ---- Activation quantizers (bit-identical to ref.c) ---------------------------------------- */
 
-/* roundf: to nearest, halves away from zero. v - trunc(v) is exact, so the tie test is too. */
-INLINE __m256 round_away(__m256 v)
-{
-	const __m256 sign = _mm256_set1_ps(-0.0f);
-	const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-	const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
-	const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-	const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign));
-
-	return _mm256_add_ps(t, _mm256_and_ps(up, one));
-}
-
 /* max(|x|) over 8k floats; max_ps returns its second operand when the first is NaN, so a NaN is
  * skipped as ref.c's `fabsf(x) > amax` skips it. */
 INLINE float amax_ps(const float *x, int k)
@@ -869,13 +819,14 @@ static void quantize_row_q8_0(const float *x, void *vy, int64_t n)
 	for (int64_t b = 0; b < n / WF_QK8_0; b++, x += WF_QK8_0) {
 		const float amax = amax_ps(x, WF_QK8_0);
 		const float d = amax / 127.0f;
-		const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+		const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
 		__m256i v[4];
 
 		yb[b].d = wf_kernels_fp32_to_fp16(d);
 		for (int q = 0; q < 4; q++)
-			v[q] = _mm256_cvttps_epi32(
-			    round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * q), id)));
+			v[q] = _mm256_cvtps_epi32(
+			    _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * q), id),
+			                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 		_mm256_storeu_si256((__m256i *)yb[b].qs, pack_i32_i8(v[0], v[1], v[2], v[3]));
 	}
 }
