@@ -413,6 +413,8 @@ static const char *target_id(const Weightfloor__V1__Request *req)
 		return req->generate->worker_id;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ:
 		return req->generate_read->worker_id;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PERPLEXITY:
+		return req->perplexity->worker_id;
 	default:
 		return NULL;
 	}
@@ -447,7 +449,8 @@ static void relay_done(struct wf_workers *w, const char *id, bool completion)
 static bool is_completion(const Weightfloor__V1__Request *req)
 {
 	return req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
-	       req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
+	       req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ ||
+	       req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_PERPLEXITY;
 }
 
 /* The worker for a Generate that names none: the one whose reported residency of the model is
@@ -498,6 +501,9 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		k = &w->v[0];
 	else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE && req->generate->model)
 		k = choose_completion_worker_locked(w, req->generate->model);
+	else if (req->body_case == WEIGHTFLOOR__V1__REQUEST__BODY_PERPLEXITY &&
+	         req->perplexity->model)
+		k = choose_completion_worker_locked(w, req->perplexity->model);
 	int busy = 0;
 	unsigned in_flight = 0;
 	if (k) {
@@ -620,6 +626,9 @@ static int relay(struct wf_workers *w, const Weightfloor__V1__Request *req,
 		break;
 	case WEIGHTFLOOR__V1__REPLY__BODY_GENERATE:
 		reply->generate = copy->generate;
+		break;
+	case WEIGHTFLOOR__V1__REPLY__BODY_PERPLEXITY:
+		reply->perplexity = copy->perplexity;
 		break;
 	default:
 		reply->body_case = WEIGHTFLOOR__V1__REPLY__BODY__NOT_SET;

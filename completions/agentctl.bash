@@ -6,8 +6,8 @@
 # (`agentctl --json models`, `agentctl --json workers`), passing on the connection flags already on
 # the line. The JSON is read with grep and sed so that completion needs no jq.
 
-_agentctl_commands="inspect status models register floor publish reload watch workers residency pin
-unpin evict prefetch compact generate"
+_agentctl_commands="inspect status models register floor publish reload perplexity watch workers
+residency pin unpin evict prefetch compact generate"
 _agentctl_global_flags="--socket --events --json --output -o --timeout --quiet -q --tls-ca
 --tls-cert --tls-key --tls-server-name --help --version"
 
@@ -141,6 +141,10 @@ _agentctl()
 	watch) flags="--count --for --json --help" ;;
 	publish) flags="--tensor --dry-run --json --help" ;;
 	reload) flags="--dry-run --json --help" ;;
+	perplexity)
+		flags="--file --ctx --chunks --worker --kl-base --save-base --swap-loop --pre-reload
+--base-file --max-iterations --json --help"
+		;;
 	residency | pin | unpin | evict | prefetch | compact) flags="--worker --all --json --help" ;;
 	generate)
 		flags="--worker --prompt-ids --max-tokens --temp --top-k --top-p --min-p --repeat-penalty
@@ -158,7 +162,7 @@ _agentctl()
 	inspect) _agentctl_files ;;
 	models) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
 	register) ((npos == 1)) && _agentctl_files ;;
-	publish | reload) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
+	publish | reload | perplexity) ((npos == 0)) && _agentctl_complete_from "$(_agentctl_ask name models)" ;;
 	floor)
 		if [[ -z $sub ]]; then
 			_agentctl_complete_from $'ensure\nrelease\npin\nunpin'

@@ -116,6 +116,8 @@ int wf_sched_create(struct wf_engine *engine, const struct wf_tokenizer *tok,
 	s->tok = tok;
 	s->n_batch = cfg && cfg->n_batch ? cfg->n_batch : 512;
 	s->n_seq = info.n_seq_max ? info.n_seq_max : 1;
+	if (cfg && cfg->n_seq && cfg->n_seq < s->n_seq)
+		s->n_seq = cfg->n_seq;
 	s->n_ctx = info.n_ctx;
 	s->n_vocab = info.n_vocab;
 	s->eos = wf_tokenizer_eos(tok);

@@ -91,6 +91,10 @@ struct wf_sched_request {
 
 struct wf_sched_config {
 	uint32_t n_batch; /* tokens per decode step; 0: 512 */
+	/* The engine sequences requests get: 0 .. n_seq-1 (0, or more than the engine has: all of
+	 * them). The others are the caller's, for work it runs through wf_sched_between (a
+	 * perplexity evaluation, worker/ppljob.h), which never meets a request's KV cache. */
+	uint32_t n_seq;
 };
 
 struct wf_sched;

@@ -40,8 +40,10 @@ struct engine_model {
 	struct wf_worker_engine we; /* the engine, holding the store's sets it computes from */
 	struct wf_engine *engine;   /* we.engine */
 	struct wf_sched *sched;
-	unsigned refreshing; /* refreshes in progress (under wf_completions.mu): not to be freed */
+	unsigned refreshing; /* refreshes and evaluations in progress (under wf_completions.mu):
+	                        not to be freed */
 	uint32_t n_ctx;
+	uint32_t n_seq_sched; /* sequences the scheduler hands out; the next one is evaluations' */
 	struct wf_completion_metrics metrics; /* under wf_completions.mu */
 };
 
@@ -375,8 +377,10 @@ static int build_model(struct wf_completions *cs, const char *name, int agent_ms
 		wf_diag_set(diag, rc, "model '%s': tokenizer: %s", name, wf_diag_str(&d, rc));
 		goto out;
 	}
+	/* One sequence more than completions get: the evaluations' (wf_completion_with_engine). */
+	const uint32_t n_seq = cs->opts.n_seq ? cs->opts.n_seq : 8;
 	struct wf_engine_config ec = {.n_ctx = cs->opts.n_ctx,
-	                              .n_seq_max = cs->opts.n_seq ? cs->opts.n_seq : 8,
+	                              .n_seq_max = n_seq + 1,
 	                              .n_threads = cs->opts.n_threads,
 	                              .kv_type = WF_ENGINE_KV_F16,
 	                              .device = cs->opts.device,
@@ -410,6 +414,7 @@ static int build_model(struct wf_completions *cs, const char *name, int agent_ms
 	struct wf_engine_info info;
 	wf_engine_get_info(gm->engine, &info);
 	gm->n_ctx = info.n_ctx;
+	gm->n_seq_sched = n_seq;
 	gm->cache = s->cache;
 	gm->device_bytes = info.device_bytes;
 	/* A reservation for the engine's own device bytes (KV cache, activations, expert slots),
@@ -430,7 +435,7 @@ static int build_model(struct wf_completions *cs, const char *name, int agent_ms
 		}
 	}
 	metrics_update(gm, NULL);
-	struct wf_sched_config sc = {.n_batch = cs->opts.n_batch};
+	struct wf_sched_config sc = {.n_batch = cs->opts.n_batch, .n_seq = n_seq};
 	if ((rc = wf_sched_create(gm->engine, gm->tok, &sc, &gm->sched, &d)) < 0) {
 		wf_diag_set(diag, rc, "model '%s': %s", name, wf_diag_str(&d, rc));
 		goto out;
@@ -1117,6 +1122,43 @@ static int refresh(struct wf_completions *cs, const char *model, uint32_t n, con
 	pthread_mutex_unlock(&cs->mu);
 	if (gm->resv)
 		(void)wf_cache_resv_release(gm->cache, gm->resv);
+	return rc;
+}
+
+/* ---- evaluations ------------------------------------------------------------------------- */
+
+struct eval_job {
+	struct engine_model *gm;
+	wf_completion_engine_fn fn;
+	void *arg;
+};
+
+static int eval_step(void *arg, struct wf_engine *e)
+{
+	const struct eval_job *j = arg;
+	/* the sequence past the scheduler's (build_model made one more) */
+	return j->fn(j->arg, e, j->gm->tok, j->gm->n_seq_sched);
+}
+
+int wf_completion_with_engine(struct wf_completions *cs, const char *model, int agent_ms,
+                              wf_completion_engine_fn fn, void *arg, struct wf_diag *diag)
+{
+	struct engine_model *gm = NULL;
+	uint32_t resv = 0;
+	int rc = model_get(cs, model, agent_ms, &gm, &resv, diag);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&cs->mu);
+	gm->refreshing++; /* not freed while it runs, reservation or not */
+	pthread_mutex_unlock(&cs->mu);
+	struct eval_job j = {gm, fn, arg};
+	rc = wf_sched_between(gm->sched, eval_step, &j);
+	pthread_mutex_lock(&cs->mu);
+	gm->refreshing--;
+	pthread_cond_broadcast(&cs->cv);
+	pthread_mutex_unlock(&cs->mu);
+	if (resv)
+		(void)wf_cache_resv_release(gm->cache, resv);
 	return rc;
 }
 

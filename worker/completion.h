@@ -32,6 +32,7 @@
 #ifndef WF_WORKER_COMPLETION_H
 #define WF_WORKER_COMPLETION_H
 
+#include "base/diag.h"
 #include "control/server.h"
 
 #include <stdint.h>
@@ -100,6 +101,18 @@ void wf_completion_destroy(struct wf_completions *cs);
 
 /* The metrics of a model's engine. Returns 0, or WF_ENOT_FOUND when the model has no engine
  * (never generated on this worker, or retired). */
+/* Runs fn on the model's engine (found or built as for a Generate, and held meanwhile) between
+ * two steps of its scheduler, in a sequence of its own that no completion uses (seq, empty when
+ * fn starts and to be left empty): the completions of the model pause while it runs. For
+ * evaluations (Perplexity, worker/evaluate.h). Returns fn's result, or model_get's errors
+ * (WF_ENOT_FOUND, WF_ENOT_RESIDENT, WF_ENO_SPACE, ...). Thread-safe. */
+struct wf_engine;
+struct wf_tokenizer;
+typedef int (*wf_completion_engine_fn)(void *arg, struct wf_engine *engine,
+                                       const struct wf_tokenizer *tok, uint32_t seq);
+int wf_completion_with_engine(struct wf_completions *cs, const char *model, int agent_ms,
+                              wf_completion_engine_fn fn, void *arg, struct wf_diag *diag);
+
 int wf_completion_model_metrics(struct wf_completions *cs, const char *name,
                                 struct wf_completion_metrics *ret);
 

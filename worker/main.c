@@ -18,6 +18,7 @@
 #include "worker/cache.h"
 #include "worker/completion.h"
 #include "worker/eval.h"
+#include "worker/evaluate.h"
 #include "worker/metrics.h"
 #include "worker/perplexity.h"
 #include "worker/refresh.h"
@@ -932,6 +933,10 @@ int main(int argc, char **argv)
 		wf_log_error("completions: %s", wf_strerror(rc));
 		goto out;
 	}
+	if ((rc = wf_evaluate_serve(&svc, completions)) < 0) {
+		wf_log_error("evaluations: %s", wf_strerror(rc));
+		goto out;
+	}
 	struct wf_ctl_server_opts so = {
 	    /* Long polls (GenerateRead) hold a thread each while they wait. */
 	    .nworkers = 32,
@@ -972,6 +977,7 @@ int main(int argc, char **argv)
 			             wf_strerror(rc));
 		if ((rc = wf_worker_refresh_create(svc.agent, &o.tls, &svc, &refresh)) < 0)
 			wf_log_error("agent events: %s", wf_strerror(rc));
+		wf_evaluate_set_refresh(refresh);
 	}
 	atomic_store(&probes.serving, true);
 	if (http)
@@ -1029,6 +1035,7 @@ out:
 	wf_cache_stop(cache);
 	wf_completion_destroy(completions);
 	wf_cache_destroy(cache);
+	wf_evaluate_set_refresh(NULL);
 	wf_worker_refresh_destroy(refresh); /* its ear uses the agent client */
 	wf_agentlink_destroy(link);         /* after the cache: its events go to the link */
 	wf_ctl_client_close(svc.agent);

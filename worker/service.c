@@ -434,7 +434,8 @@ static bool wants_bytes(const Weightfloor__V1__Request *req)
 static bool for_modules(Weightfloor__V1__Request__BodyCase kind)
 {
 	return kind == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE ||
-	       kind == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ;
+	       kind == WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ ||
+	       kind == WEIGHTFLOOR__V1__REQUEST__BODY_PERPLEXITY;
 }
 
 /* The worker slice of the protocol: the requests a worker serves, the model and worker they name
@@ -476,6 +477,9 @@ static bool worker_slice(const Weightfloor__V1__Request *req, const char **ret_m
 		break;
 	case WEIGHTFLOOR__V1__REQUEST__BODY_GENERATE_READ:
 		wid = req->generate_read->worker_id;
+		break;
+	case WEIGHTFLOOR__V1__REQUEST__BODY_PERPLEXITY:
+		wid = req->perplexity->worker_id;
 		break;
 	default:
 		return false;

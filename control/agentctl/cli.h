@@ -129,6 +129,7 @@ int cmd_floor(struct cli *cli, int argc, char **argv);
 int cmd_register(struct cli *cli, int argc, char **argv);
 int cmd_watch(struct cli *cli, int argc, char **argv);
 int cmd_reload(struct cli *cli, int argc, char **argv);
+int cmd_perplexity(struct cli *cli, int argc, char **argv);
 int cmd_workers(struct cli *cli, int argc, char **argv);
 /* residency, pin, unpin, evict, prefetch, compact: argv[0] names the verb. */
 int cmd_worker_verb(struct cli *cli, int argc, char **argv);

@@ -28,6 +28,7 @@ static const struct command commands[] = {
     {"floor", cmd_floor, "floor ensure|release|pin|unpin MODEL"},
     {"publish", cmd_publish, "new bytes for tensors of a model's floor, one generation"},
     {"reload", cmd_reload, "load a model's changed tensors from its files into its floor"},
+    {"perplexity", cmd_perplexity, "perplexity / KL divergence of MODEL on a worker; the sweep"},
     {"watch", cmd_watch, "follow the agent's events"},
     {"workers", cmd_workers, "the node's workers, devices, budgets and models"},
     {"residency", cmd_worker_verb, "residency MODEL disk|host|device|pinned_device"},
