@@ -190,18 +190,25 @@ static void check_ppl(const char *name)
 	cr_expect_eq(r.n_scored, (uint64_t)num(e, "tokens_scored"));
 	cr_expect(r.has_err);
 	const double ref = num(x, "ppl"), ref_ub32 = num(x, "ppl_ub32");
-	if (strncmp(name, "mixtral", 7) == 0) {
-		/* F32 weights: llama.cpp's figure to 4 significant digits, each chunk's too */
+	if (strncmp(name, "qwen3moe-tiny-q4_k_m", 20) != 0) {
+		/* F32, Q8_0, Q4_0: llama.cpp's default run to 4 significant digits, the +/- too.
+		 * The host backend computes these types as llama.cpp's AVX2 CPU backend does for
+		 * 128-row batches (tiled flash attention, its Q8_0 quantizer and dot orders, the
+		 * repacked Q4_0 order, ggml_v_expf): Q8_0 and Q4_0 give its figures to every
+		 * printed digit, at every kernel level. */
 		cr_expect(sig4(r.ppl, ref), "%s: PPL %.4f, llama.cpp %.4f", name, r.ppl, ref);
 		cr_expect(sig4(r.ppl_err, num(x, "ppl_err")), "%s: +/- %.5f, llama.cpp %.5f", name,
 		          r.ppl_err, num(x, "ppl_err"));
 	} else {
-		/* Quantized activations: within llama.cpp's own spread across its attention paths
-		 * (README): 0.2% of its -ub 32 run (the attention the engine imitates), 0.6% of its
-		 * default run. */
+		/* Q4_K_M: not to 4 digits. Its Q4_K and Q6_K dots do not yet follow llama.cpp's
+		 * orders (it repacks Q4_K to q4_K_8x8 and quantizes batch activations with
+		 * ggml_quantize_mat_q8_K_4x8; Q6_K goes through vec_dot_q6_K_q8_K), and the two
+		 * kernel levels order them differently too; with int8 activations every such
+		 * difference grows (README): avx2 77099.06, avx512 76981.50 against 77099.88. Held
+		 * to 0.3% of the default run and 0.2% of the -ub 32 run. */
 		cr_expect(fabs(log(r.ppl / ref_ub32)) < 0.002,
 		          "%s: PPL %.4f, llama.cpp -ub 32 %.4f", name, r.ppl, ref_ub32);
-		cr_expect(fabs(log(r.ppl / ref)) < 0.006, "%s: PPL %.4f, llama.cpp %.4f", name,
+		cr_expect(fabs(log(r.ppl / ref)) < 0.003, "%s: PPL %.4f, llama.cpp %.4f", name,
 		          r.ppl, ref);
 		cr_expect(fabs(log(r.ppl_err / num(x, "ppl_err"))) < 0.01, "%s: +/- %.5f vs %.5f",
 		          name, r.ppl_err, num(x, "ppl_err"));
