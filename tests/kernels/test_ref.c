@@ -245,7 +245,7 @@ Test(kernels, quantize_q8_0_hand)
 	for (int j = 0; j < 32; j++)
 		x[32 + j] = (j == 3) ? -1.0f : 0.25f;
 	wf_kernels_ref_quantize_row_q8_0(x, b, 64);
-	cr_assert_eq(b[0].d, 0x3c00); /* 127 / 127 */
+	cr_assert_eq(b[0].d, 0x3c00);                 /* 127 / 127 */
 	int8_t want[7] = {2, -2, 0, 0, 2, 127, -127}; /* ties to even, as ggml's x86 quantizer */
 	for (int j = 0; j < 7; j++)
 		cr_assert_eq(b[0].qs[j], want[j], "qs[%d] = %d", j, b[0].qs[j]);
