@@ -520,15 +520,15 @@ static int validate_tensors(const uint8_t *b, const struct wf_shm_header *h, str
 		uint64_t f_data_offset = LOAD(f->data_offset);
 		bool in_source = range_in(source_offset, nbytes, f_data_offset,
 		                          f_data_offset + LOAD(f->data_size));
-		bool placed;
-		if (generation == 0)
-			placed = in_source &&
-			         floor_offset == LOAD(f->floor_offset) +
-			                             (source_offset - LOAD(f->window_offset));
-		else
-			placed = generation <= h->generation &&
-			         range_in(floor_offset, nbytes, h->spare_offset,
-			                  h->spare_offset + h->spare_used);
+		/* at its file's bytes (never published, or published back to them), or a
+		 * published version in the used spare area */
+		const bool at_file =
+		    in_source && floor_offset == LOAD(f->floor_offset) +
+		                                     (source_offset - LOAD(f->window_offset));
+		const bool placed =
+		    generation <= h->generation &&
+		    (at_file || (generation && range_in(floor_offset, nbytes, h->spare_offset,
+		                                        h->spare_offset + h->spare_used)));
 		if (!in_source || !placed)
 			return wf_diag_set(
 			    diag, WF_EFORMAT,

@@ -83,7 +83,9 @@
  *    88  u64 nbytes
  *    96  u64 floor_offset        where the bytes are now: inside the file's section
  *                                (= section floor_offset + source_offset - window_offset) or, once
- *                                a new version is published, inside the spare area
+ *                                a new version is published, inside the spare area; a published
+ *                                version equal to the file's bytes points back into the section
+ *                                (since version 4)
  *   104  u64 source_offset       absolute offset of the tensor in its file
  *   112  u64 checksum            xxh3-64 of the nbytes at floor_offset
  *   120  u64 generation          header generation at which these bytes were published; 0 for the
@@ -117,7 +119,11 @@
  *  1. The publisher holds the guard lock EX (shm/region.h), so attachers, which validate the
  *     header under the same lock, never see a publish half done.
  *  2. It appends the new bytes to the spare area at spare_offset + spare_used (64-aligned), which
- *     no reader looks at yet, and computes their xxh3-64.
+ *     no reader looks at yet, and computes their xxh3-64. Not a version equal to the bytes the
+ *     entry has now (it stays where they are) or to its bytes from the file (the entry points
+ *     back into the file's section, which holds them for the region's life; since version 4):
+ *     those take no spare room, so a tensor that oscillates between its file's bytes and others
+ *     costs the others' room only.
  *  3. Seqlock write: generation += 1 (now odd), release fence; store the entry's floor_offset,
  *     checksum and generation (= the final even header generation), and spare_used; recompute
  *     tables_checksum and header_checksum (the latter for the final generation); then
@@ -145,15 +151,17 @@
  * checks (sections in order, inside total_size, 4096-aligned where stated), both checksums, every
  * string (inside the pool and NUL-terminated), every file section (aligned, inside the data area,
  * in order), every tensor (file index, n_dims, bytes inside its file's section and consistent with
- * source_offset, or inside the used spare area), the name index (in range, strictly increasing
+ * source_offset, always for generation 0 and for a published version back at its file's
+ * bytes, or inside the used spare area), the name index (in range, strictly increasing
  * names), the metadata section (walked as described above). A corrupt region yields an error code,
  * never a fault. Tensor bytes are checked against their checksums only by wf_shm_region_verify().
  *
  * Versions: 1 had no name index (readers sorted the names at every attach) and 3888 reserved
  * header bytes at 208; 2 had no metadata section (data_offset followed the string pool) and 3872
- * reserved bytes at 224, so a worker had to re-open the model's files for its key/values. A
- * region of another version is refused with WF_EVERSION ("region format version 2, expected
- * 3"), and an agent rebuilds it (its attach uses WF_SHM_ATTACH_REBUILD). */
+ * reserved bytes at 224, so a worker had to re-open the model's files for its key/values; 3 placed
+ * every published version (generation > 0) in the spare area, and its readers refuse one back in
+ * a file's section. A region of another version is refused with WF_EVERSION ("region format
+ * version 2, expected 4"), and an agent rebuilds it (its attach uses WF_SHM_ATTACH_REBUILD). */
 #ifndef WF_SHM_LAYOUT_H
 #define WF_SHM_LAYOUT_H
 
@@ -168,7 +176,7 @@ extern "C" {
 #endif
 
 #define WF_SHM_MAGIC       0x1a524f4f4c464657ull /* "WFFLOOR\x1a" read as a little-endian u64 */
-#define WF_SHM_VERSION     3u
+#define WF_SHM_VERSION     4u
 #define WF_SHM_HEADER_SIZE 4096u
 #define WF_SHM_PAGE        4096u /* alignment of windows, sections and the data area */
 #define WF_SHM_SPARE_ALIGN 64u   /* alignment of published tensor versions in the spare area */

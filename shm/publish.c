@@ -123,11 +123,25 @@ static int check_args(const struct wf_shm_region *r, const struct wf_shm_publish
 	return rc;
 }
 
-/* Where each new version goes: 64-aligned after spare_used, in the order given. Checks every
- * entry's type and size (live, under the guard) and the room left. Writes place[] and
+/* Where tensor e's bytes from its file lie in the region: its file's section keeps them for the
+ * region's life (publishes only append to the spare area). */
+static uint64_t original_place(const struct wf_shm_header *h, const uint8_t *base,
+                               const struct wf_shm_tensor_entry *e)
+{
+	const struct wf_shm_file_entry *fe =
+	    (const void *)(base + h->file_table_offset + (uint64_t)e->file * sizeof(*fe));
+	return fe->floor_offset + (e->source_offset - fe->window_offset);
+}
+
+/* Where each new version goes: a version equal to the bytes the tensor has now stays there, and
+ * one equal to its bytes from its file goes back to them (the file's section, which still holds
+ * them), so that a tensor that returns to its original bytes, as a sweep's sanity slot does,
+ * takes no spare room however often it does (a comparison of the bytes costs less than the copy
+ * it saves); every other one goes 64-aligned after spare_used, in the order given. Checks every
+ * entry's type and size (live, under the guard) and the room left. Writes place[], reused[] and
  * *ret_used (the new spare_used). */
 static int plan(const struct wf_shm_region *r, const struct wf_shm_header *h, const uint8_t *base,
-                const struct wf_shm_publish_tensor *t, uint32_t n, uint64_t *place,
+                const struct wf_shm_publish_tensor *t, uint32_t n, uint64_t *place, bool *reused,
                 uint64_t *ret_used, struct wf_diag *diag)
 {
 	const struct wf_shm_tensor_entry *tt = (const void *)(base + h->tensor_table_offset);
@@ -152,6 +166,15 @@ static int plan(const struct wf_shm_region *r, const struct wf_shm_header *h, co
 			                   " bytes, the new version %" PRIu64
 			                   ": a publish keeps the size",
 			                   short_name(r), nl, name, e->nbytes, t[i].nbytes);
+		/* the bytes it has now, or those from its file: no copy, no spare room */
+		const uint64_t here[2] = {e->floor_offset, original_place(h, base, e)};
+		for (int k = 0; k < 2 && t[i].data && !reused[i]; k++)
+			if (memcmp(base + here[k], t[i].data, (size_t)e->nbytes) == 0) {
+				reused[i] = true;
+				place[i] = here[k];
+			}
+		if (reused[i])
+			continue;
 		uint64_t at =
 		    (cursor + WF_SHM_SPARE_ALIGN - 1) & ~(uint64_t)(WF_SHM_SPARE_ALIGN - 1);
 		if (at < cursor || __builtin_add_overflow(at, e->nbytes, &cursor))
@@ -172,13 +195,15 @@ static int plan(const struct wf_shm_region *r, const struct wf_shm_header *h, co
 	return 0;
 }
 
-/* Copies the new versions to their places and hashes them there. */
+/* Copies the new versions to their places (not those that return to their file's bytes) and
+ * hashes them there. */
 static int copy_in(const struct wf_shm_region *r, uint8_t *wbase, bool huge,
                    const struct wf_shm_publish_tensor *t, uint32_t n, const uint64_t *place,
-                   uint64_t *sums, struct wf_diag *diag)
+                   const bool *reused, uint64_t *sums, struct wf_diag *diag)
 {
 	for (uint32_t i = 0; i < n; i++) {
-		if (huge) {
+		if (reused[i]) {
+		} else if (huge) {
 			memcpy(wbase + place[i], t[i].data, (size_t)t[i].nbytes);
 		} else {
 			int rc = pwrite_all(r->fd, t[i].data, t[i].nbytes, place[i]);
@@ -233,6 +258,7 @@ int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_t
 	const bool dry = flags & WF_SHM_PUBLISH_DRY_RUN;
 	struct wf_shm_header h;
 	uint64_t *place = NULL, *sums = NULL, used = 0, gen;
+	bool *reused = NULL;
 	void *wbase = MAP_FAILED;
 	int gfd = -1, rc;
 
@@ -244,7 +270,8 @@ int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_t
 		return rc;
 	place = calloc(n, sizeof(*place));
 	sums = calloc(n, sizeof(*sums));
-	if (!place || !sums) {
+	reused = calloc(n, sizeof(*reused));
+	if (!place || !sums || !reused) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -297,13 +324,14 @@ int wf_shm_region_publish(struct wf_shm_region *r, const struct wf_shm_publish_t
 		                 short_name(r));
 		goto out;
 	}
-	rc = plan(r, &h, view, t, n, place, &used, diag);
+	rc = plan(r, &h, view, t, n, place, reused, &used, diag);
 	if (rc < 0 || dry) {
 		if (rc == 0)
 			*ret_generation = h.generation;
 		goto out;
 	}
-	rc = copy_in(r, wbase, (h.flags & WF_SHM_HDR_HUGETLB) != 0, t, n, place, sums, diag);
+	rc =
+	    copy_in(r, wbase, (h.flags & WF_SHM_HDR_HUGETLB) != 0, t, n, place, reused, sums, diag);
 	if (rc < 0)
 		goto out;
 	/* r->hdr stays the snapshot of the attach: other threads read it without a lock, and the
@@ -317,6 +345,7 @@ out:
 	if (gfd >= 0)
 		close(gfd);
 	free(place);
+	free(reused);
 	free(sums);
 	return rc;
 }

@@ -166,7 +166,17 @@ static void c_tensor_dims(uint8_t *b, size_t s)
 }
 static void c_tensor_generation(uint8_t *b, size_t s)
 {
-	T(b, 1)->generation = 2; /* "published", but its bytes are not in the spare area */
+	/* published at a generation the region has not reached (at its file's bytes, where a
+	 * version back at them may be) */
+	T(b, 1)->generation = 4;
+	H(b)->generation = 2;
+	shmt_fix_checksums(b, s);
+}
+static void c_tensor_spare_unused(uint8_t *b, size_t s)
+{
+	/* "published" into the spare area, past what it has handed out */
+	T(b, 1)->generation = 2;
+	T(b, 1)->floor_offset = H(b)->spare_offset;
 	H(b)->generation = 2;
 	shmt_fix_checksums(b, s);
 }
@@ -360,6 +370,7 @@ Test(corrupt, entries, .init = setup, .fini = teardown)
 	run_case("tensor file", c_tensor_file, WF_EFORMAT);
 	run_case("tensor dims", c_tensor_dims, WF_EFORMAT);
 	run_case("tensor generation", c_tensor_generation, WF_EFORMAT);
+	run_case("tensor in unused spare", c_tensor_spare_unused, WF_EFORMAT);
 	run_case("name offset", c_name_offset, WF_EFORMAT);
 	run_case("name without NUL", c_name_unterminated, WF_EFORMAT);
 	run_case("duplicate name", c_name_duplicate, WF_EDUPLICATE);

@@ -567,7 +567,7 @@ Test(floor_model, old_format_rebuilt_by_agent, .init = setup_ref, .fini = teardo
 	struct wf_diag d = {{0}};
 	int rc = reader_attach(&d);
 	cr_assert_eq(rc, WF_EVERSION, "%s", wf_diag_str(&d, rc));
-	cr_assert(strstr(wf_diag_str(&d, rc), "version 2, expected 3"), "%s", wf_diag_str(&d, rc));
+	cr_assert(strstr(wf_diag_str(&d, rc), "version 2, expected 4"), "%s", wf_diag_str(&d, rc));
 	struct wf_shm_region *w = NULL;
 	rc = wf_shm_region_attach(&cfg, &ref_digest, ref_model, WF_SHM_ATTACH_AGENT, shmt_fill,
 	                          NULL, &w, &d);

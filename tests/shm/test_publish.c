@@ -179,6 +179,55 @@ Test(publish, readers_see_one_new_generation_and_old_bytes_stay, .init = setup, 
 	wf_shm_region_detach(a);
 }
 
+/* A tensor that returns to its bytes from the file goes back to them (its file's section), and
+ * a version equal to the bytes it has now stays where they are: an A, B, A, B, ... oscillation
+ * takes the spare room of one B a cycle, never of an A, and a repeat takes none. */
+Test(publish, original_bytes_return_to_their_place, .init = setup, .fini = teardown)
+{
+	struct wf_shm_region *a = attach(WF_SHM_ATTACH_AGENT);
+	struct wf_shm_region *rd = attach(WF_SHM_ATTACH_READER);
+	const struct wf_shm_tensor_info orig = info(rd, 2);
+	uint8_t *ab = malloc(orig.nbytes);
+	memcpy(ab, orig.data, orig.nbytes);
+	struct wf_shm_publish_tensor back = {
+	    .index = 2, .dtype = orig.dtype, .nbytes = orig.nbytes, .data = ab};
+	uint64_t size = 0, used = 0, used_before = 0;
+	for (int cycle = 0; cycle < 3; cycle++) {
+		uint8_t *bb;
+		struct wf_shm_publish_tensor t = version(a, 2, (uint8_t)(0x40 + cycle), &bb);
+		publish_ok(a, &t, 1);
+		const struct wf_shm_tensor_info vb = info(rd, 2);
+		wf_shm_region_spare(rd, &size, &used);
+		cr_assert_gt(used, used_before, "cycle %d: B took no room", cycle);
+		used_before = used;
+		/* the same bytes again: where they are, no room */
+		uint64_t g = publish_ok(a, &t, 1);
+		wf_shm_region_spare(rd, &size, &used);
+		cr_assert_eq(used, used_before, "cycle %d: a repeat took room", cycle);
+		cr_assert_eq(info(rd, 2).floor_offset, vb.floor_offset);
+		cr_assert_eq(info(rd, 2).generation, g);
+		/* back to the file's bytes: their place, no room, B's bytes intact for its readers
+		 */
+		g = publish_ok(a, &back, 1);
+		const struct wf_shm_tensor_info va = info(rd, 2);
+		wf_shm_region_spare(rd, &size, &used);
+		cr_assert_eq(used, used_before, "cycle %d: A took room", cycle);
+		cr_assert_eq(va.floor_offset, orig.floor_offset);
+		cr_assert_eq(va.generation, g);
+		cr_assert_eq(va.checksum, orig.checksum);
+		cr_assert_eq(memcmp(vb.data, bb, vb.nbytes), 0, "B's bytes were overwritten");
+		verify_ok(rd);
+		free(bb);
+	}
+	/* a fresh attacher accepts entries that point back into a file's section */
+	struct wf_shm_region *fresh = attach(WF_SHM_ATTACH_MUST_EXIST | WF_SHM_ATTACH_VERIFY);
+	cr_assert_not(wf_shm_region_materialized(fresh));
+	wf_shm_region_detach(fresh);
+	free(ab);
+	wf_shm_region_detach(rd);
+	wf_shm_region_detach(a);
+}
+
 Test(publish, write_attachment_publishes_reader_cannot, .init = setup, .fini = teardown)
 {
 	struct wf_shm_region *a = attach(WF_SHM_ATTACH_AGENT);
