@@ -4,8 +4,10 @@
  * files' identities moved, so the restarted agent's floor is made from them); every other region
  * left in the floor directory verifies, or is one a publish never finished (odd generation),
  * which attachers refuse; nothing is left behind once the janitor has passed: only the model's
- * floor and its keep marker remain. Trials: WF_RELOAD_FAULT_TRIALS (default 4; the long mode is
- * 200). Waits poll states with deadlines. */
+ * floor and its keep marker remain. And a worker killed at a random point of the refresh a
+ * reload starts: a new one serves the floor's new bytes (a fresh engine's on the new file), and
+ * the next reload has nothing to do. Trials: WF_RELOAD_FAULT_TRIALS (default 4 agent kills and
+ * 2 worker kills; the long mode is 200). Waits poll states with deadlines. */
 #include "base/error.h"
 #include "common/wftest.h"
 #include "model/model.h"
@@ -144,6 +146,125 @@ Test(agent_reload_faults, kill_9_at_random_points_of_reloads)
 		free(hex);
 		free(out);
 		free(nb);
+	}
+	wf_model_close(m);
+	free(marg);
+	free(pm);
+}
+
+/* The greedy ids of a completion of PROMPT through the agent on worker id, or NULL when it
+ * failed (a worker not answering yet). */
+#define PROMPT "1,17,300,42,99,7,256,311"
+static char *generate_ids(struct agt *a, const char *id)
+{
+	char *out = NULL, *err = NULL;
+	int rc =
+	    agt_ctl(a, &out, &err,
+	            (const char *const[]){"generate", "m", "--worker", id, "--prompt-ids", PROMPT,
+	                                  "--max-tokens", "8", "--ignore-eos", "--json", NULL});
+	char ids[512] = "";
+	size_t at = 0;
+	for (char *line = strtok(out, "\n"); rc == 0 && line; line = strtok(NULL, "\n")) {
+		char *p = strstr(line, "\"id\":");
+		if (p && !strstr(line, "\"done\""))
+			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
+			                       atoi(p + 5));
+	}
+	free(out);
+	free(err);
+	return rc == 0 ? strdup(ids) : NULL;
+}
+
+/* generate_ids, asked again until the worker answers (20 s). */
+static char *generate_ids_wait(struct agt *a, const char *id)
+{
+	for (int i = 0;; i++) {
+		char *ids = generate_ids(a, id);
+		if (ids)
+			return ids;
+		cr_assert_lt(i, 200, "worker %s never served a completion", id);
+		agt_sleep_ms(100);
+	}
+}
+
+/* The greedy ids `wf-worker eval` computes for PROMPT on a model file. */
+static char *eval_ids(struct agt *a, const char *model)
+{
+	char *exe = wft_exe("worker/wf-worker");
+	char *const argv[] = {exe,          "eval", "--model",   (char *)model, "--prompt", PROMPT,
+	                      "--generate", "8",    "--threads", "2",           NULL};
+	char *out = NULL, *err = NULL;
+	cr_assert_eq(agt_run(argv, &out, &err, 120, a->dir), 0, "wf-worker eval: %s", err);
+	char *end = out + strlen(out);
+	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
+		*--end = '\0';
+	char *last = strrchr(out, '\n');
+	char *ids = strdup(last ? last + 1 : out);
+	free(out);
+	free(err);
+	free(exe);
+	return ids;
+}
+
+/* A worker killed at a random point of the refresh a reload starts: restarted, it serves the
+ * floor's new bytes (a fresh engine's on the new file), and the reload after it has nothing to
+ * do. */
+Test(agent_reload_faults, worker_killed_during_the_refresh)
+{
+	const char *env = getenv("WF_RELOAD_FAULT_TRIALS");
+	int trials = env ? (atoi(env) + 1) / 2 : 2;
+	struct agt *a = agt_new("reload-wkill");
+	char *pm = agt_gen(a, "m", 3, NULL);
+	char *marg = agt_printf("m=%s", pm);
+	agt_start(a, NULL, (const char *[]){"--model", marg, "--spare", "32M", NULL});
+	agt_ensure_ok(a, "m");
+	struct wf_model *m = NULL;
+	struct wf_diag d = {{0}};
+	cr_assert_eq(wf_model_open(pm, &m, &d), 0, "%s", d.msg);
+	const struct wf_tensor *t = wf_model_find_tensor(m, "blk.0.attn_q.weight");
+	cr_assert_not_null(t);
+	for (int trial = 0; trial < trials; trial++) {
+		struct agt_worker w;
+		char id[16];
+		snprintf(id, sizeof id, "w%d", trial);
+		agt_spawn_worker(
+		    a, &w, id, NULL, "host:mem=512Mi",
+		    (const char *const[]){"--dense-on-device", "--threads", "2", NULL});
+		agt_wait_worker_registered(a, &w, id);
+		free(generate_ids_wait(a, id)); /* its engine exists: the refresh has work */
+		uint8_t *nb = malloc(t->nbytes);
+		for (uint64_t i = 0; i < t->nbytes; i++)
+			nb[i] = (uint8_t)next_rand();
+		int fd = open(pm, O_WRONLY);
+		cr_assert_eq(pwrite(fd, nb, t->nbytes, (off_t)t->offset), (ssize_t)t->nbytes);
+		close(fd);
+		free(nb);
+		char *o = NULL, *e = NULL;
+		cr_assert_eq(agt_ctl(a, &o, &e, (const char *const[]){"reload", "m", NULL}), 0,
+		             "%s", e);
+		free(o);
+		free(e);
+		agt_sleep_ms((int)(next_rand() % 20));
+		kill(w.pid, SIGKILL);
+		waitpid(w.pid, NULL, 0);
+		/* a new worker serves the floor's new bytes: the ids of a fresh engine on the file
+		 */
+		struct agt_worker w2;
+		snprintf(id, sizeof id, "v%d", trial);
+		agt_spawn_worker(
+		    a, &w2, id, NULL, "host:mem=512Mi",
+		    (const char *const[]){"--dense-on-device", "--threads", "2", NULL});
+		agt_wait_worker_registered(a, &w2, id);
+		char *want = eval_ids(a, pm), *got = generate_ids_wait(a, id);
+		cr_expect_str_eq(got, want, "trial %d: the restarted worker's completion", trial);
+		free(got);
+		free(want);
+		cr_assert_eq(agt_ctl(a, &o, &e, (const char *const[]){"reload", "m", NULL}), 0);
+		cr_expect(strstr(o, "nothing changed"), "trial %d: %s", trial, o);
+		free(o);
+		free(e);
+		kill(w2.pid, SIGKILL);
+		waitpid(w2.pid, NULL, 0);
 	}
 	wf_model_close(m);
 	free(marg);
