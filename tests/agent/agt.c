@@ -359,6 +359,76 @@ int agt_ctl(struct agt *a, char **out, char **err, const char *const *args)
 	return agt_run(argv, out, err, 30, a->dir);
 }
 
+Weightfloor__V1__Reply *agt_publish(struct agt *a, const char *model, const char *tensor,
+                                    const uint8_t *data, uint64_t size, bool dry)
+{
+	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
+	Weightfloor__V1__TensorBytes *tbp = &tb;
+	tb.name = (char *)tensor;
+	tb.size = size;
+	if (data) {
+		tb.data.data = (uint8_t *)data;
+		tb.data.len = size;
+	}
+	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
+	pt.name = (char *)model;
+	pt.tensors = &tbp;
+	pt.n_tensors = 1;
+	pt.dry_run = dry;
+	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
+	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
+	req.publish_tensors = &pt;
+	return agt_call(a, &req, 10000);
+}
+
+char *agt_eval_ids(struct agt *a, const char *model, const char *prompt, const char *n_gen)
+{
+	char *exe = wft_exe("worker/wf-worker");
+	char *const argv[] = {
+	    exe,          "eval",        "--model",   (char *)model, "--prompt", (char *)prompt,
+	    "--generate", (char *)n_gen, "--threads", "2",           NULL};
+	char *out = NULL, *err = NULL;
+	int rc = agt_run(argv, &out, &err, 120, a->dir);
+	cr_assert_eq(rc, 0, "wf-worker eval %s: %s", model, err);
+	char *end = out + strlen(out);
+	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
+		*--end = '\0';
+	char *last = strrchr(out, '\n');
+	char *ids = strdup(last ? last + 1 : out);
+	free(out);
+	free(err);
+	free(exe);
+	return ids;
+}
+
+char *agt_generate_ids(struct agt *a, const char *model, const char *worker, const char *prompt,
+                       const char *n_gen)
+{
+	const char *args[16] = {"generate",     model, "--prompt-ids", prompt,
+	                        "--max-tokens", n_gen, "--ignore-eos", "--json"};
+	size_t n = 8;
+	if (worker) {
+		args[n++] = "--worker";
+		args[n++] = worker;
+	}
+	args[n] = NULL;
+	char *out = NULL, *err = NULL;
+	int rc = agt_ctl(a, &out, &err, args);
+	char ids[1024] = "";
+	size_t at = 0;
+	/* one JSON object a token ({"index", "id", "text"}), then the end ({"done": true, ...},
+	 * whose ids are completion_id and worker_id) */
+	for (char *line = strtok(out, "\n"); rc == 0 && line; line = strtok(NULL, "\n")) {
+		const char *p = strstr(line, "\"id\":");
+		if (p && !strstr(line, "\"done\""))
+			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
+			                       atoi(p + 5));
+	}
+	free(out);
+	free(err);
+	return rc == 0 ? strdup(ids) : NULL;
+}
+
 /* ---- requests ------------------------------------------------------------------------------- */
 
 Weightfloor__V1__Reply *agt_call(struct agt *a, Weightfloor__V1__Request *req, int timeout_ms)

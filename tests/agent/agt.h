@@ -114,6 +114,17 @@ const char *agt_state_name(Weightfloor__V1__FloorState s);
  * (malloc'ed into *out and *err when not NULL). Returns its exit status. */
 int agt_ctl(struct agt *a, char **out, char **err, const char *const *args);
 
+/* PublishTensors of one tensor of model (data NULL: a dry run with the size alone); the reply. */
+Weightfloor__V1__Reply *agt_publish(struct agt *a, const char *model, const char *tensor,
+                                    const uint8_t *data, uint64_t size, bool dry);
+/* The greedy ids (comma-separated) `wf-worker eval` computes on a model file for prompt (ids
+ * "1,17,300") and n_gen tokens: its last output line. Asserts that it ran. */
+char *agt_eval_ids(struct agt *a, const char *model, const char *prompt, const char *n_gen);
+/* The ids of a greedy completion of prompt (n_gen tokens, past EOS) of model through the agent,
+ * on worker (NULL: the agent's pick), or NULL when agentctl failed (a worker not answering). */
+char *agt_generate_ids(struct agt *a, const char *model, const char *worker, const char *prompt,
+                       const char *n_gen);
+
 /* Starts a program (argv[0] a path) with stdin from /dev/null and stdout and stderr into out
  * (truncated), in this environment; asserts that it started. Returns its pid: the caller waits. */
 pid_t agt_spawn_to(char *const *argv, const char *out);

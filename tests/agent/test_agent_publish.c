@@ -56,29 +56,6 @@ static uint8_t *bytes_of(uint64_t n, uint8_t seed)
 	return b;
 }
 
-/* PublishTensors of one tensor (data NULL: a dry run with the size alone). */
-static Weightfloor__V1__Reply *publish(struct agt *a, const char *model, const char *tensor,
-                                       const uint8_t *data, uint64_t size, bool dry)
-{
-	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
-	Weightfloor__V1__TensorBytes *tbp = &tb;
-	tb.name = (char *)tensor;
-	tb.size = size;
-	if (data) {
-		tb.data.data = (uint8_t *)data;
-		tb.data.len = size;
-	}
-	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
-	pt.name = (char *)model;
-	pt.tensors = &tbp;
-	pt.n_tensors = 1;
-	pt.dry_run = dry;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
-	req.publish_tensors = &pt;
-	return agt_call(a, &req, 10000);
-}
-
 /* The next PUBLISHED event for model on sub (others skipped); asserts within 20 s. */
 static Weightfloor__V1__Event *wait_published(struct wf_ctl_sub *sub, const char *model)
 {
@@ -137,7 +114,7 @@ static void expect_refused(struct agt *a, const struct wf_shm_region *r, const c
                            Weightfloor__V1__Status want, const char *needle)
 {
 	uint64_t gen = wf_shm_region_generation(r);
-	Weightfloor__V1__Reply *rep = publish(a, model, tensor, data, size, false);
+	Weightfloor__V1__Reply *rep = agt_publish(a, model, tensor, data, size, false);
 	agt_expect_code(rep, want, tensor);
 	cr_assert(rep->message && strstr(rep->message, needle), "'%s' not in: %s", needle,
 	          rep->message);
@@ -167,7 +144,7 @@ Test(agent_publish, publish_reaches_floor_event_and_worker)
 	struct wf_ctl_sub *sub = agt_sub_synced(a, "ping", pp);
 
 	/* a model without a floor: NOT_RESIDENT; then the floor, attached here read-only */
-	Weightfloor__V1__Reply *rep = publish(a, "m", "output_norm.weight", NULL, 4, true);
+	Weightfloor__V1__Reply *rep = agt_publish(a, "m", "output_norm.weight", NULL, 4, true);
 	agt_expect_code(rep, ST(NOT_RESIDENT), "publish before ensure");
 	cr_assert(strstr(rep->message, "ensure"), "%s", rep->message);
 	wf_ctl_reply_free(rep);
@@ -189,7 +166,7 @@ Test(agent_publish, publish_reaches_floor_event_and_worker)
 	char *line = NULL;
 	for (uint8_t seed = 1;; seed++) {
 		uint8_t *b = bytes_of(small.nbytes, seed);
-		rep = publish(a, "m", small.name, b, small.nbytes, false);
+		rep = agt_publish(a, "m", small.name, b, small.nbytes, false);
 		agt_expect_code(rep, ST(OK), "sync publish");
 		gen = rep->publish->generation;
 		wf_ctl_reply_free(rep);
@@ -211,7 +188,7 @@ Test(agent_publish, publish_reaches_floor_event_and_worker)
 
 	/* the publish under test: reply, event, floor, worker */
 	uint8_t *nb = bytes_of(other.nbytes, 0x5a);
-	rep = publish(a, "m", other.name, nb, other.nbytes, false);
+	rep = agt_publish(a, "m", other.name, nb, other.nbytes, false);
 	agt_expect_code(rep, ST(OK), "publish");
 	cr_assert_eq(rep->body_case, WEIGHTFLOOR__V1__REPLY__BODY_PUBLISH);
 	Weightfloor__V1__PublishReply *pr = rep->publish;
@@ -283,7 +260,7 @@ Test(agent_publish, publish_reaches_floor_event_and_worker)
 	if (big.nbytes + 64 <= (4u << 20))
 		expect_refused(a, r, "m", big.name, bb, big.nbytes, ST(RESOURCE_EXHAUSTED),
 		               "spare");
-	rep = publish(a, "m", big.name, NULL, big.nbytes, true);
+	rep = agt_publish(a, "m", big.name, NULL, big.nbytes, true);
 	agt_expect_code(rep, ST(RESOURCE_EXHAUSTED), "dry run of the big tensor");
 	wf_ctl_reply_free(rep);
 	/* agentctl refuses a file of the wrong size in its check: no bytes sent, exit 7 */
@@ -297,7 +274,7 @@ Test(agent_publish, publish_reaches_floor_event_and_worker)
 	free(out);
 	free(err);
 	/* a dry run changes nothing and says the current generation */
-	rep = publish(a, "m", small.name, NULL, small.nbytes, true);
+	rep = agt_publish(a, "m", small.name, NULL, small.nbytes, true);
 	agt_expect_code(rep, ST(OK), "dry run");
 	cr_assert_eq(rep->publish->generation, gen);
 	wf_ctl_reply_free(rep);

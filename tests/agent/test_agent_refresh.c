@@ -22,48 +22,12 @@ TestSuite(agent_refresh, .fini = agt_fini, .timeout = 240);
 #define PROMPT "1,17,300,42,99,7,256,311"
 #define N_GEN  "12"
 
-/* The greedy ids `wf-worker eval` computes for PROMPT on a model file. */
-static char *eval_ids(struct agt *a, const char *model)
-{
-	char *exe = wft_exe("worker/wf-worker");
-	char *const argv[] = {exe,          "eval", "--model",   (char *)model, "--prompt", PROMPT,
-	                      "--generate", N_GEN,  "--threads", "2",           NULL};
-	char *out = NULL, *err = NULL;
-	int rc = agt_run(argv, &out, &err, 120, a->dir);
-	cr_assert_eq(rc, 0, "wf-worker eval %s: %s", model, err);
-	/* the ids are the last line */
-	char *end = out + strlen(out);
-	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
-		*--end = '\0';
-	char *last = strrchr(out, '\n');
-	char *ids = strdup(last ? last + 1 : out);
-	free(out);
-	free(err);
-	free(exe);
-	return ids;
-}
-
-/* The greedy ids of a completion on the worker, through the agent. */
+/* The greedy ids of a completion of PROMPT on the worker, through the agent. */
 static char *generate_ids(struct agt *a)
 {
-	char *out = NULL, *err = NULL;
-	int rc =
-	    agt_ctl(a, &out, &err,
-	            (const char *const[]){"generate", "m", "--prompt-ids", PROMPT, "--max-tokens",
-	                                  N_GEN, "--ignore-eos", "--json", NULL});
-	cr_assert_eq(rc, 0, "agentctl generate: exit %d: %s", rc, err);
-	char ids[1024] = "";
-	size_t at = 0;
-	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
-		struct json_object *o = json_tokener_parse(line), *id = NULL;
-		if (o && json_object_object_get_ex(o, "id", &id))
-			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
-			                       json_object_get_int(id));
-		json_object_put(o);
-	}
-	free(out);
-	free(err);
-	return strdup(ids);
+	char *ids = agt_generate_ids(a, "m", NULL, PROMPT, N_GEN);
+	cr_assert_not_null(ids, "agentctl generate failed");
+	return ids;
 }
 
 /* A copy of model file src at dst in which tensor `to` holds the bytes of tensor `from` (same
@@ -82,25 +46,6 @@ static void write_swapped(const char *src, const char *dst, const struct wf_tens
 	free(b);
 }
 
-static Weightfloor__V1__Reply *publish(struct agt *a, const char *tensor, const uint8_t *data,
-                                       uint64_t size)
-{
-	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
-	Weightfloor__V1__TensorBytes *tbp = &tb;
-	tb.name = (char *)tensor;
-	tb.size = size;
-	tb.data.data = (uint8_t *)data;
-	tb.data.len = size;
-	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
-	pt.name = "m";
-	pt.tensors = &tbp;
-	pt.n_tensors = 1;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
-	req.publish_tensors = &pt;
-	return agt_call(a, &req, 10000);
-}
-
 Test(agent_refresh, a_published_tensor_reaches_the_next_completion)
 {
 	struct agt *a = agt_new("refresh");
@@ -117,7 +62,8 @@ Test(agent_refresh, a_published_tensor_reaches_the_next_completion)
 	cr_assert_eq(changed->dtype, source->dtype);
 	char *pb = agt_printf("%s/b.gguf", a->dir);
 	write_swapped(pa, pb, changed, source);
-	char *want_a = eval_ids(a, pa), *want_b = eval_ids(a, pb);
+	char *want_a = agt_eval_ids(a, pa, PROMPT, N_GEN),
+	     *want_b = agt_eval_ids(a, pb, PROMPT, N_GEN);
 	cr_assert_str_neq(want_a, want_b, "the two versions must generate differently");
 	size_t len = 0;
 	uint8_t *bytes = (uint8_t *)wft_read_file(pa, &len);
@@ -143,7 +89,8 @@ Test(agent_refresh, a_published_tensor_reaches_the_next_completion)
 	uint8_t *abytes = (uint8_t *)wft_read_file(pa, &alen);
 	for (int i = 0;; i++) {
 		Weightfloor__V1__Reply *rep =
-		    publish(a, "blk.0.attn_q.weight", abytes + changed->offset, changed->nbytes);
+		    agt_publish(a, "m", "blk.0.attn_q.weight", abytes + changed->offset,
+		                changed->nbytes, false);
 		agt_expect_code(rep, AGT_ST(OK), "sync publish");
 		wf_ctl_reply_free(rep);
 		char *log = agt_worker_log(&w);
@@ -160,7 +107,8 @@ Test(agent_refresh, a_published_tensor_reaches_the_next_completion)
 	free(got);
 
 	/* The publish under test. */
-	Weightfloor__V1__Reply *rep = publish(a, "blk.0.attn_q.weight", new_bytes, source->nbytes);
+	Weightfloor__V1__Reply *rep =
+	    agt_publish(a, "m", "blk.0.attn_q.weight", new_bytes, source->nbytes, false);
 	agt_expect_code(rep, AGT_ST(OK), "publish");
 	const uint64_t gen = rep->publish->generation;
 	wf_ctl_reply_free(rep);

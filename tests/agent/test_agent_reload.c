@@ -29,47 +29,12 @@ TestSuite(agent_reload, .fini = agt_fini, .timeout = 300);
 #define N_GEN   "12"
 #define KIND(x) WEIGHTFLOOR__V1__EVENT_KIND__EVENT_KIND_##x
 
-/* The greedy ids `wf-worker eval` computes for PROMPT on a model file. */
-static char *eval_ids(struct agt *a, const char *model)
-{
-	char *exe = wft_exe("worker/wf-worker");
-	char *const argv[] = {exe,          "eval", "--model",   (char *)model, "--prompt", PROMPT,
-	                      "--generate", N_GEN,  "--threads", "2",           NULL};
-	char *out = NULL, *err = NULL;
-	int rc = agt_run(argv, &out, &err, 120, a->dir);
-	cr_assert_eq(rc, 0, "wf-worker eval %s: %s", model, err);
-	char *end = out + strlen(out);
-	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
-		*--end = '\0';
-	char *last = strrchr(out, '\n');
-	char *ids = strdup(last ? last + 1 : out);
-	free(out);
-	free(err);
-	free(exe);
-	return ids;
-}
-
-/* The greedy ids of a completion on the worker, through the agent. */
+/* The greedy ids of a completion of PROMPT on the worker, through the agent. */
 static char *generate_ids(struct agt *a)
 {
-	char *out = NULL, *err = NULL;
-	int rc =
-	    agt_ctl(a, &out, &err,
-	            (const char *const[]){"generate", "m", "--prompt-ids", PROMPT, "--max-tokens",
-	                                  N_GEN, "--ignore-eos", "--json", NULL});
-	cr_assert_eq(rc, 0, "agentctl generate: exit %d: %s", rc, err);
-	char ids[1024] = "";
-	size_t at = 0;
-	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
-		struct json_object *o = json_tokener_parse(line), *id = NULL;
-		if (o && json_object_object_get_ex(o, "id", &id))
-			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
-			                       json_object_get_int(id));
-		json_object_put(o);
-	}
-	free(out);
-	free(err);
-	return strdup(ids);
+	char *ids = agt_generate_ids(a, "m", NULL, PROMPT, N_GEN);
+	cr_assert_not_null(ids, "agentctl generate failed");
+	return ids;
 }
 
 static Weightfloor__V1__Reply *reload(struct agt *a, bool dry)
@@ -81,25 +46,6 @@ static Weightfloor__V1__Reply *reload(struct agt *a, bool dry)
 	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_RELOAD_MODEL;
 	req.reload_model = &rm;
 	return agt_call(a, &req, 60000);
-}
-
-static Weightfloor__V1__Reply *publish(struct agt *a, const char *tensor, const uint8_t *data,
-                                       uint64_t size)
-{
-	Weightfloor__V1__TensorBytes tb = WEIGHTFLOOR__V1__TENSOR_BYTES__INIT;
-	Weightfloor__V1__TensorBytes *tbp = &tb;
-	tb.name = (char *)tensor;
-	tb.size = size;
-	tb.data.data = (uint8_t *)data;
-	tb.data.len = size;
-	Weightfloor__V1__PublishTensors pt = WEIGHTFLOOR__V1__PUBLISH_TENSORS__INIT;
-	pt.name = "m";
-	pt.tensors = &tbp;
-	pt.n_tensors = 1;
-	Weightfloor__V1__Request req = WEIGHTFLOOR__V1__REQUEST__INIT;
-	req.body_case = WEIGHTFLOOR__V1__REQUEST__BODY_PUBLISH_TENSORS;
-	req.publish_tensors = &pt;
-	return agt_call(a, &req, 10000);
 }
 
 static void pwrite_all(const char *path, const void *b, size_t n, off_t off)
@@ -190,7 +136,8 @@ Test(agent_reload, changed_tensors_by_content_reach_floor_and_worker)
 	FILE *fb = fopen(pb, "wb");
 	cr_assert_eq(fwrite(nb, 1, len, fb), len);
 	cr_assert_eq(fclose(fb), 0);
-	char *want_a = eval_ids(a, pa), *want_b = eval_ids(a, pb);
+	char *want_a = agt_eval_ids(a, pa, PROMPT, N_GEN),
+	     *want_b = agt_eval_ids(a, pb, PROMPT, N_GEN);
 	cr_assert_str_neq(want_a, want_b, "the two versions must generate differently");
 
 	char *cfg = agt_printf("%s/agent.json", a->dir);
@@ -218,8 +165,8 @@ Test(agent_reload, changed_tensors_by_content_reach_floor_and_worker)
 	/* The worker must be listening before the publish it is to hear (PUB keeps no history):
 	 * publish the tensor's current bytes until it has applied one. */
 	for (int i = 0;; i++) {
-		Weightfloor__V1__Reply *rep =
-		    publish(a, changed->name, orig + changed->offset, changed->nbytes);
+		Weightfloor__V1__Reply *rep = agt_publish(
+		    a, "m", changed->name, orig + changed->offset, changed->nbytes, false);
 		agt_expect_code(rep, AGT_ST(OK), "sync publish");
 		wf_ctl_reply_free(rep);
 		char *log = agt_worker_log(&w);

@@ -155,55 +155,17 @@ Test(agent_reload_faults, kill_9_at_random_points_of_reloads)
 /* The greedy ids of a completion of PROMPT through the agent on worker id, or NULL when it
  * failed (a worker not answering yet). */
 #define PROMPT "1,17,300,42,99,7,256,311"
-static char *generate_ids(struct agt *a, const char *id)
-{
-	char *out = NULL, *err = NULL;
-	int rc =
-	    agt_ctl(a, &out, &err,
-	            (const char *const[]){"generate", "m", "--worker", id, "--prompt-ids", PROMPT,
-	                                  "--max-tokens", "8", "--ignore-eos", "--json", NULL});
-	char ids[512] = "";
-	size_t at = 0;
-	for (char *line = strtok(out, "\n"); rc == 0 && line; line = strtok(NULL, "\n")) {
-		char *p = strstr(line, "\"id\":");
-		if (p && !strstr(line, "\"done\""))
-			at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", at ? "," : "",
-			                       atoi(p + 5));
-	}
-	free(out);
-	free(err);
-	return rc == 0 ? strdup(ids) : NULL;
-}
 
 /* generate_ids, asked again until the worker answers (20 s). */
 static char *generate_ids_wait(struct agt *a, const char *id)
 {
 	for (int i = 0;; i++) {
-		char *ids = generate_ids(a, id);
+		char *ids = agt_generate_ids(a, "m", id, PROMPT, "8");
 		if (ids)
 			return ids;
 		cr_assert_lt(i, 200, "worker %s never served a completion", id);
 		agt_sleep_ms(100);
 	}
-}
-
-/* The greedy ids `wf-worker eval` computes for PROMPT on a model file. */
-static char *eval_ids(struct agt *a, const char *model)
-{
-	char *exe = wft_exe("worker/wf-worker");
-	char *const argv[] = {exe,          "eval", "--model",   (char *)model, "--prompt", PROMPT,
-	                      "--generate", "8",    "--threads", "2",           NULL};
-	char *out = NULL, *err = NULL;
-	cr_assert_eq(agt_run(argv, &out, &err, 120, a->dir), 0, "wf-worker eval: %s", err);
-	char *end = out + strlen(out);
-	while (end > out && (end[-1] == '\n' || end[-1] == ' '))
-		*--end = '\0';
-	char *last = strrchr(out, '\n');
-	char *ids = strdup(last ? last + 1 : out);
-	free(out);
-	free(err);
-	free(exe);
-	return ids;
 }
 
 /* A worker killed at a random point of the refresh a reload starts: restarted, it serves the
@@ -255,7 +217,7 @@ Test(agent_reload_faults, worker_killed_during_the_refresh)
 		    a, &w2, id, NULL, "host:mem=512Mi",
 		    (const char *const[]){"--dense-on-device", "--threads", "2", NULL});
 		agt_wait_worker_registered(a, &w2, id);
-		char *want = eval_ids(a, pm), *got = generate_ids_wait(a, id);
+		char *want = agt_eval_ids(a, pm, PROMPT, "8"), *got = generate_ids_wait(a, id);
 		cr_expect_str_eq(got, want, "trial %d: the restarted worker's completion", trial);
 		free(got);
 		free(want);
