@@ -48,8 +48,10 @@ static __host__ __device__ __forceinline__ void rope_rotate(float *x, uint32_t a
                                                             float c, float s)
 {
 	const float x0 = x[a], x1 = x[b];
-	x[a] = sub_rn(mul_rn(x0, c), mul_rn(x1, s));
-	x[b] = add_rn(mul_rn(x0, s), mul_rn(x1, c));
+	/* as the host backend (kernels/cpu_scalar.h, llama.cpp's -mfma build): x0 * c fused with
+	 * the rounded x1 * s, x0 * s fused with the rounded x1 * c */
+	x[a] = fmaf(x0, c, -mul_rn(x1, s));
+	x[b] = fmaf(x0, s, mul_rn(x1, c));
 }
 
 /* The scale from the row's sum of squares, as the CPU: mean in float, 1 / sqrtf(mean + eps). */

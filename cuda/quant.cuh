@@ -184,19 +184,20 @@ WF_Q_FN int wf_ld4i(const int8_t *p)
 
 /* ---- block quantizers, one block from its values ------------------------------------------- */
 
-/* Q8_0 (quantize_row_q8_0_ref): d = amax / 127 stored as F16; values roundf(x / d) with the
- * full-precision inverse. amax ignores NaN as the CPU's "fabsf(x) > amax" does. Returns the d
- * the dot reads (the F16 value as float). */
+/* Q8_0 as the host backend quantizes activations (kernels/ref.c, ggml's x86 quantize_row_q8_0,
+ * what llama.cpp's AVX2 build uses): d = amax / 127 stored as F16; values rintf(x * 127 / amax),
+ * halves to even. amax ignores NaN as the CPU's "fabsf(x) > amax" does. Returns the d the dot
+ * reads (the F16 value as float). */
 WF_Q_FN float wf_q8_0_scale(float amax, float *ret_id)
 {
 	const float d = amax / 127.0f;
-	*ret_id = d != 0.0f ? 1.0f / d : 0.0f;
+	*ret_id = amax != 0.0f ? 127.0f / amax : 0.0f;
 	return wf_dq_h2f(wf_f2h(d));
 }
 
 WF_Q_FN int8_t wf_q8_0_value(float x, float id)
 {
-	return (int8_t)wf_q_round(x * id);
+	return (int8_t)wf_q_rint(x * id);
 }
 
 /* Q8_K (quantize_row_q8_K_ref): max is the first element of largest magnitude with its sign;
