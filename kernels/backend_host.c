@@ -436,10 +436,12 @@ static int host_rope(struct wf_backend_ctx *c, float *x, size_t x_stride, uint32
 	int rc = ready(c, diag);
 	if (rc == 0 && (n_dims > c->lim.head_dim || n_dims > head_dim))
 		rc = wf_diag_set(diag, WF_EINVAL, "rope of %u dimensions", n_dims);
+	const bool neox = kind == WF_BACKEND_ROPE_NEOX;
 	for (uint32_t t = 0; rc == 0 && t < n; t++) {
 		wf_cpu_rope_angles((uint32_t)pos[t], n_dims, base, c->cs);
 		for (uint32_t h = 0; h < n_heads; h++)
-			wf_cpu_rope(x + t * x_stride + (size_t)h * head_dim, n_dims, c->cs, kind);
+			c->cpu.ops->rope(x + t * x_stride + (size_t)h * head_dim, n_dims, c->cs,
+			                 neox);
 	}
 	return rc;
 }
@@ -524,9 +526,13 @@ static int host_route(struct wf_backend_ctx *c, const float *logits, uint32_t n,
 	int rc = ready(c, diag);
 	if (rc == 0 && (n_expert > c->lim.max_expert || k > n_expert || k == 0))
 		rc = wf_diag_set(diag, WF_EINVAL, "route %u of %u experts", k, n_expert);
-	for (uint32_t t = 0; rc == 0 && t < n; t++)
-		wf_cpu_route(logits + (size_t)t * n_expert, n_expert, k, c->probs,
-		             ids + (size_t)t * k, weights + (size_t)t * k);
+	for (uint32_t t = 0; rc == 0 && t < n; t++) {
+		/* wf_cpu_route with the level's softmax */
+		memcpy(c->probs, logits + (size_t)t * n_expert, n_expert * sizeof(float));
+		c->cpu.ops->softmax(c->probs, n_expert);
+		wf_cpu_route_top(c->probs, n_expert, k, ids + (size_t)t * k,
+		                 weights + (size_t)t * k);
+	}
 	return rc;
 }
 
@@ -535,7 +541,7 @@ static int host_swiglu(struct wf_backend_ctx *c, const float *g, const float *u,
 {
 	int rc = ready(c, diag);
 	if (rc == 0)
-		wf_cpu_swiglu(g, u, y, (uint32_t)count);
+		c->cpu.ops->swiglu(g, u, y, (uint32_t)count);
 	return rc;
 }
 

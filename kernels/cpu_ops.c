@@ -4,51 +4,13 @@
  * multiplication, the flash-attention accumulator rounded to F16 after every step. */
 #include "kernels/cpu_ops.h"
 
+#include "kernels/cpu_scalar.h"
 #include "kernels/ref.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
-
-/* ggml_v_expf of the AVX2 build (ggml-cpu/vec.h), one lane: the exponential that
- * ggml_vec_soft_max_f32 takes, not libm's expf. Written with fmaf (each _mm256_fmadd_ps and
- * _mm256_fnmadd_ps one fused operation) so that every build and kernel level gives its bits. */
-static inline uint32_t f2u(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-static float ggml_v_expf(float x)
-{
-	const float r = 0x1.8p23f;
-	const float z = fmaf(x, 0x1.715476p+0f, r);
-	const float n = z - r;
-	const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
-	const uint32_t e = f2u(z) << 23;
-	const float k = u2f(e + f2u(1.0f));
-	const float u = b * b;
-	const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
-	                          fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-	                     u, 0x1.ffffecp-1f * b);
-	if (!(fabsf(n) > 126.0f))
-		return fmaf(j, k, k);
-	const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
-	const float s1 = u2f(g + 0x7f000000u);
-	const float s2 = u2f(e - g);
-	if (fabsf(n) > 192.0f)
-		return s1 * s1;
-	return fmaf(s2, j, s2) * s1;
-}
 
 void wf_cpu_rms_norm(const float *x, const float *w, float *y, uint32_t n, float eps)
 {
@@ -79,23 +41,12 @@ void wf_cpu_rope_angles(uint32_t pos, uint32_t n_dims, float base, float *cs)
 
 void wf_cpu_rope(float *x, uint32_t n_dims, const float *cs, enum wf_backend_rope kind)
 {
-	for (uint32_t i0 = 0; i0 < n_dims; i0 += 2) {
-		const float c = cs[i0], s = cs[i0 + 1];
-		uint32_t a, b;
-		if (kind == WF_BACKEND_ROPE_NEOX) {
-			a = i0 / 2;
-			b = i0 / 2 + n_dims / 2;
-		} else {
-			a = i0;
-			b = i0 + 1;
-		}
-		const float x0 = x[a], x1 = x[b];
-		/* rotate_pairs as gcc contracts it in llama.cpp's -mfma build (-std=gnu++17: fused
-		 * multiply-adds allowed): x0 * c fused with the rounded x1 * s, and x0 * s with x1
-		 * * c */
-		x[a] = fmaf(x0, c, -(x1 * s));
-		x[b] = fmaf(x0, s, x1 * c);
-	}
+	wf__cpu_rope_rotate(x, n_dims, cs, kind == WF_BACKEND_ROPE_NEOX);
+}
+
+void wf__cpu_rope_ref(float *x, uint32_t n_dims, const float *cs, bool neox)
+{
+	wf__cpu_rope_rotate(x, n_dims, cs, neox);
 }
 
 void wf_cpu_softmax(float *x, uint32_t n)
@@ -110,7 +61,7 @@ void wf_cpu_softmax(float *x, uint32_t n)
 	for (; i + 8 <= n; i += 8) {
 		float l[8];
 		for (int j = 0; j < 8; j++)
-			l[j] = x[i + j] = ggml_v_expf(x[i + j] - max);
+			l[j] = x[i + j] = wf__cpu_v_expf(x[i + j] - max);
 		sum += (double)(((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])));
 	}
 	for (; i < n; i++) {
@@ -128,6 +79,12 @@ void wf_cpu_route(const float *logits, uint32_t n_expert, uint32_t k, float *pro
 {
 	memcpy(probs, logits, n_expert * sizeof(float));
 	wf_cpu_softmax(probs, n_expert);
+	wf_cpu_route_top(probs, n_expert, k, ret_ids, ret_weights);
+}
+
+void wf_cpu_route_top(const float *probs, uint32_t n_expert, uint32_t k, int32_t *ret_ids,
+                      float *ret_weights)
+{
 	/* Top k by selection: k is small (2..8) and the order is descending probability, ties to
 	 * the lower expert id, which is what a stable descending argsort gives. */
 	for (uint32_t j = 0; j < k; j++) {
@@ -159,7 +116,7 @@ void wf_cpu_swiglu(const float *g, const float *u, float *y, uint32_t n)
 	uint32_t i = 0;
 	for (; i + 8 <= n; i += 8)
 		for (int j = 0; j < 8; j++)
-			y[i + j] = g[i + j] / (1.0f + ggml_v_expf(0.0f - g[i + j])) * u[i + j];
+			y[i + j] = g[i + j] / (1.0f + wf__cpu_v_expf(0.0f - g[i + j])) * u[i + j];
 	for (; i < n; i++)
 		y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -397,7 +354,7 @@ void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, siz
 		for (uint32_t g = 0; g < KV_TILE; g += 8) {
 			float l[8];
 			for (int i = 0; i < 8; i++)
-				l[i] = kq[g + i] = ggml_v_expf(kq[g + i] - m_new);
+				l[i] = kq[g + i] = wf__cpu_v_expf(kq[g + i] - m_new);
 			const float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6],
 			            a3 = l[3] + l[7];
 			sum += (double)((a0 + a2) + (a1 + a3));

@@ -1,12 +1,17 @@
 /* The CPU's non-matmul numerics: each one computes what the ggml CPU op named in its comment
  * computes (llama.cpp b10573, ggml/src/ggml-cpu/ops.cpp and vec.h), in the same order where the
  * order shows in the result. The host backend (backend_host.c) computes with them; the CUDA
- * kernels' host twins are checked against them (tests/cuda). Pure and thread-safe. */
+ * kernels' host twins are checked against them (tests/cuda). Pure and thread-safe.
+ *
+ * softmax, swiglu and rope are also the reference level's entries of the CPU kernel table
+ * (kernels.h), through which the host backend runs them: the SIMD levels compute the same floats
+ * faster (kernels/x86_impl.h), checked bit for bit (tests/kernels). */
 #ifndef WF_KERNELS_CPU_OPS_H
 #define WF_KERNELS_CPU_OPS_H
 
 #include "kernels/backend.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +32,9 @@ void wf_cpu_softmax(float *x, uint32_t n);
 /* The MoE router for one token (backend.h, route): probs_scratch holds n_expert floats. */
 void wf_cpu_route(const float *logits, uint32_t n_expert, uint32_t k, float *probs_scratch,
                   int32_t *ret_ids, float *ret_weights);
+/* Its second half: the top k of the probabilities (softmax already taken) and their weights. */
+void wf_cpu_route_top(const float *probs, uint32_t n_expert, uint32_t k, int32_t *ret_ids,
+                      float *ret_weights);
 /* silu(g) * u, elementwise (ggml_swiglu_split). y may alias g. */
 void wf_cpu_swiglu(const float *g, const float *u, float *y, uint32_t n);
 /* Attention of one query head over n_kv cached positions (backend.h, attention), writing
@@ -44,6 +52,9 @@ void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv
  * Bit-identical on every build. scratch: head_dim floats. */
 void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
                          uint32_t n_kv, uint32_t head_dim, float scale, float *scratch, float *out);
+/* The reference level's rope entry of the kernel table (kernels.h): wf_cpu_rope with NEOX as a
+ * flag. The levels' own entries compute the same floats, bit for bit. */
+void wf__cpu_rope_ref(float *x, uint32_t n_dims, const float *cs, bool neox);
 /* The experts' weighted sum of n tokens (backend.h, moe_sum): d's rows token-major. */
 void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,
                     float *y);

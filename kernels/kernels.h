@@ -11,8 +11,9 @@
  * is used only where the CPU (and the OS, for the AVX-512 register state) has it. The CPU table is
  * the best level the CPU has, or the one the environment variable WF_KERNELS=ref|avx2|avx512
  * names, read once when the table is first asked for. SIMD results differ from the reference only
- * by float summation order (integer block sums are exact); the activation quantizers are
- * bit-identical at every level.
+ * by float summation order (integer block sums are exact); the activation quantizers and the
+ * float numerics (softmax, swiglu, rope: llama.cpp's order lane by lane) are bit-identical at
+ * every level.
  *
  * Activations: the SIMD integer dots rely on what the Q8_0/Q8_K quantizers write (|q| <= 127);
  * an activation block holding -128 is outside the contract. */
@@ -21,6 +22,7 @@
 
 #include "model/dtype.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +56,12 @@ struct wf_kernel_ops {
 	/* Activation quantizers, by activation type (F32, F16, BF16, Q8_0, Q8_K); NULL elsewhere.
 	 */
 	wf_kernel_from_float_fn from_float[WF_DTYPE_GGML_COUNT_];
+	/* The float numerics of kernels/cpu_ops.h that the host backend runs through the table, so
+	 * that a level computes them faster: each gives the reference's floats bit for bit. Never
+	 * NULL. */
+	void (*softmax)(float *x, uint32_t n);                                /* wf_cpu_softmax */
+	void (*swiglu)(const float *g, const float *u, float *y, uint32_t n); /* wf_cpu_swiglu */
+	void (*rope)(float *x, uint32_t n_dims, const float *cs, bool neox);  /* wf_cpu_rope */
 };
 
 /* The ops for a weight type, or NULL when ops has no kernels for it (or dtype is out of range). */

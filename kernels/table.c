@@ -2,6 +2,7 @@
 #include "kernels/kernels.h"
 
 #include "base/error.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/ref.h"
 #include "kernels/simd.h"
 
@@ -35,6 +36,9 @@ static const struct wf_kernel_ops ref_ops = {
             [WF_DTYPE_Q8_0] = wf_kernels_ref_quantize_row_q8_0,
             [WF_DTYPE_Q8_K] = wf_kernels_ref_quantize_row_q8_K,
         },
+    .softmax = wf_cpu_softmax,
+    .swiglu = wf_cpu_swiglu,
+    .rope = wf__cpu_rope_ref,
 };
 
 #undef TYPE

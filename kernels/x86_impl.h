@@ -14,12 +14,16 @@
  * row (sixteen for the AVX-512 Q4_K/Q5_K, see q45_K_tile); the lanes are added at the end. So the
  * result differs from the reference only by float summation order (and, for F32/F16/BF16, by FMA
  * rounding instead of a double accumulator). The quantizers reproduce the reference's float
- * operations one for one and are bit-identical. */
+ * operations one for one and are bit-identical, and so are the float numerics at the end
+ * (llama.cpp's softmax, swiglu and rope, lane by lane). */
+#include "kernels/cpu_scalar.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
 #include "kernels/simd.h"
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -930,6 +934,94 @@ static void quantize_row_bf16(const float *x, void *vy, int64_t n)
 		h[i] = wf_kernels_fp32_to_bf16(x[i]);
 }
 
+/* ---- llama.cpp's float numerics (bit-identical to kernels/cpu_ops.c) ------------------------ */
+
+/* Each lane computes the reference's scalar operations one for one (cpu_scalar.h): a vector
+ * fused multiply-add rounds each lane as fmaf does, and lanes never mix except where the
+ * reference adds them in the same order (hsum_ps: ((0+4)+(2+6))+((1+5)+(3+7)), which is
+ * ggml_vec_soft_max_f32's). Both levels run the same 8-lane code: the results are the
+ * reference's either way, and the work here is small beside the products. */
+
+/* wf__cpu_v_expf on 8 lanes: ggml_v_expf of the AVX2 build (ggml-cpu/vec.h), the special cases
+ * chosen per lane as its blends choose them. */
+INLINE __m256 v_expf8(__m256 x)
+{
+	const __m256 r = _mm256_set1_ps(0x1.8p23f);
+	const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+	const __m256 n = _mm256_sub_ps(z, r);
+	const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+	                                  _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+	const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+	const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f800000)));
+	const __m256 an = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+	const __m256 c = _mm256_cmp_ps(an, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+	const __m256 u = _mm256_mul_ps(b, b);
+	const __m256 j = _mm256_fmadd_ps(
+	    _mm256_fmadd_ps(
+	        _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)),
+	        u,
+	        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+	    u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+	const __m256 plain = _mm256_fmadd_ps(j, k, k);
+	if (!_mm256_movemask_ps(c))
+		return plain;
+	const __m256i g =
+	    _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+	                     _mm256_set1_epi32((int)0x82000000u));
+	const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+	const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+	const __m256 d = _mm256_cmp_ps(an, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+	const __m256 big = _mm256_blendv_ps(_mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
+	                                    _mm256_mul_ps(s1, s1), d);
+	return _mm256_blendv_ps(plain, big, c);
+}
+
+/* wf_cpu_softmax: the maximum as the reference folds it, ggml_v_expf eight at a time with each
+ * eight summed in hsum order, the sums in double, the tail with libm's expf. */
+static void softmax_f32(float *x, uint32_t n)
+{
+	float max = -INFINITY;
+	for (uint32_t i = 0; i < n; i++)
+		max = x[i] > max ? x[i] : max;
+	const __m256 vmax = _mm256_set1_ps(max);
+	double sum = 0.0;
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		const __m256 l = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+		_mm256_storeu_ps(x + i, l);
+		sum += (double)hsum_ps(l);
+	}
+	for (; i < n; i++) {
+		const float v = expf(x[i] - max);
+		sum += (double)v;
+		x[i] = v;
+	}
+	const float inv = (float)(1.0 / sum);
+	for (i = 0; i < n; i++)
+		x[i] *= inv;
+}
+
+/* wf_cpu_swiglu: g / (1 + ggml_v_expf(0 - g)) * u eight at a time, the tail with expf. */
+static void swiglu_f32(const float *g, const float *u, float *y, uint32_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f);
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		const __m256 gv = _mm256_loadu_ps(g + i);
+		const __m256 e = v_expf8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+		_mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
+		                                      _mm256_loadu_ps(u + i)));
+	}
+	for (; i < n; i++)
+		y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* wf_cpu_rope: the reference's loop, its fmaf one instruction here. */
+static void rope_f32(float *x, uint32_t n_dims, const float *cs, bool neox)
+{
+	wf__cpu_rope_rotate(x, n_dims, cs, neox);
+}
+
 /* ---- the level's table ----------------------------------------------------------------------- */
 
 void WF_X86_FILL(struct wf_kernel_ops *ops)
@@ -952,4 +1044,7 @@ void WF_X86_FILL(struct wf_kernel_ops *ops)
 	ops->from_float[WF_DTYPE_BF16] = quantize_row_bf16;
 	ops->from_float[WF_DTYPE_Q8_0] = quantize_row_q8_0;
 	ops->from_float[WF_DTYPE_Q8_K] = quantize_row_q8_K;
+	ops->softmax = softmax_f32;
+	ops->swiglu = swiglu_f32;
+	ops->rope = rope_f32;
 }

@@ -13,10 +13,14 @@
  *  - the activation quantizers (Q8_0, Q8_K, F16, BF16): bit-identical to the reference on random
  *    and hand-picked values (ties, zero blocks, the sign of Q8_K's d, NaN, infinities,
  *    subnormals);
+ *  - the float numerics (softmax, swiglu, rope): bit-identical to the reference (a NaN may carry
+ *    another payload) on random values, values that take ggml_v_expf's overflow and underflow
+ *    branches, and rows of any length;
  *  - the level choice: WF_KERNELS=ref|avx2|avx512, refusing a level the CPU lacks or a name that
  *    is none.
  * A level the CPU lacks is skipped (cr_skip_test), never passed. */
 #include "base/error.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
 #include "model/dtype.h"
@@ -482,6 +486,103 @@ Test(kernels_simd, avx2_quantizers)
 Test(kernels_simd, avx512_quantizers)
 {
 	check_quantizers(WF_KERNEL_LEVEL_AVX512);
+}
+
+/* ---- float numerics: bit for bit ---------------------------------------------------------- */
+
+/* The same float, or NaN both (the payload of a NaN may differ: which operand an instruction
+ * takes it from is the compiler's choice of encoding). */
+static void assert_same(const float *want, const float *got, size_t n, const char *what)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t a, b;
+
+		memcpy(&a, &want[i], 4);
+		memcpy(&b, &got[i], 4);
+		cr_assert(a == b || (isnan(want[i]) && isnan(got[i])),
+		          "%s: [%zu] = %a (%08x), reference %a (%08x)", what, i, (double)got[i], b,
+		          (double)want[i], a);
+	}
+}
+
+/* A float as activations hold them (most of them), or one that takes ggml_v_expf's special
+ * branches (|x| / ln 2 past 126 and 192), an infinity or a NaN. */
+static float rng_act(int trial)
+{
+	const uint64_t r = kgen_u64();
+
+	switch (trial % 4) {
+	case 0:
+		return kgen_uniform(-8.0f, 8.0f);
+	case 1:
+		return kgen_uniform(-200.0f, 200.0f);
+	case 2:
+		return rng_wide();
+	default:
+		if ((r & 255) == 0)
+			return (r & 256) ? -INFINITY : INFINITY;
+		if ((r & 255) == 1)
+			return NAN;
+		return kgen_uniform(-150.0f, 150.0f);
+	}
+}
+
+static void check_numerics(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *simd = level_ops(level), *ref = ref_ops();
+	enum { N = 300 };
+	float g[N], u[N], want[N], got[N];
+	char what[96];
+
+	cr_assert(simd->softmax && simd->swiglu && simd->rope);
+	kgen_seed(0x5eed + (uint64_t)level);
+	for (int trial = 0; trial < 400; trial++) {
+		const uint32_t n =
+		    trial < 100 ? (uint32_t)trial + 1 : 1 + (uint32_t)(kgen_u64() % N);
+
+		for (uint32_t i = 0; i < n; i++) {
+			g[i] = rng_act(trial);
+			u[i] = rng_act(trial);
+		}
+		snprintf(what, sizeof(what), "%s swiglu n=%u trial %d", wf_kernel_level_name(level),
+		         n, trial);
+		ref->swiglu(g, u, want, n);
+		simd->swiglu(g, u, got, n);
+		assert_same(want, got, n, what);
+		memcpy(want, g, n * sizeof(float));
+		memcpy(got, g, n * sizeof(float));
+		snprintf(what, sizeof(what), "%s softmax n=%u trial %d",
+		         wf_kernel_level_name(level), n, trial);
+		ref->softmax(want, n);
+		simd->softmax(got, n);
+		assert_same(want, got, n, what);
+	}
+	/* rope: every pair layout, angles of far positions */
+	const uint32_t dims[] = {2, 4, 6, 32, 64, 80, 128};
+	for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
+		for (int neox = 0; neox < 2; neox++)
+			for (int trial = 0; trial < 20; trial++) {
+				float cs[128];
+
+				wf_cpu_rope_angles((uint32_t)(kgen_u64() % 40000), dims[d],
+				                   trial % 2 ? 10000.0f : 1000000.0f, cs);
+				for (uint32_t i = 0; i < 130; i++)
+					want[i] = got[i] = rng_act(trial % 3);
+				ref->rope(want, dims[d], cs, neox);
+				simd->rope(got, dims[d], cs, neox);
+				snprintf(what, sizeof(what), "%s rope n_dims=%u neox=%d",
+				         wf_kernel_level_name(level), dims[d], neox);
+				assert_same(want, got, 130, what);
+			}
+}
+
+Test(kernels_simd, avx2_numerics)
+{
+	check_numerics(WF_KERNEL_LEVEL_AVX2);
+}
+Test(kernels_simd, avx512_numerics)
+{
+	check_numerics(WF_KERNEL_LEVEL_AVX512);
 }
 
 /* ---- the level choice ---------------------------------------------------------------------- */
