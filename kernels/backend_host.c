@@ -30,7 +30,7 @@ struct wf_backend_ctx {
 	uint8_t *qmap; /* the lazily mapped activations: N_ACT + 1 areas of qarea */
 	size_t qmap_bytes, qarea;
 	struct wf_cpu_mm_phase *ph;
-	float *att; /* per thread: 2 * head_dim + max_kv + 16 floats */
+	float *att; /* per thread: 2 * head_dim + max_kv + 16 floats, or WF_KERNELS_FA_SCRATCH */
 	size_t att_floats;
 	float *probs; /* max_expert floats */
 	float *cs;    /* rope angles: head_dim floats */
@@ -111,6 +111,8 @@ static int host_ctx_create(struct wf_device *dev, struct wf_device_stream *strea
 	c->qmap = q;
 	const size_t rows = lim->max_rows, stack = lim->max_stack ? lim->max_stack : 1;
 	c->att_floats = 2u * lim->head_dim + lim->max_kv + 16u;
+	if (c->att_floats < WF_KERNELS_FA_SCRATCH(lim->head_dim))
+		c->att_floats = WF_KERNELS_FA_SCRATCH(lim->head_dim);
 	c->ph = malloc(sizeof(*c->ph));
 	c->att = malloc((size_t)c->cpu.n_threads * c->att_floats * sizeof(float));
 	c->probs = malloc(((size_t)lim->max_expert + 1) * sizeof(float));
@@ -470,15 +472,15 @@ struct attn_job {
 	struct wf_backend_ctx *c;
 	const float *q;
 	size_t q_stride;
-	uint32_t n_head, n_head_kv, head_dim;
+	uint32_t n, n_head, n_head_kv, head_dim;
 	const uint8_t *kc, *vc;
 	enum wf_backend_kv type;
 	const uint32_t *kv_first, *n_kv;
 	float scale;
 	float *out;
-	bool tiled; /* llama.cpp's tiled flash attention (batches of WF_CPU_FA_TILE rows or more) */
 };
 
+/* One query row of one head (the one-chunk path). */
 static void attn_task(void *arg, uint32_t task, uint32_t thread)
 {
 	const struct attn_job *a = arg;
@@ -487,15 +489,36 @@ static void attn_task(void *arg, uint32_t task, uint32_t thread)
 	const size_t elem = a->type == WF_BACKEND_KV_F16 ? 2 : 4;
 	const size_t row = (size_t)a->n_head_kv * D * elem;
 	const size_t off = (size_t)a->kv_first[t] * row + (size_t)kvh * D * elem;
+	wf_cpu_attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row,
+	              a->n_kv[t], D, a->scale, a->type, a->c->att + thread * a->c->att_floats,
+	              a->out + t * a->q_stride + (size_t)h * D);
+}
+
+/* The tiled path: WF_KERNELS_FA_ROWS consecutive query rows of one head, so that the kernel
+ * converts each K and V tile once for all of them; rows that start at another cache row (another
+ * sequence) go in a call of their own. Blocks are taken last first: in a prompt they are the
+ * longest, and the short ones left at the end balance the threads. */
+static void attn_tiled_task(void *arg, uint32_t task, uint32_t thread)
+{
+	const struct attn_job *a = arg;
+	const uint32_t n_blocks = (a->n + WF_KERNELS_FA_ROWS - 1) / WF_KERNELS_FA_ROWS;
+	const uint32_t b = n_blocks - 1 - task / a->n_head, h = task % a->n_head;
+	const uint32_t kvh = h / (a->n_head / a->n_head_kv), D = a->head_dim;
+	const size_t row = (size_t)a->n_head_kv * D * sizeof(uint16_t);
+	const uint32_t end = b * WF_KERNELS_FA_ROWS + WF_KERNELS_FA_ROWS < a->n
+	                         ? b * WF_KERNELS_FA_ROWS + WF_KERNELS_FA_ROWS
+	                         : a->n;
 	float *scratch = a->c->att + thread * a->c->att_floats;
-	if (a->tiled)
-		wf_cpu_attend_tiled(a->q + t * a->q_stride + (size_t)h * D, a->kc + off,
-		                    a->vc + off, row, a->n_kv[t], D, a->scale, scratch,
-		                    a->out + t * a->q_stride + (size_t)h * D);
-	else
-		wf_cpu_attend(a->q + t * a->q_stride + (size_t)h * D, a->kc + off, a->vc + off, row,
-		              a->n_kv[t], D, a->scale, a->type, scratch,
-		              a->out + t * a->q_stride + (size_t)h * D);
+	for (uint32_t t = b * WF_KERNELS_FA_ROWS, e; t < end; t = e) {
+		for (e = t + 1; e < end && a->kv_first[e] == a->kv_first[t];)
+			e++;
+		const size_t off =
+		    (size_t)a->kv_first[t] * row + (size_t)kvh * D * sizeof(uint16_t);
+		a->c->cpu.ops->attend_tiled(e - t, a->q + t * a->q_stride + (size_t)h * D,
+		                            a->q_stride, a->n_kv + t, a->kc + off, a->vc + off, row,
+		                            D, a->scale, scratch,
+		                            a->out + t * a->q_stride + (size_t)h * D, a->q_stride);
+	}
 }
 
 static int host_attention(struct wf_backend_ctx *c, const float *q, size_t q_stride, uint32_t n,
@@ -511,12 +534,15 @@ static int host_attention(struct wf_backend_ctx *c, const float *q, size_t q_str
 	for (uint32_t t = 0; t < n; t++)
 		if (n_kv[t] == 0 || n_kv[t] > c->lim.max_kv)
 			return wf_diag_set(diag, WF_EINVAL, "attention over %u positions", n_kv[t]);
+	struct attn_job a = {c,  q,  q_stride, n,        n_head, n_head_kv, head_dim,
+	                     kc, vc, type,     kv_first, n_kv,   scale,     out};
 	/* ggml's CPU flash attention takes its tiled F32 path for a batch (all its sequences) of
 	 * GGML_FA_TILE_Q rows or more, its one-chunk F16 path below that (F16 cache) */
-	const bool tiled = type == WF_BACKEND_KV_F16 && n >= WF_CPU_FA_TILE;
-	struct attn_job a = {c,  q,    q_stride, n_head, n_head_kv, head_dim, kc,
-	                     vc, type, kv_first, n_kv,   scale,     out,      tiled};
-	wf_pool_run(c->cpu.pool, attn_task, &a, n * n_head);
+	if (type == WF_BACKEND_KV_F16 && n >= WF_CPU_FA_TILE)
+		wf_pool_run(c->cpu.pool, attn_tiled_task, &a,
+		            (n + WF_KERNELS_FA_ROWS - 1) / WF_KERNELS_FA_ROWS * n_head);
+	else
+		wf_pool_run(c->cpu.pool, attn_task, &a, n * n_head);
 	return 0;
 }
 

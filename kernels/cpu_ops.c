@@ -373,6 +373,16 @@ void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, siz
 		out[d] = acc[d] * inv;
 }
 
+void wf__cpu_attend_tiled_ref(uint32_t n_q, const float *q, size_t q_stride, const uint32_t *n_kv,
+                              const uint8_t *k, const uint8_t *v, size_t kv_stride,
+                              uint32_t head_dim, float scale, float *scratch, float *out,
+                              size_t out_stride)
+{
+	for (uint32_t r = 0; r < n_q; r++)
+		wf_cpu_attend_tiled(q + r * q_stride, k, v, kv_stride, n_kv[r], head_dim, scale,
+		                    scratch, out + r * out_stride);
+}
+
 void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,
                     float *y)
 {

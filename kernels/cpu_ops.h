@@ -3,13 +3,14 @@
  * order shows in the result. The host backend (backend_host.c) computes with them; the CUDA
  * kernels' host twins are checked against them (tests/cuda). Pure and thread-safe.
  *
- * softmax, swiglu and rope are also the reference level's entries of the CPU kernel table
- * (kernels.h), through which the host backend runs them: the SIMD levels compute the same floats
- * faster (kernels/x86_impl.h), checked bit for bit (tests/kernels). */
+ * softmax, swiglu, rope and the tiled attention are also the reference level's entries of the
+ * CPU kernel table (kernels.h), through which the host backend runs them: the SIMD levels
+ * compute the same floats faster (kernels/x86_impl.h), checked bit for bit (tests/kernels). */
 #ifndef WF_KERNELS_CPU_OPS_H
 #define WF_KERNELS_CPU_OPS_H
 
 #include "kernels/backend.h"
+#include "kernels/kernels.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -44,7 +45,7 @@ void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv
                    float *scratch, float *out);
 /* Query rows of one batch from which llama.cpp's CPU flash attention takes its tiled path
  * (GGML_FA_TILE_Q), and the positions of one of its KV tiles (GGML_FA_TILE_KV). */
-#define WF_CPU_FA_TILE 64
+#define WF_CPU_FA_TILE WF_KERNELS_FA_TILE
 /* Attention of one query head over n_kv positions of an F16 cache as ggml's
  * ggml_compute_forward_flash_attn_ext_tiled computes it for batches of WF_CPU_FA_TILE rows or
  * more: the query kept in F32, positions in tiles of WF_CPU_FA_TILE from the first, scores by
@@ -52,9 +53,14 @@ void wf_cpu_attend(const float *q, const uint8_t *k, const uint8_t *v, size_t kv
  * Bit-identical on every build. scratch: head_dim floats. */
 void wf_cpu_attend_tiled(const float *q, const uint8_t *k, const uint8_t *v, size_t kv_stride,
                          uint32_t n_kv, uint32_t head_dim, float scale, float *scratch, float *out);
-/* The reference level's rope entry of the kernel table (kernels.h): wf_cpu_rope with NEOX as a
- * flag. The levels' own entries compute the same floats, bit for bit. */
+/* The reference level's table entries (kernels.h) whose shape differs from the functions above:
+ * wf_cpu_rope with NEOX as a flag, and wf_cpu_attend_tiled for n_q rows (scratch: head_dim
+ * floats). The levels' own entries compute the same floats, bit for bit. */
 void wf__cpu_rope_ref(float *x, uint32_t n_dims, const float *cs, bool neox);
+void wf__cpu_attend_tiled_ref(uint32_t n_q, const float *q, size_t q_stride, const uint32_t *n_kv,
+                              const uint8_t *k, const uint8_t *v, size_t kv_stride,
+                              uint32_t head_dim, float scale, float *scratch, float *out,
+                              size_t out_stride);
 /* The experts' weighted sum of n tokens (backend.h, moe_sum): d's rows token-major. */
 void wf_cpu_moe_sum(const float *d, const float *weights, uint32_t n, uint32_t k, uint32_t len,
                     float *y);

@@ -12,8 +12,8 @@
  * the best level the CPU has, or the one the environment variable WF_KERNELS=ref|avx2|avx512
  * names, read once when the table is first asked for. SIMD results differ from the reference only
  * by float summation order (integer block sums are exact); the activation quantizers and the
- * float numerics (softmax, swiglu, rope: llama.cpp's order lane by lane) are bit-identical at
- * every level.
+ * float numerics (softmax, swiglu, rope, tiled attention: llama.cpp's order lane by lane) are
+ * bit-identical at every level.
  *
  * Activations: the SIMD integer dots rely on what the Q8_0/Q8_K quantizers write (|q| <= 127);
  * an activation block holding -128 is outside the contract. */
@@ -51,6 +51,26 @@ struct wf_kernel_type_ops {
 	wf_kernel_gemm_fn gemm;                     /* batched vec_dot; NULL: loop over vec_dot */
 };
 
+/* Positions of one KV tile of llama.cpp's tiled CPU flash attention (GGML_FA_TILE_KV), and the
+ * most query rows one attend_tiled call takes. */
+#define WF_KERNELS_FA_TILE 64
+#define WF_KERNELS_FA_ROWS 8
+/* Floats of scratch one attend_tiled call needs at any level, for heads of head_dim floats. */
+#define WF_KERNELS_FA_SCRATCH(head_dim)                                                            \
+	((2u * WF_KERNELS_FA_TILE + 2u * WF_KERNELS_FA_ROWS) * (size_t)(head_dim) +                \
+	 (size_t)WF_KERNELS_FA_ROWS * WF_KERNELS_FA_TILE + 16u)
+
+/* Attention of n_q <= WF_KERNELS_FA_ROWS query rows of one head (row r: q + r * q_stride,
+ * head_dim floats) over the same rows of an F16 cache, row r over the first n_kv[r] >= 1 of them
+ * (k and v: the first position's head, positions kv_stride bytes apart), as ggml's
+ * ggml_compute_forward_flash_attn_ext_tiled computes each row (kernels/cpu_ops.h,
+ * wf_cpu_attend_tiled): out + r * out_stride, head_dim floats. scratch: WF_KERNELS_FA_SCRATCH
+ * floats, the caller's per thread. */
+typedef void (*wf_kernel_attend_tiled_fn)(uint32_t n_q, const float *q, size_t q_stride,
+                                          const uint32_t *n_kv, const uint8_t *k, const uint8_t *v,
+                                          size_t kv_stride, uint32_t head_dim, float scale,
+                                          float *scratch, float *out, size_t out_stride);
+
 struct wf_kernel_ops {
 	struct wf_kernel_type_ops types[WF_DTYPE_GGML_COUNT_];
 	/* Activation quantizers, by activation type (F32, F16, BF16, Q8_0, Q8_K); NULL elsewhere.
@@ -62,6 +82,7 @@ struct wf_kernel_ops {
 	void (*softmax)(float *x, uint32_t n);                                /* wf_cpu_softmax */
 	void (*swiglu)(const float *g, const float *u, float *y, uint32_t n); /* wf_cpu_swiglu */
 	void (*rope)(float *x, uint32_t n_dims, const float *cs, bool neox);  /* wf_cpu_rope */
+	wf_kernel_attend_tiled_fn attend_tiled;
 };
 
 /* The ops for a weight type, or NULL when ops has no kernels for it (or dtype is out of range). */

@@ -39,6 +39,7 @@ static const struct wf_kernel_ops ref_ops = {
     .softmax = wf_cpu_softmax,
     .swiglu = wf_cpu_swiglu,
     .rope = wf__cpu_rope_ref,
+    .attend_tiled = wf__cpu_attend_tiled_ref,
 };
 
 #undef TYPE

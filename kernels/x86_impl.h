@@ -15,7 +15,7 @@
  * result differs from the reference only by float summation order (and, for F32/F16/BF16, by FMA
  * rounding instead of a double accumulator). The quantizers reproduce the reference's float
  * operations one for one and are bit-identical, and so are the float numerics at the end
- * (llama.cpp's softmax, swiglu and rope, lane by lane). */
+ * (llama.cpp's softmax, swiglu, rope and tiled attention, lane by lane). */
 #include "kernels/cpu_scalar.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
@@ -1022,6 +1022,185 @@ static void rope_f32(float *x, uint32_t n_dims, const float *cs, bool neox)
 	wf__cpu_rope_rotate(x, n_dims, cs, neox);
 }
 
+/* F16 to F32 (exact either way) */
+INLINE void f16_row(const uint16_t *h, float *y, uint32_t n)
+{
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+	for (; i < n; i++)
+		y[i] = f16(h[i]);
+}
+
+/* rows r[0..7] of an 8 x 8 block become its columns */
+INLINE void transpose8_ps(__m256 *r)
+{
+	const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+	const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+	const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+	const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+	const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+	const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+	const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+	const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+
+	r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+	r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+	r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+	r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+	r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+	r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+	r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+	r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* tile_max of the reference: `m = m > x ? m : x` over the tile, which max_ps is lane by lane.
+ * Without NaN the lanes' order cannot show (only the sign of a zero maximum could, and no result
+ * depends on it: it is subtracted from scores, compared, or subtracted from a smaller M); with a
+ * NaN in the tile the reference's fold is taken as it is. */
+INLINE float tile_max_ps(const float *kq)
+{
+	__m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+
+	for (int i = 0; i < WF_KERNELS_FA_TILE; i += 8) {
+		const __m256 x = _mm256_loadu_ps(kq + i);
+		m = _mm256_max_ps(m, x);
+		nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+	}
+	if (!_mm256_movemask_ps(nan))
+		return hmax_ps(m);
+	float t = -INFINITY;
+	for (int i = 0; i < WF_KERNELS_FA_TILE; i++)
+		t = t > kq[i] ? t : kq[i];
+	return t;
+}
+
+/* acc[d] = fma(v[tk][d], p[tk], acc[d]) for tk < nt in order, d < D: each element's chain is the
+ * reference's; eight vectors of d at a time so that eight chains are in flight. */
+static void tile_pv(float *acc, const float *vt, const float *p, uint32_t nt, uint32_t D)
+{
+	uint32_t d0 = 0;
+	for (; d0 + 64 <= D; d0 += 64) {
+		__m256 a[8];
+		UNROLL for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
+		for (uint32_t tk = 0; tk < nt; tk++) {
+			const __m256 w = _mm256_broadcast_ss(p + tk);
+			const float *vr = vt + (size_t)tk * D + d0;
+			UNROLL for (int c = 0; c < 8; c++) a[c] =
+			    _mm256_fmadd_ps(_mm256_loadu_ps(vr + 8 * c), w, a[c]);
+		}
+		UNROLL for (int c = 0; c < 8; c++) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
+	}
+	for (; d0 + 8 <= D; d0 += 8) {
+		__m256 a = _mm256_loadu_ps(acc + d0);
+		for (uint32_t tk = 0; tk < nt; tk++)
+			a = _mm256_fmadd_ps(_mm256_loadu_ps(vt + (size_t)tk * D + d0),
+			                    _mm256_broadcast_ss(p + tk), a);
+		_mm256_storeu_ps(acc + d0, a);
+	}
+	for (; d0 < D; d0++)
+		for (uint32_t tk = 0; tk < nt; tk++)
+			acc[d0] = fmaf(vt[(size_t)tk * D + d0], p[tk], acc[d0]);
+}
+
+/* wf__cpu_attend_tiled_ref (kernels.h, attend_tiled), its rows side by side. Per tile: the K and
+ * V rows converted to F32 once for every query row; the scores with the query rows in the lanes
+ * (qt: the rows transposed), so each score is the reference's one fused multiply-add chain over
+ * the head, eight positions' chains in flight; then each row's softmax step and V product, as
+ * the reference's, vectorized over positions (the exponentials) and over the head (the V
+ * chains). */
+static void attend_tiled(uint32_t n_q, const float *q, size_t q_stride, const uint32_t *n_kv,
+                         const uint8_t *k, const uint8_t *v, size_t kv_stride, uint32_t D,
+                         float scale, float *scratch, float *out, size_t out_stride)
+{
+	enum { T = WF_KERNELS_FA_TILE, R = WF_KERNELS_FA_ROWS };
+	_Static_assert(R == 8 && T % 8 == 0, "one lane per query row, tiles of whole vectors");
+	float *kf = scratch;     /* T x D: the tile's K rows */
+	float *vt = kf + T * D;  /* T x D: its V rows */
+	float *qt = vt + T * D;  /* D x R: the query rows transposed */
+	float *acc = qt + R * D; /* R x D: VKQ32 per row */
+	float *kq = acc + R * D; /* R x T: scores, then probabilities, per row */
+	float M[R], S[R];
+	uint32_t max_kv = 0;
+
+	for (uint32_t r = 0; r < R; r++) {
+		for (uint32_t d = 0; d < D; d++)
+			qt[(size_t)d * R + r] = r < n_q ? q[r * q_stride + d] : 0.0f;
+		if (r < n_q) {
+			max_kv = n_kv[r] > max_kv ? n_kv[r] : max_kv;
+			memset(acc + (size_t)r * D, 0, D * sizeof(float));
+			M[r] = -INFINITY;
+			S[r] = 0.0f;
+		}
+	}
+	const __m256 vscale = _mm256_set1_ps(scale);
+	for (uint32_t ic = 0; ic < max_kv; ic += T) {
+		const uint32_t nt_max = max_kv - ic < T ? max_kv - ic : T;
+		const uint32_t n8 = (nt_max + 7) & ~7u;
+		for (uint32_t tk = 0; tk < nt_max; tk++) {
+			f16_row((const uint16_t *)(k + (size_t)(ic + tk) * kv_stride),
+			        kf + (size_t)tk * D, D);
+			f16_row((const uint16_t *)(v + (size_t)(ic + tk) * kv_stride),
+			        vt + (size_t)tk * D, D);
+		}
+		memset(kf + (size_t)nt_max * D, 0, (size_t)(n8 - nt_max) * D * sizeof(float));
+		/* simd_gemm: s = fma(k[d], q[d], s) from d = 0, then ggml_vec_scale_f32 */
+		for (uint32_t t0 = 0; t0 < n8; t0 += 8) {
+			__m256 s[8];
+			UNROLL for (int j = 0; j < 8; j++) s[j] = _mm256_setzero_ps();
+			const float *kr = kf + (size_t)t0 * D;
+			for (uint32_t d = 0; d < D; d++) {
+				const __m256 qd = _mm256_loadu_ps(qt + (size_t)d * R);
+				UNROLL for (int j = 0; j < 8; j++) s[j] = _mm256_fmadd_ps(
+				    _mm256_broadcast_ss(kr + (size_t)j * D + d), qd, s[j]);
+			}
+			UNROLL for (int j = 0; j < 8; j++) s[j] = _mm256_mul_ps(s[j], vscale);
+			transpose8_ps(s);
+			UNROLL for (int r = 0; r < 8; r++) _mm256_storeu_ps(kq + r * T + t0, s[r]);
+		}
+		for (uint32_t r = 0; r < n_q; r++) {
+			if (ic >= n_kv[r])
+				continue; /* the row's positions ended before this tile */
+			const uint32_t nt = n_kv[r] - ic < T ? n_kv[r] - ic : T;
+			float *p = kq + r * T, *a = acc + (size_t)r * D;
+			for (uint32_t tk = nt; tk < T; tk++)
+				p[tk] = -INFINITY; /* the causal mask */
+			const float tile_max = tile_max_ps(p);
+			if (tile_max == -INFINITY)
+				continue;
+			const float m_new = fmaxf(M[r], tile_max);
+			if (m_new > M[r]) {
+				const float ms = expf(M[r] - m_new);
+				const __m256 vms = _mm256_set1_ps(ms);
+				uint32_t d = 0;
+				for (; d + 8 <= D; d += 8)
+					_mm256_storeu_ps(
+					    a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), vms));
+				for (; d < D; d++)
+					a[d] *= ms;
+				S[r] *= ms;
+			}
+			M[r] = m_new;
+			const __m256 vm = _mm256_set1_ps(m_new);
+			double sum = 0.0;
+			for (uint32_t g = 0; g < T; g += 8) {
+				const __m256 l = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(p + g), vm));
+				_mm256_storeu_ps(p + g, l);
+				sum += (double)hsum_ps(l);
+			}
+			S[r] = (float)((double)S[r] + sum);
+			tile_pv(a, vt, p, nt, D);
+		}
+	}
+	for (uint32_t r = 0; r < n_q; r++) {
+		const float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
+		const float *a = acc + (size_t)r * D;
+		float *o = out + r * out_stride;
+		for (uint32_t d = 0; d < D; d++)
+			o[d] = a[d] * inv;
+	}
+}
+
 /* ---- the level's table ----------------------------------------------------------------------- */
 
 void WF_X86_FILL(struct wf_kernel_ops *ops)
@@ -1047,4 +1226,5 @@ void WF_X86_FILL(struct wf_kernel_ops *ops)
 	ops->softmax = softmax_f32;
 	ops->swiglu = swiglu_f32;
 	ops->rope = rope_f32;
+	ops->attend_tiled = attend_tiled;
 }

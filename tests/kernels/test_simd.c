@@ -13,13 +13,16 @@
  *  - the activation quantizers (Q8_0, Q8_K, F16, BF16): bit-identical to the reference on random
  *    and hand-picked values (ties, zero blocks, the sign of Q8_K's d, NaN, infinities,
  *    subnormals);
- *  - the float numerics (softmax, swiglu, rope): bit-identical to the reference (a NaN may carry
- *    another payload) on random values, values that take ggml_v_expf's overflow and underflow
- *    branches, and rows of any length;
+ *  - the float numerics (softmax, swiglu, rope, the tiled attention of up to 8 query rows):
+ *    bit-identical to the reference (a NaN may carry another payload) on random values, values
+ *    that take ggml_v_expf's overflow and underflow branches, heads of odd sizes and rows of
+ *    any length; and the host backend's tiled attention over batches of several sequences (rows
+ *    starting at different cache rows) equal to the reference row by row, at every level;
  *  - the level choice: WF_KERNELS=ref|avx2|avx512, refusing a level the CPU lacks or a name that
  *    is none.
  * A level the CPU lacks is skipped (cr_skip_test), never passed. */
 #include "base/error.h"
+#include "kernels/backend.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/ref.h"
@@ -534,7 +537,7 @@ static void check_numerics(enum wf_kernel_level level)
 	float g[N], u[N], want[N], got[N];
 	char what[96];
 
-	cr_assert(simd->softmax && simd->swiglu && simd->rope);
+	cr_assert(simd->softmax && simd->swiglu && simd->rope && simd->attend_tiled);
 	kgen_seed(0x5eed + (uint64_t)level);
 	for (int trial = 0; trial < 400; trial++) {
 		const uint32_t n =
@@ -583,6 +586,160 @@ Test(kernels_simd, avx2_numerics)
 Test(kernels_simd, avx512_numerics)
 {
 	check_numerics(WF_KERNEL_LEVEL_AVX512);
+}
+
+/* n_q rows over one cache of n_pos positions (heads of D, two kv heads side by side, the second
+ * one read) with each row's own count of positions, against the reference row by row. */
+static void check_attend(const struct wf_kernel_ops *simd, uint32_t n_q, const uint32_t *n_kv,
+                         uint32_t n_pos, uint32_t D, float scale, float qmag)
+{
+	const size_t kv_stride = 2u * D * sizeof(uint16_t);
+	uint16_t *kc = malloc(n_pos * kv_stride), *vc = malloc(n_pos * kv_stride);
+	float *q = malloc(WF_KERNELS_FA_ROWS * (D + 3) * sizeof(float));
+	float *want = malloc(WF_KERNELS_FA_ROWS * (D + 5) * sizeof(float));
+	float *got = malloc(WF_KERNELS_FA_ROWS * (D + 5) * sizeof(float));
+	float *scratch = malloc(WF_KERNELS_FA_SCRATCH(D) * sizeof(float));
+	char what[128];
+
+	cr_assert(kc && vc && q && want && got && scratch);
+	for (size_t i = 0; i < n_pos * 2u * D; i++) {
+		kc[i] = kgen_h(kgen_uniform(-2.0f, 2.0f));
+		vc[i] = kgen_h(kgen_uniform(-2.0f, 2.0f));
+	}
+	for (size_t i = 0; i < WF_KERNELS_FA_ROWS * (D + 3); i++)
+		q[i] = kgen_uniform(-qmag, qmag);
+	memset(want, 0x7f, WF_KERNELS_FA_ROWS * (D + 5) * sizeof(float));
+	memset(got, 0x7f, WF_KERNELS_FA_ROWS * (D + 5) * sizeof(float));
+	const uint8_t *k = (const uint8_t *)kc + D * sizeof(uint16_t);
+	const uint8_t *v = (const uint8_t *)vc + D * sizeof(uint16_t);
+	ref_ops()->attend_tiled(n_q, q, D + 3, n_kv, k, v, kv_stride, D, scale, scratch, want,
+	                        D + 5);
+	simd->attend_tiled(n_q, q, D + 3, n_kv, k, v, kv_stride, D, scale, scratch, got, D + 5);
+	snprintf(what, sizeof(what), "attend_tiled n_q=%u D=%u n_kv[0]=%u scale=%g", n_q, D,
+	         n_kv[0], (double)scale);
+	/* the gaps between output rows stay untouched */
+	assert_same(want, got, WF_KERNELS_FA_ROWS * (D + 5), what);
+	free(kc);
+	free(vc);
+	free(q);
+	free(want);
+	free(got);
+	free(scratch);
+}
+
+static void check_attend_tiled(enum wf_kernel_level level)
+{
+	const struct wf_kernel_ops *simd = level_ops(level);
+	const uint32_t heads[] = {64, 128, 80, 36, 4, 1};
+	const uint32_t lens[] = {1, 2, 7, 63, 64, 65, 127, 128, 129, 200, 300};
+
+	kgen_seed(0xa77e + (uint64_t)level);
+	for (size_t h = 0; h < sizeof(heads) / sizeof(heads[0]); h++) {
+		const uint32_t D = heads[h];
+
+		for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+			for (uint32_t n_q = 1; n_q <= WF_KERNELS_FA_ROWS; n_q++) {
+				uint32_t n_kv[WF_KERNELS_FA_ROWS];
+
+				/* a prompt's rows (one more position each), or any counts */
+				for (uint32_t r = 0; r < n_q; r++)
+					n_kv[r] = (l + r) % 3 ? lens[l] + r
+					                      : 1 + (uint32_t)(kgen_u64() % 300);
+				check_attend(simd, n_q, n_kv, 310, D, 1.0f / sqrtf((float)D), 1.0f);
+			}
+		/* scores far apart: the softmax's underflow, and the running maximum moving */
+		const uint32_t far[3] = {300, 150, 70};
+		check_attend(simd, 3, far, 300, D, 4.0f, 30.0f);
+		check_attend(simd, 3, far, 300, D, 0.01f, 1.0f);
+	}
+}
+
+Test(kernels_simd, avx2_attend_tiled)
+{
+	check_attend_tiled(WF_KERNEL_LEVEL_AVX2);
+}
+Test(kernels_simd, avx512_attend_tiled)
+{
+	check_attend_tiled(WF_KERNEL_LEVEL_AVX512);
+}
+
+/* The host backend's attention on a batch of >= 64 rows (the tiled path) from three sequences,
+ * each row at its own first cache row and count, grouped query heads: equal to the reference's
+ * wf_cpu_attend_tiled row by row and head by head, at the level the process chose. */
+static void check_backend_batches(const char *level)
+{
+	enum { NS = 3, H = 8, HKV = 2, D = 64, CTX = 512 };
+	const uint32_t seq_len[NS] = {40, 9, 31}, seq_past[NS] = {0, 100, 37};
+	const uint32_t seq_row[NS] = {0, 150, 300};
+	uint32_t n = 0, kv_first[80], n_kv[80];
+	struct wf_backend_limits lim = {.n_threads = 2,
+	                                .max_rows = 128,
+	                                .max_expert = 8,
+	                                .max_stack = 1,
+	                                .max_ne0 = 256,
+	                                .max_ne1 = 256,
+	                                .max_kv = CTX,
+	                                .head_dim = D};
+	struct wf_backend_ctx *ctx = NULL;
+	struct wf_diag diag = {0};
+	const struct wf_backend_ops *host = wf_backend_host();
+
+	cr_assert_eq(setenv("WF_KERNELS", level, 1), 0);
+	if (!wf_kernels_cpu_ops())
+		cr_skip_test("this CPU has no %s kernels", level);
+	for (int s = 0; s < NS; s++)
+		for (uint32_t i = 0; i < seq_len[s]; i++, n++) {
+			kv_first[n] = seq_row[s];
+			n_kv[n] = seq_past[s] + i + 1;
+		}
+	cr_assert_geq(n, WF_CPU_FA_TILE);
+	const size_t row = (size_t)HKV * D;
+	uint16_t *kc = malloc(CTX * row * 2), *vc = malloc(CTX * row * 2);
+	float *q = malloc((size_t)n * H * D * sizeof(float));
+	float *got = malloc((size_t)n * H * D * sizeof(float)), want[D], scratch[D];
+
+	cr_assert(kc && vc && q && got);
+	kgen_seed(0xba7c);
+	for (size_t i = 0; i < CTX * row; i++) {
+		kc[i] = kgen_h(kgen_uniform(-2.0f, 2.0f));
+		vc[i] = kgen_h(kgen_uniform(-2.0f, 2.0f));
+	}
+	for (size_t i = 0; i < (size_t)n * H * D; i++)
+		q[i] = kgen_uniform(-1.0f, 1.0f);
+	cr_assert_eq(host->ctx_create(NULL, NULL, &lim, &ctx, &diag), 0, "%s", diag.msg);
+	cr_assert_eq(host->attention(ctx, q, (size_t)H * D, n, H, HKV, D, kc, vc, WF_BACKEND_KV_F16,
+	                             kv_first, n_kv, 0.125f, got, &diag),
+	             0, "%s", diag.msg);
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < H; h++) {
+			const size_t off =
+			    ((size_t)kv_first[t] * row + (size_t)(h / (H / HKV)) * D) * 2;
+			char what[64];
+
+			wf_cpu_attend_tiled(q + ((size_t)t * H + h) * D, (const uint8_t *)kc + off,
+			                    (const uint8_t *)vc + off, row * 2, n_kv[t], D, 0.125f,
+			                    scratch, want);
+			snprintf(what, sizeof(what), "%s row %u head %u", level, t, h);
+			assert_same(want, got + ((size_t)t * H + h) * D, D, what);
+		}
+	host->ctx_destroy(ctx);
+	free(kc);
+	free(vc);
+	free(q);
+	free(got);
+}
+
+Test(kernels_simd, ref_backend_attention_batches)
+{
+	check_backend_batches("ref");
+}
+Test(kernels_simd, avx2_backend_attention_batches)
+{
+	check_backend_batches("avx2");
+}
+Test(kernels_simd, avx512_backend_attention_batches)
+{
+	check_backend_batches("avx512");
 }
 
 /* ---- the level choice ---------------------------------------------------------------------- */
