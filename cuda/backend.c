@@ -242,7 +242,9 @@ static int op_moe_sum(struct wf_backend_ctx *c, const float *d, const float *wei
 }
 
 /* Where this backend rounds or refuses differently from the host backend (kernels/backend.h asks
- * each table to say so on the op): */
+ * each table to say so on the op). Since 2e3fd4a the host computes prompt batches as llama.cpp's
+ * AVX2 CPU build does; rope and the Q8_0 activation quantizer here follow it again (7c629ca),
+ * the attention of >= 64 rows, route's softmax and swiglu do not (each op says how): */
 static const struct wf_backend_ops cuda_ops = {
     .name = "cuda",
     .version = WF_BACKEND_OPS_VERSION,
@@ -269,9 +271,16 @@ static const struct wf_backend_ops cuda_ops = {
     .kv_store = op_kv_store,
     /* attention.h: windows of 256 positions or more are split across blocks and merged in
      * float, which rounds the F16 accumulator differently (as far from the CPU as the CPU's own
-     * F16 accumulation is from exact arithmetic) */
+     * F16 accumulation is from exact arithmetic). For batches of >= 64 rows (an F16 cache) the
+     * host takes llama.cpp's tiled path (F32 query and accumulator, 64-position tiles, the
+     * softmax per tile with ggml_v_expf); this backend keeps the F16 steps for every batch */
     .attention = op_attention,
+    /* the softmax with the device's expf; the host's (and llama.cpp's AVX2 build's) takes
+     * ggml_v_expf eight at a time and sums each eight in its own order: probabilities differ in
+     * the last bits, so near-equal experts may rank differently */
     .route = op_route,
+    /* silu with the device's expf; the host's with ggml_v_expf (eight at a time, the tail with
+     * expf): differs in the last bits */
     .swiglu = op_swiglu,
     .add = op_add,
     .moe_sum = op_moe_sum,
