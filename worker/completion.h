@@ -19,6 +19,9 @@
  * completion ends, one line goes to the worker's log with the engine's figures (tokens/s, and
  * with post-fetch: bytes fetched per token, overlap, fallback rate, scratchpad, hit rate).
  *
+ * An engine has one sequence more than its scheduler hands to completions (n_seq + 1, its KV cache
+ * included): the evaluations' (wf_completion_with_engine), which never meet a completion's.
+ *
  * A model with no engine yet follows the worker's residency mode: self-managed loads it (the
  * floor through the agent, as Pin does); external needs the model attached first (HOST or above,
  * by a residency command), else WF_ENOT_RESIDENT.
