@@ -290,8 +290,13 @@ static void refresh_dirs(struct wf_reload_watch *w)
 			wf_log_warn("reload watch: %s: %s", dir, strerror(errno));
 			continue;
 		}
+		char *copy = strdup(dir);
+		if (!copy) {
+			inotify_rm_watch(w->ino, wd); /* watched on the next refresh */
+			continue;
+		}
 		w->wds[w->n_dirs] = wd;
-		w->dirs[w->n_dirs++] = strdup(dir);
+		w->dirs[w->n_dirs++] = copy;
 	}
 }
 
