@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 TestSuite(engine_refresh, .timeout = 300);
 
@@ -243,11 +244,12 @@ Test(engine_refresh, on_the_host_device_with_the_store_and_the_cache)
 }
 
 /* 1,000 refreshes, posted by another thread at the scheduler's step boundary while steps of 8
- * sequences run: every step's logits are all old or all new. Under ThreadSanitizer (scripts/
- * test.sh's third stage, 20 to 60 times slower here) 100 of them: every interleaving of a refresh
- * and a step occurs in each one, so the race detector sees them all; the Release and ASan stages
- * run the thousand (and at least 200 steps, 50 here). */
-#if defined(__SANITIZE_THREAD__)
+ * sequences run: every step's logits are all old or all new, and each version is decoded from
+ * (the refresher posts its next flip once a step has run). In sanitizer and unoptimized builds
+ * (scripts/test.sh's ASan and TSan stages, 5 to 60 times slower here) 100 of them: every
+ * interleaving of a refresh and a step occurs in each one, so the race detector sees them all;
+ * the Release stage runs the thousand (and at least 200 steps, 50 there). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || !defined(__OPTIMIZE__)
 #define N_REFRESH  100
 #define N_STEP_MIN 50
 #else
@@ -260,6 +262,7 @@ struct stress {
 	atomic_int version; /* what the engine runs from: set by the boundary work */
 	atomic_bool stop;
 	atomic_int refreshes;
+	atomic_int steps; /* steps run so far (do_step) */
 };
 
 struct flip {
@@ -284,7 +287,15 @@ static void *refresher(void *arg)
 		struct flip f = {st, i % 2 == 0};
 		if (wf_sched_between(st->sched, do_flip, &f) < 0)
 			break;
+		const int after = atomic_load(&st->steps);
 		atomic_fetch_add(&st->refreshes, 1);
+		/* The next flip once a step has run on this version, so that both versions are
+		 * decoded from whatever the threads' timing (a state, not a lucky interleaving:
+		 * under TSan the flips could otherwise all run before the steps). */
+		while (atomic_load(&st->steps) == after && !atomic_load(&st->stop)) {
+			struct timespec ts = {0, 100 * 1000};
+			nanosleep(&ts, NULL);
+		}
 	}
 	return NULL;
 }
@@ -304,6 +315,7 @@ static int do_step(void *arg, struct wf_engine *e)
 	struct check *c = arg;
 	struct wf_diag d = {{0}};
 	const int rc = step(e, c->round % 2, c->got, &d);
+	atomic_fetch_add(&c->st->steps, 1);
 	if (rc < 0)
 		return rc;
 	const size_t rows = N_SEQ * c->V * sizeof(float);
