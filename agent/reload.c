@@ -53,19 +53,6 @@ bool wf_reload_ident_moved(const char *path, const struct wf_reload_ident *id)
 	return !ident_equal(&now, id);
 }
 
-const char *wf_reload_status_name(enum wf_reload_status s)
-{
-	switch (s) {
-	case WF_RELOAD_UNCHANGED:
-		return "unchanged";
-	case WF_RELOAD_CHANGED:
-		return "reloaded";
-	case WF_RELOAD_REFUSED:
-		return "refused";
-	}
-	return "?";
-}
-
 void wf_reload_plan_free(struct wf_reload_plan *plan)
 {
 	if (!plan)

@@ -82,6 +82,4 @@ int wf_reload_plan(const struct wf_shm_region *region, const struct wf_model *mo
                    struct wf_reload_plan *ret, struct wf_diag *diag);
 void wf_reload_plan_free(struct wf_reload_plan *plan);
 
-const char *wf_reload_status_name(enum wf_reload_status s); /* "unchanged", "reloaded", ... */
-
 #endif
